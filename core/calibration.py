@@ -1,0 +1,181 @@
+"""Calibration data: named sets, local files or strings → seeded token windows.
+
+Decoders get ``n`` windows of exactly ``L`` tokens drawn at seeded random offsets from the
+concatenated documents (as SparseGPT / FLAP do). Held-aside windows (for the reconstruction report)
+come from the last part of the token stream, which the fit windows never touch. Encoders get one
+sample per text (or text pair), truncated and padded to ``L`` with an attention mask.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from core.recipe import NAMED_DATASETS, CalibrationConfig
+
+
+@dataclass
+class CalibrationBatch:
+    """Token ids ``(n, L)`` and attention mask ``(n, L)`` (1 = real token)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def slice(self, start: int, stop: int) -> CalibrationBatch:
+        tt = None if self.token_type_ids is None else self.token_type_ids[start:stop]
+        return CalibrationBatch(self.input_ids[start:stop], self.attention_mask[start:stop], tt)
+
+
+# Named sets load through `datasets` (needs the Hugging Face Hub). Each entry: args, kwargs, text fields.
+_NAMED = {
+    "wikitext2": (("wikitext", "wikitext-2-raw-v1"), {"split": "train"}, ("text",)),
+    "c4": (
+        ("allenai/c4",),
+        {"data_files": {"train": "en/c4-train.00000-of-01024.json.gz"}, "split": "train"},
+        ("text",),
+    ),
+    "alpaca": (("tatsu-lab/alpaca",), {"split": "train"}, ("text",)),
+}
+
+
+def load_named(name: str) -> list[str]:
+    """Documents of a named calibration set, through ``datasets`` (requires network access)."""
+    if name not in _NAMED:
+        raise ValueError(f"unknown named dataset {name!r}; choose one of {NAMED_DATASETS}")
+    args, kwargs, fields = _NAMED[name]
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(*args, **kwargs)
+    except Exception as exc:  # network, auth, missing package: say what to do instead
+        raise RuntimeError(
+            f"could not load the named calibration set {name!r} through `datasets` ({type(exc).__name__}: "
+            f"{exc}). Without access to the Hugging Face Hub, pass a local .txt or .jsonl file instead."
+        ) from exc
+    if name == "wikitext2":  # WikiText is one line per record; rejoin as one document
+        return ["\n".join(r["text"] for r in ds)]
+    return [" ".join(str(r[f]) for f in fields) for r in ds]
+
+
+def read_records(path: str | Path, text_field: str | list[str]) -> list[str | tuple[str, str]]:
+    """Texts from a .txt file (blank-line separated documents) or a .jsonl / .json file of records."""
+    path = Path(path).expanduser()
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".txt":
+        docs = [d.strip() for d in text.split("\n\n")]
+        return [d for d in docs if d]
+    if path.suffix.lower() == ".jsonl":
+        records = []
+        for i, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
+    else:
+        records = json.loads(text)
+        if isinstance(records, dict) and "data" in records:
+            records = records["data"]
+        if not isinstance(records, list):
+            raise ValueError(f"{path}: expected a JSON list of records")
+    fields = [text_field] if isinstance(text_field, str) else list(text_field)
+    out: list[str | tuple[str, str]] = []
+    for i, rec in enumerate(records, 1):
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}: record {i} is not an object")
+        missing = [f for f in fields if f not in rec]
+        if missing:
+            raise ValueError(f"{path}: record {i} has no field {missing[0]!r} (fields: {sorted(rec)})")
+        vals = [str(rec[f]) for f in fields]
+        out.append(vals[0] if len(vals) == 1 else tuple(vals[:2]))
+    if not out:
+        raise ValueError(f"{path} holds no records")
+    return out
+
+
+def load_texts(cfg: CalibrationConfig) -> list[str | tuple[str, str]]:
+    if cfg.texts is not None:
+        texts = [t for t in cfg.texts if t.strip()]
+    elif cfg.dataset in NAMED_DATASETS:
+        texts = load_named(cfg.dataset)
+    else:
+        texts = read_records(cfg.dataset, cfg.text_field)
+    if not texts:
+        raise ValueError("the calibration source holds no text")
+    return texts
+
+
+def _join(t: str | tuple[str, str]) -> str:
+    return t if isinstance(t, str) else "\n".join(t)
+
+
+def decoder_windows(texts, tokenizer, cfg: CalibrationConfig) -> tuple[CalibrationBatch, CalibrationBatch]:
+    """Seeded ``(n, L)`` fit windows and ``(holdout, L)`` held-aside windows of one token stream."""
+    n, hold, length = cfg.num_calibration_samples, cfg.holdout_samples, cfg.max_seq_length
+    gen = torch.Generator().manual_seed(cfg.seed)
+    order = torch.randperm(len(texts), generator=gen).tolist()
+    sep = tokenizer.eos_token or "\n\n"
+    ids: list[int] = []
+    budget = 4 * (n + hold) * length + length  # enough tokens for well-spread windows
+    for i in order:
+        ids.extend(tokenizer(_join(texts[i]) + sep, add_special_tokens=False)["input_ids"])
+        if len(ids) >= budget:
+            break
+    stream = torch.tensor(ids, dtype=torch.long)
+    need = length * (2 if hold else 1)
+    if len(stream) < need:
+        raise ValueError(
+            f"the calibration text has {len(stream)} tokens, fewer than the {need} needed for windows of "
+            f"max_seq_length={length}{' plus a held-aside window' if hold else ''}; give more text or "
+            "a shorter max_seq_length"
+        )
+    hold_start = len(stream) - max(length, len(stream) * hold // (n + hold)) if hold else len(stream)
+    hold_start = max(hold_start, length)
+
+    def windows(lo: int, hi: int, count: int) -> torch.Tensor:
+        starts = torch.randint(lo, hi - length + 1, (count,), generator=gen)
+        return torch.stack([stream[s : s + length] for s in starts.tolist()])
+
+    fit = windows(0, hold_start, n)
+    held = windows(hold_start, len(stream), hold) if hold else fit[:0]
+    return (
+        CalibrationBatch(fit, torch.ones_like(fit)),
+        CalibrationBatch(held, torch.ones_like(held)),
+    )
+
+
+def encoder_samples(texts, tokenizer, cfg: CalibrationConfig) -> tuple[CalibrationBatch, CalibrationBatch]:
+    """One padded sample per text or text pair; held-aside samples are disjoint from fit samples."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    order = torch.randperm(len(texts), generator=gen).tolist()
+    n, hold = cfg.num_calibration_samples, cfg.holdout_samples
+    if len(order) < 2 and hold:
+        hold = 0
+    hold_idx = order[:hold] if len(order) > hold else []
+    fit_pool = order[len(hold_idx) :]
+    fit_idx = [fit_pool[i % len(fit_pool)] for i in range(min(n, len(fit_pool)))]
+
+    def encode(idx: list[int]) -> CalibrationBatch:
+        chosen = [texts[i] for i in idx]
+        if chosen and isinstance(chosen[0], tuple):
+            enc = tokenizer(
+                [a for a, _ in chosen], [b for _, b in chosen], truncation=True,
+                max_length=cfg.max_seq_length, padding="max_length", return_tensors="pt",
+            )
+        else:
+            enc = tokenizer(
+                [_join(t) for t in chosen] or [""], truncation=True, max_length=cfg.max_seq_length,
+                padding="max_length", return_tensors="pt",
+            )
+            if not chosen:
+                enc = {k: v[:0] for k, v in enc.items()}
+        return CalibrationBatch(enc["input_ids"], enc["attention_mask"], enc.get("token_type_ids"))
+
+    return encode(fit_idx), encode(hold_idx)

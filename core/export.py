@@ -1,0 +1,254 @@
+"""Export and reload of pruned checkpoints.
+
+A pruned checkpoint is a normal Hugging Face directory: safetensors with the original tensor names
+and smaller shapes, ``config.json``, tokenizer files, plus ``recipe.yaml``, ``metrics.json`` and a
+README model card. Two forms:
+
+- *stock*: every layer has the same widths, key/value groups are equal, and any bias the
+  reconstruction added can be expressed by a stock config flag (LLaMA's ``attention_bias`` /
+  ``mlp_bias``, whose other projections then get zero biases). Loads with plain ``from_pretrained``.
+- *liar*: per-layer widths in ``config.liar_layout`` and ``modeling_liar.py`` bundled beside the
+  weights (``auto_map``), loaded with ``from_pretrained(dir, trust_remote_code=True)`` — this project
+  need not be installed. ``core.load_pruned`` loads both forms without trusting remote code.
+
+Writing goes to a temporary sibling directory renamed into place at the end, so a failed export
+never leaves a half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from core.modeling import modeling_liar
+from core.modeling.modeling_liar import CLASSES, FAMILIES, ensure_bias, get_layers
+
+if TYPE_CHECKING:
+    from core.pipeline import PruneResult
+
+MODELING_FILE = Path(modeling_liar.__file__)
+_AUTO_FOR_SUFFIX = {
+    "ForCausalLM": "AutoModelForCausalLM",
+    "ForSequenceClassification": "AutoModelForSequenceClassification",
+    "ForQuestionAnswering": "AutoModelForQuestionAnswering",
+    "Model": "AutoModel",
+}
+
+
+def check_output_dir(path: str | Path, overwrite: bool = False) -> Path:
+    """Refuse a non-empty output directory (unless ``overwrite``) before any work is done."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"output {str(path)!r} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise FileExistsError(f"output directory {str(path)!r} is not empty (pass overwrite to replace it)")
+    if not path.parent.exists():
+        raise FileNotFoundError(f"parent directory of the output {str(path.parent)!r} does not exist")
+    return path
+
+
+def _stock_overrides(model: nn.Module, family_name: str, layout: list[dict]) -> dict[str, Any] | None:
+    """Config overrides that describe the pruned model as its stock architecture, or None."""
+    fam = FAMILIES[family_name]
+    first = layout[0]
+    shape = lambda e: (len(e["heads"]), len(e["kv_heads"]), e["neurons"])  # noqa: E731
+    if any(shape(e) != shape(first) for e in layout):
+        return None
+    n_heads, n_kv, n_neurons = shape(first)
+    cfg = model.config
+    if not fam.head_dim_in_config and n_heads != cfg.num_attention_heads:
+        return None  # BERT derives head size from hidden_size / num_heads
+    if fam.gqa:
+        rep = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        for e in layout:
+            groups = [sum(h // rep == kv for h in e["heads"]) for kv in e["kv_heads"]]
+            if len(set(groups)) != 1:
+                return None
+    added = {name for e in layout for name in e["bias"]}
+    overrides: dict[str, Any] = {}
+    if added & {fam.o, fam.q, fam.k, fam.v}:
+        if fam.attn_bias_flag is None:
+            return None
+        overrides[fam.attn_bias_flag] = True
+    if added & {fam.ffn_out, *fam.ffn_in}:
+        if fam.mlp_bias_flag is None:
+            return None
+        overrides[fam.mlp_bias_flag] = True
+    overrides.update(num_attention_heads=n_heads, intermediate_size=n_neurons)
+    if fam.gqa:
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        overrides.update(num_key_value_heads=n_kv, head_dim=head_dim)
+    return overrides
+
+
+def _add_stock_biases(model: nn.Module, family_name: str, overrides: dict[str, Any]) -> None:
+    fam = FAMILIES[family_name]
+    paths = []
+    if fam.attn_bias_flag and overrides.get(fam.attn_bias_flag):
+        paths += [fam.q, fam.k, fam.v, fam.o]
+    if fam.mlp_bias_flag and overrides.get(fam.mlp_bias_flag):
+        paths += [*fam.ffn_in, fam.ffn_out]
+    for layer in get_layers(model, fam):
+        for p in paths:
+            ensure_bias(layer.get_submodule(p))
+
+
+def _config_dict(model: nn.Module, family_name: str, layout: list[dict]) -> tuple[dict, bool]:
+    cfg = model.config.to_dict()
+    overrides = _stock_overrides(model, family_name, layout)
+    if overrides is not None:
+        _add_stock_biases(model, family_name, overrides)
+        for key in ("liar_layout", "liar_family", "auto_map"):
+            cfg.pop(key, None)
+        cfg.update(overrides)
+        return cfg, True
+    classes = CLASSES[family_name]
+    arch = type(model).__name__
+    cfg["model_type"] = f"liar_{family_name}"
+    cfg["architectures"] = [f"Liar{arch}"]
+    cfg["auto_map"] = {"AutoConfig": f"modeling_liar.{classes['config'].__name__}"}
+    for auto, cls in classes.items():
+        if auto != "config":
+            cfg["auto_map"][auto] = f"modeling_liar.{cls.__name__}"
+    cfg["liar_layout"], cfg["liar_family"] = layout, family_name
+    return cfg, False
+
+
+def model_card(result: PruneResult, stock: bool) -> str:
+    r = result.recipe
+    load = (
+        "from transformers import {auto}\n"
+        "model = {auto}.from_pretrained(\"PATH\"{trust})"
+    ).format(
+        auto=_auto_name(result.model),
+        trust="" if stock else ", trust_remote_code=True",
+    )
+    rows = "\n".join(
+        f"| {x.layer} | {x.module} | {x.kept}/{x.total} | {x.error_before:.4f} | {x.error_after:.4f} |"
+        for x in result.report
+    )
+    metrics = "\n".join(f"| {k} | {v} |" for k, v in result.summary().items())
+    return f"""---
+library_name: transformers
+tags: [pruned, structured-pruning, liar]
+base_model: {r.model}
+---
+# {Path(r.model).name} — structurally pruned ({r.ratio:.0%} of block parameters, {r.reconstruction.method})
+
+Pruned from `{r.model}` without retraining: criterion `{r.criterion.name}`, modules `{r.modules}`,
+allocation `{r.allocation}`, reconstruction `{r.reconstruction.method}` (damping {r.reconstruction.damp}),
+calibrated on {r.calibration.num_calibration_samples} × {r.calibration.max_seq_length} tokens of
+`{r.calibration.dataset or 'inline texts'}` (seed {r.calibration.seed}).
+{'Stock architecture: loads with plain `from_pretrained`.' if stock else
+ 'Layers have different widths: the bundled `modeling_liar.py` builds them (`trust_remote_code=True`).'}
+
+```python
+{load}
+```
+
+## Metrics
+| metric | value |
+|---|---|
+{metrics}
+
+## Per-layer reconstruction error
+Relative output error ‖XW+B − (X_uW'+B')‖²/‖XW+B‖² of each pruned projection, before (plain pruning) and
+after reconstruction, measured on {result.report[0].measured_on if result.report else 'held-aside'} calibration tokens.
+
+| layer | module | kept | error before | error after |
+|---|---|---|---|---|
+{rows}
+
+The full recipe is in `recipe.yaml`; all numbers in `metrics.json`.
+"""
+
+
+def _auto_name(model: nn.Module) -> str:
+    name = type(model).__name__
+    for suffix, auto in _AUTO_FOR_SUFFIX.items():
+        if name.endswith(suffix):
+            return auto
+    return "AutoModel"
+
+
+def save_pruned(result: PruneResult, output_dir: str | Path, overwrite: bool = False) -> Path:
+    from core.pipeline import report_rows
+
+    out = check_output_dir(output_dir, overwrite)
+    layout = result.model.config.liar_layout
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        cfg, stock = _config_dict(result.model, result.adapter.name, layout)
+        result.model.save_pretrained(tmp, safe_serialization=True, max_shard_size="2GB")
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        if not stock:
+            shutil.copyfile(MODELING_FILE, tmp / "modeling_liar.py")
+        if result.tokenizer is not None:
+            result.tokenizer.save_pretrained(tmp)
+        (tmp / "recipe.yaml").write_text(result.recipe.to_yaml())
+        metrics = {**result.summary(), "stock_architecture": stock, "layers": report_rows(result)}
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (tmp / "README.md").write_text(model_card(result, stock))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def update_metrics(output_dir: str | Path, extra: dict[str, Any]) -> None:
+    """Merge evaluation results into a checkpoint's metrics.json (atomic replace)."""
+    path = Path(output_dir) / "metrics.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.update(extra)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def load_pruned(path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
+    """Load a checkpoint written by :func:`save_pruned` (either form) → ``(model, tokenizer)``."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from core.adapters import MODEL_TYPES, _model_class
+
+    path = Path(path).expanduser()
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{str(path)!r} is not a model directory (no config.json)")
+    raw = json.loads(cfg_file.read_text())
+    kwargs = {} if dtype is None else {"dtype": dtype}
+    mt = raw.get("model_type", "")
+    if mt.startswith("liar_"):
+        if raw.get("liar_family") not in CLASSES:
+            raise ValueError(f"unknown pruned model family {raw.get('liar_family')!r} in {cfg_file}")
+        classes = CLASSES[raw["liar_family"]]
+        arch = (raw.get("architectures") or [""])[0]
+        cls = next((c for k, c in classes.items() if k != "config" and c.__name__ == arch), None)
+        if cls is None:
+            raise ValueError(f"unknown pruned architecture {arch!r} in {cfg_file}")
+        model = cls.from_pretrained(path, **kwargs)
+    else:
+        config = AutoConfig.from_pretrained(path)
+        if config.model_type not in MODEL_TYPES:
+            raise ValueError(f"model type {config.model_type!r} in {cfg_file} is not supported")
+        model = _model_class(config, MODEL_TYPES[config.model_type][1]).from_pretrained(path, **kwargs)
+    model = model.to(device).eval()
+    tokenizer = None
+    if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+        # pass the loaded config: AutoTokenizer would otherwise re-read config.json and ask whether to
+        # trust the bundled code, which this project's own copy makes unnecessary
+        tokenizer = AutoTokenizer.from_pretrained(path, config=model.config)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

@@ -1,0 +1,333 @@
+"""The sequential pruning pipeline (the paper's Algorithm 1, generalised).
+
+    load model → calibration windows → criterion scores → plan (keep-sets per layer)
+    → for each block ℓ, on the *pruned* model's own inputs to ℓ:
+          attention:  stream the inputs of the output projection (o_proj) into G, s, n
+                      → surgery (drop heads) → reconstruct o_proj from the statistics
+          FFN:        stream the inputs of the FFN output projection (down_proj) on the block
+                      whose attention is already pruned → surgery (drop neurons) → reconstruct
+          outputs:    run the pruned block → inputs of block ℓ+1
+    → PruneResult (the pruned model in memory, the plan, a per-layer report; ``.save(dir)``)
+
+Only two kinds of tensors are ever kept: the hidden states entering the current block (n × L × d in
+the model's dtype) and the statistics of one projection (C_in² in float32/float64).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from core.adapters import Adapter, block_parameters, load_model, max_positions, unit_costs
+from core.allocation import Plan, allocate
+from core.calibration import CalibrationBatch, decoder_windows, encoder_samples, load_texts
+from core.criteria import CRITERIA
+from core.modeling.modeling_liar import ensure_bias, prune_layer_
+from core.recipe import Recipe
+from core.reconstruct import reconstruct_from_stats, relative_output_error
+from core.stats import InputStats
+
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``; raising from it aborts the run (cooperative cancellation)."""
+
+
+class _Stop(Exception):
+    """Raised from a hook to skip the rest of a forward pass."""
+
+
+@dataclass
+class LayerReport:
+    layer: int
+    module: str  # "attention" | "ffn"
+    kept: int  # heads or neurons kept
+    total: int
+    error_before: float  # relative output error of the projection, pruned without reconstruction
+    error_after: float  # ... after reconstruction
+    measured_on: str  # "held-aside" calibration samples, or the fit samples when none are held aside
+    seconds: float
+    peak_memory_mb: float
+
+
+@dataclass
+class PruneResult:
+    model: nn.Module
+    tokenizer: Any
+    recipe: Recipe
+    adapter: Adapter
+    plan: Plan
+    report: list[LayerReport]
+    params_before: int
+    params_after: int
+    block_params_before: int
+    block_params_after: int
+    seconds: float
+    peak_memory_mb: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def achieved_ratio(self) -> float:
+        """Fraction of the transformer blocks' parameters removed (added biases counted)."""
+        return 1.0 - self.block_params_after / self.block_params_before
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "model": self.recipe.model,
+            "target_ratio": self.recipe.ratio,
+            "achieved_ratio": round(self.achieved_ratio, 6),
+            "params_before": self.params_before,
+            "params_after": self.params_after,
+            "block_params_before": self.block_params_before,
+            "block_params_after": self.block_params_after,
+            "prune_seconds": round(self.seconds, 3),
+            "peak_memory_mb": round(self.peak_memory_mb, 1),
+            **self.metrics,
+        }
+
+    def save(self, output_dir: str | Path, overwrite: bool = False) -> Path:
+        from core.export import save_pruned
+
+        return save_pruned(self, output_dir, overwrite=overwrite)
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (KiB on Linux)
+
+
+def _as_recipe(recipe: Recipe | dict | str | Path) -> Recipe:
+    if isinstance(recipe, Recipe):
+        return recipe
+    if isinstance(recipe, dict):
+        return Recipe.model_validate(recipe)
+    return Recipe.load(recipe)
+
+
+class _Runner:
+    """Runs blocks on stored inputs; ``hidden[i]`` / ``extra[i]`` are batch i's block inputs."""
+
+    def __init__(self, model: nn.Module, adapter: Adapter, batches: list[CalibrationBatch], device):
+        self.model, self.adapter, self.device = model, adapter, device
+        self.masks = [b.attention_mask.to(device).bool() if adapter.kind == "encoder" else None for b in batches]
+        self.hidden: list[torch.Tensor] = []
+        self.extra: list[tuple[tuple, dict]] = []
+        layer0 = adapter.layers(model)[0]
+
+        def grab(_mod, args, kwargs):
+            kwargs = dict(kwargs)
+            hs = args[0] if args else kwargs.pop("hidden_states")
+            self.hidden.append(hs.detach())
+            self.extra.append((tuple(args[1:]), kwargs))
+            raise _Stop
+
+        handle = layer0.register_forward_pre_hook(grab, with_kwargs=True)
+        try:
+            for b in batches:
+                inputs = {"input_ids": b.input_ids.to(device), "attention_mask": b.attention_mask.to(device)}
+                if b.token_type_ids is not None:
+                    inputs["token_type_ids"] = b.token_type_ids.to(device)
+                if adapter.kind == "decoder":
+                    inputs["use_cache"] = False
+                try:
+                    model.base_model(**inputs)
+                except _Stop:
+                    pass
+        finally:
+            handle.remove()
+
+    def run(self, layer: nn.Module, i: int) -> torch.Tensor:
+        args, kwargs = self.extra[i]
+        out = layer(self.hidden[i], *args, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    def collect(self, layer: nn.Module, path: str, sinks: list[InputStats]) -> None:
+        """Stream the inputs of ``layer.<path>`` into ``sinks[i]`` for each batch i, then stop the block."""
+        current: list[int] = [0]
+
+        def hook(_mod, args):
+            sinks[current[0]].add_batch(args[0], self.masks[current[0]])
+            raise _Stop
+
+        handle = layer.get_submodule(path).register_forward_pre_hook(hook)
+        try:
+            for i in range(len(self.hidden)):
+                current[0] = i
+                try:
+                    self.run(layer, i)
+                except _Stop:
+                    pass
+        finally:
+            handle.remove()
+
+    def advance(self, layer: nn.Module) -> None:
+        self.hidden = [self.run(layer, i).detach() for i in range(len(self.hidden))]
+
+
+def _calibration(recipe: Recipe, tokenizer, adapter: Adapter) -> tuple[CalibrationBatch, CalibrationBatch]:
+    texts = load_texts(recipe.calibration)
+    if adapter.kind == "decoder":
+        return decoder_windows(texts, tokenizer, recipe.calibration)
+    return encoder_samples(texts, tokenizer, recipe.calibration)
+
+
+def _split(batch: CalibrationBatch, size: int) -> list[CalibrationBatch]:
+    return [batch.slice(i, i + size) for i in range(0, len(batch), size)]
+
+
+@torch.no_grad()
+def prune(
+    recipe: Recipe | dict | str | Path,
+    *,
+    model: nn.Module | None = None,
+    tokenizer: Any = None,
+    progress: Progress | None = None,
+    show_progress: bool = False,
+) -> PruneResult:
+    """Prune and reconstruct a model as the recipe says; returns the pruned model in memory.
+
+    ``model`` / ``tokenizer`` may be passed to skip loading ``recipe.model``. ``progress(stage, i, n)``
+    is called at every stage and after every block.
+    """
+    recipe = _as_recipe(recipe)
+    report = progress or (lambda stage, done, total: None)
+    t_start = time.perf_counter()
+
+    report("load", 0, 1)
+    if model is None:
+        model, tokenizer, adapter = load_model(recipe.model, recipe.dtype, recipe.device)
+    else:
+        from core.adapters import adapter_for
+
+        adapter = adapter_for(model)
+        model.eval()
+    if tokenizer is None:
+        raise ValueError("a tokenizer is needed when a model object is passed")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    device = next(model.parameters()).device
+    limit = max_positions(model.config)
+    if limit is not None and recipe.calibration.max_seq_length > limit:
+        raise ValueError(
+            f"max_seq_length {recipe.calibration.max_seq_length} exceeds the model's limit of {limit} positions"
+        )
+    if getattr(model.config, "liar_layout", None) is not None:
+        raise ValueError("this model is already pruned; prune the original model with a larger ratio instead")
+    report("load", 1, 1)
+
+    report("calibration", 0, 1)
+    fit, held = _calibration(recipe, tokenizer, adapter)
+    report("calibration", 1, 1)
+
+    layers = adapter.layers(model)
+    n_layers = len(layers)
+    report("scoring", 0, n_layers)
+    criterion = CRITERIA[recipe.criterion.name]
+    scores = [criterion(layer, adapter, i, recipe.criterion.options) for i, layer in enumerate(layers)]
+    costs = [unit_costs(layer, adapter) for layer in layers]
+    layer_params = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    plan = allocate(scores, adapter, costs, layer_params, recipe.ratio, recipe.modules, recipe.allocation)
+    report("scoring", n_layers, n_layers)
+
+    params_before = sum(p.numel() for p in model.parameters())
+    block_before = block_parameters(model, adapter)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    bs = recipe.calibration.batch_size
+    n_fit = len(_split(fit, bs))
+    runner = _Runner(model, adapter, _split(fit, bs) + _split(held, bs), device)
+    stats_dtype = getattr(torch, recipe.stats_dtype)
+    method, damp = recipe.reconstruction.method, recipe.reconstruction.damp
+    fam = adapter.family
+    reports: list[LayerReport] = []
+    layout: list[dict[str, Any]] = []
+    bar = tqdm(total=n_layers, desc=f"prune+{method}", unit="layer", disable=not show_progress)
+
+    def rebuild(layer: nn.Module, path: str, keep: torch.Tensor, group: int, shrink: Callable[[], None],
+                added: list[str], li: int, module: str, kept: int, total: int) -> None:
+        t0 = time.perf_counter()
+        lin = layer.get_submodule(path)
+        fit_stats = InputStats(lin.in_features, stats_dtype, device)
+        held_stats = InputStats(lin.in_features, stats_dtype, device) if len(held) else fit_stats
+        n_held = len(runner.hidden) - n_fit
+        runner.collect(layer, path, [fit_stats] * n_fit + [held_stats] * n_held)
+        w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
+        keep = keep.to(w.device)
+        new_w, new_b = reconstruct_from_stats(method, w, b, keep, fit_stats, damp, group)
+        naive_w, naive_b = reconstruct_from_stats("none", w, b, keep, fit_stats)
+        err_before = relative_output_error(w, b, keep, naive_w, naive_b, held_stats)
+        err_after = relative_output_error(w, b, keep, new_w, new_b, held_stats)
+        del fit_stats, held_stats
+        shrink()
+        lin = layer.get_submodule(path)
+        lin.weight.copy_(new_w.to(lin.weight.dtype))
+        if new_b is not None:
+            if lin.bias is None:
+                ensure_bias(lin)
+                added.append(path)
+            lin.bias.copy_(new_b.to(lin.bias.dtype))
+        reports.append(
+            LayerReport(
+                layer=li, module=module, kept=kept, total=total, error_before=err_before, error_after=err_after,
+                measured_on="held-aside" if len(held) else "calibration",
+                seconds=time.perf_counter() - t0, peak_memory_mb=_peak_memory_mb(device),
+            )
+        )
+
+    for li, layer in enumerate(layers):
+        report("reconstruct", li, n_layers)
+        lp = plan.layers[li]
+        added: list[str] = []
+        if len(lp.heads) < adapter.n_heads:
+            keep = torch.zeros(adapter.n_heads, dtype=torch.bool)
+            keep[lp.heads] = True
+            keep = keep.repeat_interleave(adapter.head_dim)
+            all_neurons = layer.get_submodule(fam.ffn_out).in_features
+            rebuild(
+                layer, fam.o, keep, adapter.head_dim,
+                lambda: prune_layer_(layer, fam, model.config, lp.heads, lp.kv_heads, all_neurons),
+                added, li, "attention", len(lp.heads), adapter.n_heads,
+            )
+        if len(lp.neurons) < adapter.n_neurons:
+            keep = torch.zeros(adapter.n_neurons, dtype=torch.bool)
+            keep[lp.neurons] = True
+            rebuild(
+                layer, fam.ffn_out, keep, 1,
+                lambda: prune_layer_(layer, fam, model.config, lp.heads, lp.kv_heads, lp.neurons),
+                added, li, "ffn", len(lp.neurons), adapter.n_neurons,
+            )
+        if li + 1 < n_layers:
+            runner.advance(layer)
+        layout.append({"heads": lp.heads, "kv_heads": lp.kv_heads, "neurons": len(lp.neurons), "bias": added})
+        bar.update(1)
+        if reports and show_progress:
+            errs = [r for r in reports if r.layer == li]
+            bar.set_postfix_str(
+                " ".join(f"{r.module[:4]} err {r.error_before:.3f}→{r.error_after:.3f}" for r in errs)
+            )
+    bar.close()
+    del runner
+    report("reconstruct", n_layers, n_layers)
+
+    model.config.liar_layout = layout
+    model.config.liar_family = adapter.name
+    result = PruneResult(
+        model=model, tokenizer=tokenizer, recipe=recipe, adapter=adapter, plan=plan, report=reports,
+        params_before=params_before, params_after=sum(p.numel() for p in model.parameters()),
+        block_params_before=block_before, block_params_after=block_parameters(model, adapter),
+        seconds=time.perf_counter() - t_start, peak_memory_mb=_peak_memory_mb(device),
+    )
+    report("done", 1, 1)
+    return result
+
+
+def report_rows(result: PruneResult) -> list[dict[str, Any]]:
+    return [asdict(r) for r in result.report]

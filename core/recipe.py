@@ -1,0 +1,157 @@
+"""The recipe: everything one pruning run needs, as one validated object.
+
+The same object is the CLI's input (YAML), the Python API's argument, the job payload, the database
+record and the ``recipe.yaml`` inside every exported checkpoint.
+
+Example::
+
+    model: HuggingFaceTB/SmolLM2-135M-Instruct
+    modules: both            # heads | neurons | both
+    ratio: 0.2               # fraction of the transformer blocks' parameters removed
+    allocation: uniform      # uniform | global
+    criterion: {name: magnitude}
+    reconstruction: {method: liar, damp: 0.001}
+    calibration:
+      dataset: wikitext2     # a named set, or a local .txt / .jsonl file
+      num_calibration_samples: 128
+      max_seq_length: 128
+      seed: 0
+    dtype: auto
+    device: auto
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NAMED_DATASETS = ("wikitext2", "c4", "alpaca")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class CriterionConfig(_Strict):
+    name: str = Field("magnitude", description="pruning criterion (see core.criteria.CRITERIA)")
+    options: dict[str, Any] = Field(default_factory=dict, description="criterion-specific options")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from core.criteria import CRITERIA
+
+        if v not in CRITERIA:
+            raise ValueError(f"unknown criterion {v!r}; choose one of {sorted(CRITERIA)}")
+        return v
+
+
+class ReconstructionConfig(_Strict):
+    method: str = Field("liar", description="none | bias | mask_tuning | liar | ls")
+    damp: float = Field(1e-3, ge=0.0, description="ridge damping, a fraction of mean(diag G)")
+
+    @field_validator("method")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from core.reconstruct import METHODS
+
+        if v not in METHODS:
+            raise ValueError(f"unknown reconstruction method {v!r}; choose one of {sorted(METHODS)}")
+        return v
+
+
+class CalibrationConfig(_Strict):
+    dataset: str | None = Field(
+        None, description=f"a named set {NAMED_DATASETS} or a local .txt / .jsonl / .json file"
+    )
+    texts: list[str] | None = Field(None, description="calibration texts given inline")
+    text_field: str | list[str] = Field(
+        "text", description="field(s) of a .jsonl record holding text; two fields form an encoder pair"
+    )
+    num_calibration_samples: int = Field(128, gt=0, description="windows (decoders) or texts (encoders)")
+    max_seq_length: int = Field(128, gt=1, description="tokens per window")
+    holdout_samples: int = Field(
+        8, ge=0, description="extra samples held aside to measure reconstruction error (0: measure on fit data)"
+    )
+    seed: int = 0
+    batch_size: int = Field(8, gt=0, description="samples per forward pass")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CalibrationConfig:
+        if (self.dataset is None) == (self.texts is None):
+            raise ValueError("calibration needs exactly one of 'dataset' (name or file) or 'texts'")
+        if self.texts is not None and not any(t.strip() for t in self.texts):
+            raise ValueError("calibration 'texts' are all empty")
+        if self.dataset is not None and self.dataset not in NAMED_DATASETS:
+            path = Path(self.dataset).expanduser()
+            if not path.is_file():
+                raise ValueError(
+                    f"calibration dataset {self.dataset!r} is neither a named set {NAMED_DATASETS} "
+                    "nor an existing file"
+                )
+            if path.suffix.lower() not in (".txt", ".jsonl", ".json"):
+                raise ValueError(f"calibration file {self.dataset!r} must be .txt, .jsonl or .json")
+            if path.stat().st_size == 0 or not path.read_text(encoding="utf-8", errors="replace").strip():
+                raise ValueError(f"calibration file {self.dataset!r} is empty")
+        return self
+
+
+class Recipe(_Strict):
+    model: str = Field(..., description="Hugging Face model id or local directory")
+    modules: Literal["heads", "neurons", "both"] = "both"
+    ratio: float = Field(..., description="fraction of the transformer blocks' parameters removed, in (0, 1)")
+    allocation: Literal["uniform", "global"] = "uniform"
+    criterion: CriterionConfig = Field(default_factory=CriterionConfig)
+    reconstruction: ReconstructionConfig = Field(default_factory=ReconstructionConfig)
+    calibration: CalibrationConfig
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    stats_dtype: Literal["float32", "float64"] = Field(
+        "float64", description="precision of the accumulated input statistics"
+    )
+
+    @field_validator("ratio")
+    @classmethod
+    def _ratio(cls, v: float) -> float:
+        if not 0.0 < v < 1.0:
+            raise ValueError(f"ratio must lie strictly between 0 and 1, got {v}")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        v = v.strip()
+        if not v:
+            raise ValueError("model must name a Hugging Face id or a local directory")
+        looks_local = v.startswith((".", "/", "~")) or Path(v).expanduser().exists() or v.count("/") > 1
+        if looks_local and not Path(v).expanduser().is_dir():
+            raise ValueError(f"model path {v!r} does not exist or is not a directory")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()):
+            return v
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {v!r}")
+
+    # --- YAML round trip -------------------------------------------------------------------
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> Recipe:
+        data = yaml.safe_load(text)
+        if not isinstance(data, dict):
+            raise ValueError("a recipe must be a YAML mapping")
+        return cls.model_validate(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Recipe:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"recipe file {str(path)!r} does not exist")
+        return cls.from_yaml(path.read_text(encoding="utf-8"))

@@ -1,0 +1,116 @@
+"""Tiny random models, tokenizers and text for tests, demos and smoke runs (no downloads).
+
+Each ``tiny_*`` function writes a loadable Hugging Face directory (config, safetensors, tokenizer) and
+returns its path: a GQA Llama, a Qwen2-style model with q/k/v biases, a Mistral, and a BERT classifier.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+_WORDS = (
+    "the a model layer head neuron prune keep weight bias token text data mean least square error "
+    "input output attention network small large fast slow train test run time value score linear "
+    "matrix vector channel sample window batch reconstruct compress language word sentence good bad "
+    "film movie story plot actor scene great boring fun dull bright dark river city music"
+).split()
+
+
+def tiny_corpus(n_docs: int = 40, words_per_doc: int = 120, seed: int = 0) -> list[str]:
+    """Seeded pseudo-text: documents of sentences over a small vocabulary, with some structure."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        sentences, count = [], 0
+        while count < words_per_doc:
+            k = rng.randint(4, 12)
+            start = rng.randrange(len(_WORDS))
+            words = [_WORDS[(start + rng.choice((0, 1, 1, 2, 3)) * j) % len(_WORDS)] for j in range(k)]
+            sentences.append(" ".join(words).capitalize() + ".")
+            count += k
+        docs.append(" ".join(sentences))
+    return docs
+
+
+def tiny_tokenizer(encoder: bool = False):
+    """A word-level fast tokenizer over the tiny vocabulary (BERT-style specials if ``encoder``)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] if encoder else ["<pad>", "<unk>", "<s>", "</s>"]
+    vocab = {t: i for i, t in enumerate(specials + sorted(set(_WORDS)) + [".", ","])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=specials[1]))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    if encoder:
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+        )
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+            sep_token="[SEP]", mask_token="[MASK]",
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+
+
+def _save(model, tokenizer, path: str | Path) -> Path:
+    path = Path(path)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def tiny_decoder(path: str | Path, family: str = "llama", seed: int = 0, **overrides) -> Path:
+    """A random 2-layer decoder: 8 query heads over 4 key/value heads (GQA), head_dim 8, FFN 48."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config
+    from transformers import Qwen2ForCausalLM
+
+    tok = tiny_tokenizer()
+    kw = dict(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    kw.update(overrides)
+    config_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
+    }[family]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**kw))
+    _perturb(model, seed)
+    return _save(model, tok, path)
+
+
+def tiny_bert(path: str | Path, task: str = "classification", seed: int = 0, **overrides) -> Path:
+    """A random 2-layer BERT (4 heads of 8, FFN 48) with a sequence-classification or QA head."""
+    from transformers import BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertModel
+
+    tok = tiny_tokenizer(encoder=True)
+    kw = dict(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=128, pad_token_id=tok.pad_token_id, num_labels=2,
+    )
+    kw.update(overrides)
+    cls = {"classification": BertForSequenceClassification, "qa": BertForQuestionAnswering, "base": BertModel}[task]
+    torch.manual_seed(seed)
+    model = cls(BertConfig(**kw))
+    _perturb(model, seed)
+    return _save(model, tok, path)
+
+
+@torch.no_grad()
+def _perturb(model, seed: int) -> None:
+    """Give every bias and norm weight random values so tests exercise all of them."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    for name, p in model.named_parameters():
+        if name.endswith("bias") or "norm" in name.lower():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen))
