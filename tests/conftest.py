@@ -1,0 +1,64 @@
+"""Shared fixtures: tiny random models written to a session temp dir (no downloads)."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+from core.tiny import tiny_bert, tiny_corpus, tiny_decoder  # noqa: E402
+
+hf_logging.disable_progress_bar()
+hf_logging.set_verbosity_error()
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    return tiny_corpus(40)
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory):
+    return tiny_decoder(tmp_path_factory.mktemp("models") / "llama", "llama")
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir(tmp_path_factory):
+    return tiny_decoder(tmp_path_factory.mktemp("models") / "qwen2", "qwen2")
+
+
+@pytest.fixture(scope="session")
+def mistral_dir(tmp_path_factory):
+    return tiny_decoder(tmp_path_factory.mktemp("models") / "mistral", "mistral")
+
+
+@pytest.fixture(scope="session")
+def bert_dir(tmp_path_factory):
+    return tiny_bert(tmp_path_factory.mktemp("models") / "bert", "classification")
+
+
+@pytest.fixture(scope="session")
+def bert_qa_dir(tmp_path_factory):
+    return tiny_bert(tmp_path_factory.mktemp("models") / "bert_qa", "qa")
+
+
+@pytest.fixture(scope="session")
+def model_dirs(llama_dir, qwen2_dir, bert_dir):
+    return {"llama": llama_dir, "qwen2": qwen2_dir, "bert": bert_dir}
+
+
+def recipe_for(model_dir, corpus, **kw):
+    """A small recipe dict for the tiny models; keyword arguments override top-level fields."""
+    cal = {"texts": corpus, "num_calibration_samples": 12, "max_seq_length": 24, "holdout_samples": 4,
+           "batch_size": 5}
+    cal.update(kw.pop("calibration", {}))
+    recipe = {"model": str(model_dir), "ratio": 0.3, "calibration": cal,
+              "reconstruction": {"method": "liar", "damp": 0.0}}
+    recipe.update(kw)
+    return recipe

@@ -1,0 +1,215 @@
+"""Every reconstruction formula against a slow, obvious reference on raw activations (numpy, float64)."""
+
+import numpy as np
+import pytest
+import torch
+
+from core.reconstruct import (
+    METHODS,
+    project_rows,
+    reconstruct_from_stats,
+    reconstruct_linear,
+    relative_output_error,
+    solve_spd,
+)
+from core.stats import InputStats
+
+RTOL = 1e-6
+
+
+def _problem(n=400, c_in=24, c_out=10, n_keep=15, seed=0, bias=True, correlated=True):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, c_in))
+    if correlated:  # pruned channels partly predictable from kept ones, plus an offset (non-zero mean)
+        x = x @ rng.normal(size=(c_in, c_in)) * 0.5 + x + rng.normal(size=c_in)
+    w = rng.normal(size=(c_out, c_in))
+    b = rng.normal(size=c_out) if bias else None
+    keep = np.zeros(c_in, dtype=bool)
+    keep[rng.choice(c_in, n_keep, replace=False)] = True
+    return x, w, b, keep
+
+
+def _t(a):
+    return None if a is None else torch.from_numpy(np.asarray(a))
+
+
+def _run(method, x, w, b, keep, **kw):
+    nw, nb = reconstruct_linear(method, _t(x), _t(w), _t(b), torch.from_numpy(keep), **kw)
+    return nw.numpy(), nb.numpy()
+
+
+def _close(a, b):
+    scale = max(np.abs(b).max(), 1e-12)
+    assert np.abs(a - b).max() / scale < RTOL, np.abs(a - b).max() / scale
+
+
+# ----- slow references, written from the paper's definitions on raw X --------------------------
+def ref_liar(x, w, b, keep):
+    u, m = keep, ~keep
+    wp = w.T  # paper layout (C_in, C_out)
+    xu, xm = x[:, u], x[:, m]
+    mu_m = xm.mean(0)
+    q = np.linalg.lstsq(xu, xm - mu_m, rcond=None)[0]  # argmin ‖X_m − (X_u Q + X̄_m)‖
+    p = np.linalg.lstsq(wp[u].T, wp[m].T, rcond=None)[0].T  # argmin ‖W_m − P W_u‖
+    new = (np.eye(u.sum()) + q @ p) @ wp[u]
+    return new.T, (0 if b is None else b) + mu_m @ wp[m]
+
+
+def ref_ls(x, w, b, keep):
+    """min over W', B' of ‖X W + B − X_u W' − B'‖² by lstsq on [X_u, 1]."""
+    target = x @ w.T + (0 if b is None else b)
+    design = np.hstack([x[:, keep], np.ones((len(x), 1))])
+    sol = np.linalg.lstsq(design, target, rcond=None)[0]
+    return sol[:-1].T, sol[-1]
+
+
+def ref_mask_tuning(x, w, b, keep, group=1):
+    """min over per-group scales α of ‖X W − Σ_g α_g X_g W_g‖² (no bias change)."""
+    target = (x @ w.T).ravel()
+    kept = np.flatnonzero(keep)
+    groups = sorted(set(kept // group))
+    cols = []
+    for g in groups:
+        ch = kept[kept // group == g]
+        cols.append((x[:, ch] @ w[:, ch].T).ravel())
+    alpha = np.linalg.lstsq(np.stack(cols, 1), target, rcond=None)[0]
+    scale = np.array([alpha[groups.index(c // group)] for c in kept])
+    return w[:, keep] * scale[None, :], b
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_none_and_bias_match_definitions(bias):
+    x, w, b, keep = _problem(bias=bias)
+    nw, nb = _run("none", x, w, b, keep)
+    _close(nw, w[:, keep])
+    _close(nb, b if bias else np.zeros(w.shape[0]))
+    nw, nb = _run("bias", x, w, b, keep)
+    _close(nw, w[:, keep])
+    _close(nb, (b if bias else 0) + w[:, ~keep] @ x[:, ~keep].mean(0))
+
+
+@pytest.mark.parametrize("shape", [(24, 10, 15), (24, 30, 15), (16, 6, 4)])  # |u| ≥ C_out and |u| < C_out
+@pytest.mark.parametrize("bias", [True, False])
+def test_liar_matches_paper(shape, bias):
+    c_in, c_out, n_keep = shape
+    x, w, b, keep = _problem(c_in=c_in, c_out=c_out, n_keep=n_keep, bias=bias)
+    nw, nb = _run("liar", x, w, b, keep)
+    rw, rb = ref_liar(x, w, b, keep)
+    _close(nw, rw)
+    _close(nb, rb)
+
+
+@pytest.mark.parametrize("shape", [(24, 10, 15), (24, 30, 15)])
+def test_ls_is_exact_affine_least_squares(shape):
+    c_in, c_out, n_keep = shape
+    x, w, b, keep = _problem(c_in=c_in, c_out=c_out, n_keep=n_keep)
+    nw, nb = _run("ls", x, w, b, keep)
+    rw, rb = ref_ls(x, w, b, keep)
+    _close(nw, rw)
+    _close(nb, rb)
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_mask_tuning_matches_least_squares_scales(group):
+    x, w, b, keep = _problem(c_in=24, c_out=10)
+    if group > 1:  # keep whole heads of `group` channels
+        heads = np.array([1, 0, 1, 1, 0, 1], dtype=bool)
+        keep = np.repeat(heads, group)
+    nw, nb = _run("mask_tuning", x, w, b, keep, group_size=group)
+    rw, rb = ref_mask_tuning(x, w, b, keep, group)
+    _close(nw, rw)
+    _close(nb, rb)
+
+
+def test_ls_is_optimal_on_fit_data():
+    """No method beats the exact least-squares refit on the tokens it was fitted to."""
+    x, w, b, keep = _problem(c_in=32, c_out=12, n_keep=12)
+    stats = InputStats.from_tensor(_t(x))
+    errs = {}
+    for m in METHODS:
+        nw, nb = reconstruct_from_stats(m, _t(w), _t(b), torch.from_numpy(keep), stats, group_size=1)
+        errs[m] = relative_output_error(_t(w), _t(b), torch.from_numpy(keep), nw, nb, stats)
+    assert all(errs["ls"] <= e + 1e-12 for e in errs.values()), errs
+    assert errs["liar"] < errs["bias"] < errs["none"], errs
+
+
+def test_liar_equals_ls_for_centred_inputs_with_full_rank_kept_weights():
+    """With μ = 0 and |u| ≥ C_out (W_u full column rank), LIAR and the affine LS refit coincide."""
+    x, w, b, keep = _problem(c_in=24, c_out=8, n_keep=16)
+    x = x - x.mean(0)
+    lw, lb = _run("liar", x, w, b, keep)
+    sw, sb = _run("ls", x, w, b, keep)
+    _close(lw, sw)
+    _close(lb, sb)
+
+
+def test_relative_error_matches_raw_computation():
+    x, w, b, keep = _problem()
+    nw, nb = _run("liar", x, w, b, keep)
+    full = x @ w.T + b
+    approx = x[:, keep] @ nw.T + nb
+    expected = ((full - approx) ** 2).sum() / (full**2).sum()
+    got = relative_output_error(_t(w), _t(b), torch.from_numpy(keep), _t(nw), _t(nb), InputStats.from_tensor(_t(x)))
+    assert got == pytest.approx(expected, rel=1e-9)
+
+
+def test_project_rows_is_the_least_squares_projection():
+    rng = np.random.default_rng(3)
+    for r, d in ((5, 12), (12, 5), (4, 4)):
+        basis, target = rng.normal(size=(r, d)), rng.normal(size=(3, d))
+        p = np.linalg.lstsq(basis.T, target.T, rcond=None)[0].T
+        _close(project_rows(_t(target), _t(basis)).numpy(), p @ basis)
+
+
+def test_solve_spd_damping_and_dead_channels():
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(50, 6))
+    a[:, 2] = 0.0  # a dead channel
+    g = a.T @ a
+    rhs = rng.normal(size=(6, 2))
+    rhs[2] = 0.0
+    sol = solve_spd(_t(g), _t(rhs), damp=0.1).numpy()
+    live = [0, 1, 3, 4, 5]
+    lam = 0.1 * np.mean(np.where(np.diag(g) > 0, np.diag(g), 1.0))
+    expected = np.linalg.solve(g[np.ix_(live, live)] + lam * np.eye(5), rhs[live])
+    _close(sol[live], expected)
+    assert np.all(sol[2] == 0)
+
+
+def test_solve_spd_falls_back_on_singular_matrix():
+    rng = np.random.default_rng(2)
+    a = rng.normal(size=(3, 8))  # rank 3 Gram of size 8: singular
+    g = a.T @ a
+    rhs = g @ rng.normal(size=(8, 1))
+    with pytest.warns(RuntimeWarning, match="Cholesky failed"):
+        sol = solve_spd(_t(g), _t(rhs), damp=0.0).numpy()
+    np.testing.assert_allclose(g @ sol, rhs, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_keep_all_is_identity(method):
+    x, w, b, _ = _problem()
+    keep = np.ones(x.shape[1], dtype=bool)
+    nw, nb = _run(method, x, w, b, keep)
+    _close(nw, w)
+    _close(nb, b)
+
+
+def test_bad_arguments_are_rejected():
+    x, w, b, keep = _problem()
+    with pytest.raises(ValueError, match="unknown reconstruction method 'foo'"):
+        _run("foo", x, w, b, keep)
+    with pytest.raises(ValueError, match="keep selects no input channel"):
+        _run("liar", x, w, b, np.zeros_like(keep))
+    with pytest.raises(ValueError, match="x must be"):
+        reconstruct_linear("liar", _t(x[:, :3]), _t(w), _t(b), torch.from_numpy(keep))
+    with pytest.raises(ValueError, match="damp must be >= 0"):
+        _run("liar", x, w, b, keep, damp=-1.0)
+
+
+def test_float32_inputs_return_float32():
+    x, w, b, keep = _problem()
+    nw, nb = reconstruct_linear("ls", _t(x).float(), _t(w).float(), _t(b).float(), torch.from_numpy(keep))
+    assert nw.dtype == torch.float32 and nb.dtype == torch.float32
+    rw, _ = ref_ls(x, w, b, keep)
+    np.testing.assert_allclose(nw.numpy(), rw, rtol=1e-3, atol=1e-3)

@@ -1,0 +1,38 @@
+"""Streaming statistics equal two-pass statistics computed on the concatenated activations."""
+
+import pytest
+import torch
+
+from core.stats import InputStats
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_streaming_equals_two_pass_with_padding(dtype):
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randn(3, 7, 5, generator=gen) + 2.0 for _ in range(4)]
+    masks = [torch.rand(3, 7, generator=gen) > 0.3 for _ in range(4)]
+    stats = InputStats(5, dtype=dtype)
+    for x, m in zip(batches, masks):
+        stats.add_batch(x, m)
+    real = torch.cat([x[m] for x, m in zip(batches, masks)]).double()  # padding removed up front
+    tol = 1e-12 if dtype == torch.float64 else 1e-4
+    torch.testing.assert_close(stats.gram.double(), real.T @ real, rtol=tol, atol=tol)
+    torch.testing.assert_close(stats.sum.double(), real.sum(0), rtol=tol, atol=tol)
+    assert stats.count == len(real)
+    torch.testing.assert_close(stats.mean.double(), real.mean(0), rtol=tol, atol=tol)
+
+
+def test_rejects_wrong_width_and_half_precision():
+    with pytest.raises(ValueError, match="float32 or float64"):
+        InputStats(4, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="expected 4 input channels"):
+        InputStats(4).add_batch(torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="no tokens"):
+        InputStats(4).mean  # noqa: B018
+
+
+def test_half_precision_inputs_accumulate_in_float64():
+    x = (torch.randn(64, 8) * 100).to(torch.bfloat16)
+    stats = InputStats.from_tensor(x)
+    ref = x.double()
+    torch.testing.assert_close(stats.gram, ref.T @ ref)
