@@ -60,8 +60,15 @@ def adapter_for(model_or_config) -> Adapter:
     name, kind = MODEL_TYPES[mt]
     n_heads, n_kv, head_dim = head_geometry(config)
     return Adapter(
-        name=name, family=FAMILIES[name], kind=kind, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
-        hidden=config.hidden_size, n_neurons=config.intermediate_size, n_layers=config.num_hidden_layers,
+        name=name,
+        family=FAMILIES[name],
+        kind=kind,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        hidden=config.hidden_size,
+        n_neurons=config.intermediate_size,
+        n_layers=config.num_hidden_layers,
     )
 
 
@@ -102,6 +109,17 @@ def load_model(name: str, dtype: str = "auto", device: str = "auto"):
 
     local = Path(name).expanduser()
     src = str(local) if local.is_dir() else name
+    if (local / "config.json").is_file():
+        import json
+
+        if json.loads((local / "config.json").read_text()).get("model_type", "").startswith("liar_"):
+            from core.export import load_pruned
+
+            dev = resolve_device(device)
+            model, tokenizer = load_pruned(local, dtype=None if dtype == "auto" else getattr(torch, dtype), device=dev)
+            if dev.type == "cpu" and dtype == "auto":
+                model = model.float()
+            return model, tokenizer, adapter_for(model)
     try:
         config = AutoConfig.from_pretrained(src)
     except Exception as exc:
@@ -112,11 +130,6 @@ def load_model(name: str, dtype: str = "auto", device: str = "auto"):
     adapter = adapter_for(config)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, config, dev)
-    if config.model_type.startswith("liar_"):
-        from core.export import load_pruned
-
-        model, tokenizer = load_pruned(src, dtype=torch_dtype, device=dev)
-        return model, tokenizer, adapter
     model = _model_class(config, adapter.kind).from_pretrained(src, dtype=torch_dtype).to(dev).eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(src)

@@ -55,8 +55,9 @@ def _kv_of(heads: list[int], adapter: Adapter) -> list[int]:
     return sorted({h // adapter.n_rep for h in heads})
 
 
-def _layer_plan(adapter: Adapter, costs: dict[str, int], drop_heads: set[int], n_drop_neurons: int,
-                neuron_order: torch.Tensor) -> LayerPlan:
+def _layer_plan(
+    adapter: Adapter, costs: dict[str, int], drop_heads: set[int], n_drop_neurons: int, neuron_order: torch.Tensor
+) -> LayerPlan:
     heads = [h for h in range(adapter.n_heads) if h not in drop_heads]
     kv = _kv_of(heads, adapter)
     n_kv_dropped = (adapter.n_kv_heads - len(kv)) if adapter.family.gqa else 0
@@ -158,8 +159,6 @@ def _global(scores, adapter: Adapter, costs, target: int, modules: str) -> list[
     plans = []
     for li in range(n_layers):
         dropped = torch.tensor(drop_neurons[li], dtype=torch.long)
-        rest = torch.tensor(
-            [k for k in range(adapter.n_neurons) if k not in set(drop_neurons[li])], dtype=torch.long
-        )
+        rest = torch.tensor([k for k in range(adapter.n_neurons) if k not in set(drop_neurons[li])], dtype=torch.long)
         plans.append(_layer_plan(adapter, costs[li], drop_heads[li], len(dropped), torch.cat([dropped, rest])))
     return plans

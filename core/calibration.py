@@ -166,13 +166,20 @@ def encoder_samples(texts, tokenizer, cfg: CalibrationConfig) -> tuple[Calibrati
         chosen = [texts[i] for i in idx]
         if chosen and isinstance(chosen[0], tuple):
             enc = tokenizer(
-                [a for a, _ in chosen], [b for _, b in chosen], truncation=True,
-                max_length=cfg.max_seq_length, padding="max_length", return_tensors="pt",
+                [a for a, _ in chosen],
+                [b for _, b in chosen],
+                truncation=True,
+                max_length=cfg.max_seq_length,
+                padding="max_length",
+                return_tensors="pt",
             )
         else:
             enc = tokenizer(
-                [_join(t) for t in chosen] or [""], truncation=True, max_length=cfg.max_seq_length,
-                padding="max_length", return_tensors="pt",
+                [_join(t) for t in chosen] or [""],
+                truncation=True,
+                max_length=cfg.max_seq_length,
+                padding="max_length",
+                return_tensors="pt",
             )
             if not chosen:
                 enc = {k: v[:0] for k, v in enc.items()}

@@ -28,8 +28,12 @@ def _recipe_from_args(args: argparse.Namespace):
     from core.recipe import Recipe
 
     flags = {
-        "model": args.model, "modules": args.modules, "ratio": args.ratio, "allocation": args.allocation,
-        "dtype": args.dtype, "device": args.device,
+        "model": args.model,
+        "modules": args.modules,
+        "ratio": args.ratio,
+        "allocation": args.allocation,
+        "dtype": args.dtype,
+        "device": args.device,
     }
     if args.recipe:
         recipe = Recipe.load(args.recipe)
@@ -54,8 +58,13 @@ def _recipe_from_args(args: argparse.Namespace):
     if args.calibration:
         cal.pop("texts", None)
         cal["dataset"] = args.calibration
-    for key, val in (("num_calibration_samples", args.samples), ("max_seq_length", args.seq_len),
-                     ("seed", args.seed), ("batch_size", args.batch_size), ("holdout_samples", args.holdout)):
+    for key, val in (
+        ("num_calibration_samples", args.samples),
+        ("max_seq_length", args.seq_len),
+        ("seed", args.seed),
+        ("batch_size", args.batch_size),
+        ("holdout_samples", args.holdout),
+    ):
         if val is not None:
             cal[key] = val
     return Recipe.model_validate(data)
@@ -88,17 +97,24 @@ def cmd_prune(args: argparse.Namespace) -> int:
         from core.evaluate import perplexity
 
         result.metrics.update(
-            perplexity(result.model, result.tokenizer, args.ppl, seq_len=args.ppl_seq_len or
-                       recipe.calibration.max_seq_length, show_progress=not args.quiet)
+            perplexity(
+                result.model,
+                result.tokenizer,
+                args.ppl,
+                seq_len=args.ppl_seq_len or recipe.calibration.max_seq_length,
+                show_progress=not args.quiet,
+            )
         )
     path = result.save(out, overwrite=args.overwrite)
     summary = result.summary()
     if args.json:
         print(json.dumps({**summary, "output": str(path)}, indent=2))
     else:
-        print(f"pruned {recipe.model}: {summary['achieved_ratio']:.1%} of block parameters removed "
-              f"(target {recipe.ratio:.1%}), {summary['params_before']:,} → {summary['params_after']:,} "
-              f"parameters in {summary['prune_seconds']:.1f} s")
+        print(
+            f"pruned {recipe.model}: {summary['achieved_ratio']:.1%} of block parameters removed "
+            f"(target {recipe.ratio:.1%}), {summary['params_before']:,} → {summary['params_after']:,} "
+            f"parameters in {summary['prune_seconds']:.1f} s"
+        )
         if "perplexity" in summary:
             print(f"perplexity: {summary['perplexity']:.3f}")
         print(f"saved to {path}")
@@ -115,8 +131,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         model, tokenizer, adapter = load_model(args.model, args.dtype, args.device)
         if adapter.kind != "decoder":
             return _fail("perplexity needs a causal language model (decoder)")
-        result = perplexity(model, tokenizer, args.ppl, seq_len=args.seq_len, batch_size=args.batch_size,
-                            max_windows=args.max_windows, show_progress=not (args.json or args.quiet))
+        result = perplexity(
+            model,
+            tokenizer,
+            args.ppl,
+            seq_len=args.seq_len,
+            batch_size=args.batch_size,
+            max_windows=args.max_windows,
+            show_progress=not (args.json or args.quiet),
+        )
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         return _fail(str(exc))
     result["model"] = args.model
@@ -124,8 +147,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"perplexity {result['perplexity']:.4f} over {result['tokens']:,} tokens "
-              f"({result['windows']} windows of {args.seq_len})")
+        print(
+            f"perplexity {result['perplexity']:.4f} over {result['tokens']:,} tokens "
+            f"({result['windows']} windows of {args.seq_len})"
+        )
     return 0
 
 
@@ -143,15 +168,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"tiny random Llama (GQA 8/4 heads) written to {model_dir}")
     for method in ("none", "bias", "liar", "ls"):
         recipe = {
-            "model": str(model_dir), "ratio": 0.3, "reconstruction": {"method": method},
+            "model": str(model_dir),
+            "ratio": 0.3,
+            "reconstruction": {"method": method},
             "calibration": {"texts": calib, "num_calibration_samples": 32, "max_seq_length": 64},
         }
         result = prune(recipe)
         ppl = perplexity(result.model, result.tokenizer, held, seq_len=64)["perplexity"]
         out = result.save(work / f"pruned-{method}", overwrite=True)
         err = sum(r.error_after for r in result.report) / max(len(result.report), 1)
-        print(f"  {method:5s} removed {result.achieved_ratio:.1%}  mean layer error {err:.3f}  "
-              f"held-out ppl {ppl:8.3f}  → {out}")
+        print(
+            f"  {method:5s} removed {result.achieved_ratio:.1%}  mean layer error {err:.3f}  "
+            f"held-out ppl {ppl:8.3f}  → {out}"
+        )
     print("done. Next: liar prune --help")
     return 0
 

@@ -42,9 +42,7 @@ def register(name: str) -> Callable[[Criterion], Criterion]:
 def _check_options(name: str, options: dict[str, Any], allowed: set[str]) -> None:
     unknown = set(options) - allowed
     if unknown:
-        raise ValueError(
-            f"criterion {name!r} has no option(s) {sorted(unknown)}; allowed: {sorted(allowed) or 'none'}"
-        )
+        raise ValueError(f"criterion {name!r} has no option(s) {sorted(unknown)}; allowed: {sorted(allowed) or 'none'}")
 
 
 @register("magnitude")

@@ -76,13 +76,14 @@ def perplexity(
     for i in tqdm(range(0, n_windows, batch_size), desc="perplexity", disable=not show_progress):
         batch = windows[i : i + batch_size].to(device)
         logits = model(input_ids=batch, use_cache=False).logits.float()
-        nll = F.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum"
-        )
+        nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum")
         total_nll += float(nll)
         total_tokens += batch[:, 1:].numel()
     mean = total_nll / total_tokens
     return {
-        "perplexity": math.exp(mean), "nll": mean, "tokens": total_tokens, "windows": n_windows,
+        "perplexity": math.exp(mean),
+        "nll": mean,
+        "tokens": total_tokens,
+        "windows": n_windows,
         "seq_len": seq_len,
     }

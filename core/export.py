@@ -122,10 +122,7 @@ def _config_dict(model: nn.Module, family_name: str, layout: list[dict]) -> tupl
 
 def model_card(result: PruneResult, stock: bool) -> str:
     r = result.recipe
-    load = (
-        "from transformers import {auto}\n"
-        "model = {auto}.from_pretrained(\"PATH\"{trust})"
-    ).format(
+    load = ('from transformers import {auto}\nmodel = {auto}.from_pretrained("PATH"{trust})').format(
         auto=_auto_name(result.model),
         trust="" if stock else ", trust_remote_code=True",
     )
@@ -144,9 +141,12 @@ base_model: {r.model}
 Pruned from `{r.model}` without retraining: criterion `{r.criterion.name}`, modules `{r.modules}`,
 allocation `{r.allocation}`, reconstruction `{r.reconstruction.method}` (damping {r.reconstruction.damp}),
 calibrated on {r.calibration.num_calibration_samples} × {r.calibration.max_seq_length} tokens of
-`{r.calibration.dataset or 'inline texts'}` (seed {r.calibration.seed}).
-{'Stock architecture: loads with plain `from_pretrained`.' if stock else
- 'Layers have different widths: the bundled `modeling_liar.py` builds them (`trust_remote_code=True`).'}
+`{r.calibration.dataset or "inline texts"}` (seed {r.calibration.seed}).
+{
+        "Stock architecture: loads with plain `from_pretrained`."
+        if stock
+        else "Layers have different widths: the bundled `modeling_liar.py` builds them (`trust_remote_code=True`)."
+    }
 
 ```python
 {load}
@@ -159,7 +159,7 @@ calibrated on {r.calibration.num_calibration_samples} × {r.calibration.max_seq_
 
 ## Per-layer reconstruction error
 Relative output error ‖XW+B − (X_uW'+B')‖²/‖XW+B‖² of each pruned projection, before (plain pruning) and
-after reconstruction, measured on {result.report[0].measured_on if result.report else 'held-aside'} calibration tokens.
+after reconstruction, measured on {result.report[0].measured_on if result.report else "held-aside"} calibration tokens.
 
 | layer | module | kept | error before | error after |
 |---|---|---|---|---|

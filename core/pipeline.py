@@ -19,6 +19,7 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,9 @@ from core.adapters import Adapter, block_parameters, load_model, max_positions, 
 from core.allocation import Plan, allocate
 from core.calibration import CalibrationBatch, decoder_windows, encoder_samples, load_texts
 from core.criteria import CRITERIA
-from core.modeling.modeling_liar import ensure_bias, prune_layer_
+from core.modeling.modeling_liar import ensure_bias, prune_heads_, prune_neurons_
 from core.recipe import Recipe
-from core.reconstruct import reconstruct_from_stats, relative_output_error
+from core.reconstruct import reconstruct_from_stats, relative_output_errors
 from core.stats import InputStats
 
 Progress = Callable[[str, int, int], None]
@@ -119,6 +120,9 @@ class _Runner:
         self.masks = [b.attention_mask.to(device).bool() if adapter.kind == "encoder" else None for b in batches]
         self.hidden: list[torch.Tensor] = []
         self.extra: list[tuple[tuple, dict]] = []
+        self.kept: dict[str, list[torch.Tensor]] = {}
+        self.replays: dict[str, tuple[nn.Module, nn.Module]] = {}
+        self.batch = 0
         layer0 = adapter.layers(model)[0]
 
         def grab(_mod, args, kwargs):
@@ -144,16 +148,24 @@ class _Runner:
             handle.remove()
 
     def run(self, layer: nn.Module, i: int) -> torch.Tensor:
+        self.batch = i
         args, kwargs = self.extra[i]
         out = layer(self.hidden[i], *args, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
-    def collect(self, layer: nn.Module, path: str, sinks: list[InputStats]) -> None:
-        """Stream the inputs of ``layer.<path>`` into ``sinks[i]`` for each batch i, then stop the block."""
+    def collect(self, layer: nn.Module, path: str, sinks: list[InputStats], keep_inputs: bool = False) -> None:
+        """Stream the inputs of ``layer.<path>`` into ``sinks[i]`` for each batch i, then stop the block.
+
+        With ``keep_inputs`` the inputs are also kept (model dtype) so that :meth:`replay` can stand in
+        for the module computing them instead of recomputing it.
+        """
         current: list[int] = [0]
+        kept: list[torch.Tensor] = []
 
         def hook(_mod, args):
             sinks[current[0]].add_batch(args[0], self.masks[current[0]])
+            if keep_inputs:
+                kept.append(args[0].detach())
             raise _Stop
 
         handle = layer.get_submodule(path).register_forward_pre_hook(hook)
@@ -166,9 +178,44 @@ class _Runner:
                     pass
         finally:
             handle.remove()
+        if keep_inputs:
+            self.kept[path] = kept
+
+    def replay(self, layer: nn.Module, block: str, path: str, keep: torch.Tensor, returns_tuple: bool) -> None:
+        """Replace ``layer.<block>`` by a module replaying its (pruned) output from the kept inputs of
+        ``path``: ``path(X[..., keep])`` if the projection lives inside the block, else ``X[..., keep]``."""
+        inputs = self.kept[path]
+        proj = layer.get_submodule(path) if path.startswith(block + ".") else None
+        self.replays[block] = (layer.get_submodule(block), _Replay(inputs, keep, proj, returns_tuple, self))
+        _set_module(layer, block, self.replays[block][1])
+
+    def restore(self, layer: nn.Module) -> None:
+        for block, (original, _) in self.replays.items():
+            _set_module(layer, block, original)
+        self.replays.clear()
+        self.kept.clear()
 
     def advance(self, layer: nn.Module) -> None:
         self.hidden = [self.run(layer, i).detach() for i in range(len(self.hidden))]
+
+
+class _Replay(nn.Module):
+    """Stands in for a block whose output is a function of stored projection inputs."""
+
+    def __init__(self, inputs, keep, proj, returns_tuple: bool, runner: _Runner):
+        super().__init__()
+        self.inputs, self.proj, self.returns_tuple, self.runner = inputs, proj, returns_tuple, [runner]
+        self.keep = keep.nonzero().squeeze(1).to(inputs[0].device)
+
+    def forward(self, *args, **kwargs):
+        x = self.inputs[self.runner[0].batch].index_select(-1, self.keep)
+        y = self.proj(x) if self.proj is not None else x
+        return (y, None) if self.returns_tuple else y
+
+
+def _set_module(parent: nn.Module, path: str, module: nn.Module) -> None:
+    owner, _, name = path.rpartition(".")
+    setattr(parent.get_submodule(owner) if owner else parent, name, module)
 
 
 def _calibration(recipe: Recipe, tokenizer, adapter: Adapter) -> tuple[CalibrationBatch, CalibrationBatch]:
@@ -251,20 +298,31 @@ def prune(
     layout: list[dict[str, Any]] = []
     bar = tqdm(total=n_layers, desc=f"prune+{method}", unit="layer", disable=not show_progress)
 
-    def rebuild(layer: nn.Module, path: str, keep: torch.Tensor, group: int, shrink: Callable[[], None],
-                added: list[str], li: int, module: str, kept: int, total: int) -> None:
+    def rebuild(
+        layer: nn.Module,
+        path: str,
+        keep: torch.Tensor,
+        group: int,
+        shrink: Callable[[], None],
+        added: list[str],
+        li: int,
+        module: str,
+        kept: int,
+        total: int,
+    ) -> None:
         t0 = time.perf_counter()
         lin = layer.get_submodule(path)
         fit_stats = InputStats(lin.in_features, stats_dtype, device)
         held_stats = InputStats(lin.in_features, stats_dtype, device) if len(held) else fit_stats
         n_held = len(runner.hidden) - n_fit
-        runner.collect(layer, path, [fit_stats] * n_fit + [held_stats] * n_held)
+        runner.collect(layer, path, [fit_stats] * n_fit + [held_stats] * n_held, keep_inputs=True)
         w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
         keep = keep.to(w.device)
         new_w, new_b = reconstruct_from_stats(method, w, b, keep, fit_stats, damp, group)
         naive_w, naive_b = reconstruct_from_stats("none", w, b, keep, fit_stats)
-        err_before = relative_output_error(w, b, keep, naive_w, naive_b, held_stats)
-        err_after = relative_output_error(w, b, keep, new_w, new_b, held_stats)
+        err_before, err_after = relative_output_errors(
+            w, b, keep, [(naive_w, naive_b), (new_w, new_b)], held_stats
+        )
         del fit_stats, held_stats
         shrink()
         lin = layer.get_submodule(path)
@@ -276,9 +334,15 @@ def prune(
             lin.bias.copy_(new_b.to(lin.bias.dtype))
         reports.append(
             LayerReport(
-                layer=li, module=module, kept=kept, total=total, error_before=err_before, error_after=err_after,
+                layer=li,
+                module=module,
+                kept=kept,
+                total=total,
+                error_before=err_before,
+                error_after=err_after,
                 measured_on="held-aside" if len(held) else "calibration",
-                seconds=time.perf_counter() - t0, peak_memory_mb=_peak_memory_mb(device),
+                seconds=time.perf_counter() - t0,
+                peak_memory_mb=_peak_memory_mb(device),
             )
         )
 
@@ -290,40 +354,63 @@ def prune(
             keep = torch.zeros(adapter.n_heads, dtype=torch.bool)
             keep[lp.heads] = True
             keep = keep.repeat_interleave(adapter.head_dim)
-            all_neurons = layer.get_submodule(fam.ffn_out).in_features
             rebuild(
-                layer, fam.o, keep, adapter.head_dim,
-                lambda: prune_layer_(layer, fam, model.config, lp.heads, lp.kv_heads, all_neurons),
-                added, li, "attention", len(lp.heads), adapter.n_heads,
+                layer,
+                fam.o,
+                keep,
+                adapter.head_dim,
+                partial(prune_heads_, layer, fam, model.config, lp.heads, lp.kv_heads),
+                added,
+                li,
+                "attention",
+                len(lp.heads),
+                adapter.n_heads,
             )
+            # later passes over this block replay the pruned attention instead of recomputing it
+            runner.replay(layer, fam.attn, fam.o, keep, returns_tuple=True)
         if len(lp.neurons) < adapter.n_neurons:
             keep = torch.zeros(adapter.n_neurons, dtype=torch.bool)
             keep[lp.neurons] = True
             rebuild(
-                layer, fam.ffn_out, keep, 1,
-                lambda: prune_layer_(layer, fam, model.config, lp.heads, lp.kv_heads, lp.neurons),
-                added, li, "ffn", len(lp.neurons), adapter.n_neurons,
+                layer,
+                fam.ffn_out,
+                keep,
+                1,
+                partial(prune_neurons_, layer, fam, lp.neurons),
+                added,
+                li,
+                "ffn",
+                len(lp.neurons),
+                adapter.n_neurons,
             )
+            runner.replay(layer, fam.ffn_block, fam.ffn_out, keep, returns_tuple=False)
         if li + 1 < n_layers:
             runner.advance(layer)
+        runner.restore(layer)
         layout.append({"heads": lp.heads, "kv_heads": lp.kv_heads, "neurons": len(lp.neurons), "bias": added})
         bar.update(1)
         if reports and show_progress:
             errs = [r for r in reports if r.layer == li]
-            bar.set_postfix_str(
-                " ".join(f"{r.module[:4]} err {r.error_before:.3f}→{r.error_after:.3f}" for r in errs)
-            )
+            bar.set_postfix_str(" ".join(f"{r.module[:4]} err {r.error_before:.3f}→{r.error_after:.3f}" for r in errs))
     bar.close()
-    del runner
+    runner.hidden, runner.extra = [], []  # free the stored activations
     report("reconstruct", n_layers, n_layers)
 
     model.config.liar_layout = layout
     model.config.liar_family = adapter.name
     result = PruneResult(
-        model=model, tokenizer=tokenizer, recipe=recipe, adapter=adapter, plan=plan, report=reports,
-        params_before=params_before, params_after=sum(p.numel() for p in model.parameters()),
-        block_params_before=block_before, block_params_after=block_parameters(model, adapter),
-        seconds=time.perf_counter() - t_start, peak_memory_mb=_peak_memory_mb(device),
+        model=model,
+        tokenizer=tokenizer,
+        recipe=recipe,
+        adapter=adapter,
+        plan=plan,
+        report=reports,
+        params_before=params_before,
+        params_after=sum(p.numel() for p in model.parameters()),
+        block_params_before=block_before,
+        block_params_after=block_parameters(model, adapter),
+        seconds=time.perf_counter() - t_start,
+        peak_memory_mb=_peak_memory_mb(device),
     )
     report("done", 1, 1)
     return result

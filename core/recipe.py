@@ -64,9 +64,7 @@ class ReconstructionConfig(_Strict):
 
 
 class CalibrationConfig(_Strict):
-    dataset: str | None = Field(
-        None, description=f"a named set {NAMED_DATASETS} or a local .txt / .jsonl / .json file"
-    )
+    dataset: str | None = Field(None, description=f"a named set {NAMED_DATASETS} or a local .txt / .jsonl / .json file")
     texts: list[str] | None = Field(None, description="calibration texts given inline")
     text_field: str | list[str] = Field(
         "text", description="field(s) of a .jsonl record holding text; two fields form an encoder pair"
@@ -89,8 +87,7 @@ class CalibrationConfig(_Strict):
             path = Path(self.dataset).expanduser()
             if not path.is_file():
                 raise ValueError(
-                    f"calibration dataset {self.dataset!r} is neither a named set {NAMED_DATASETS} "
-                    "nor an existing file"
+                    f"calibration dataset {self.dataset!r} is neither a named set {NAMED_DATASETS} nor an existing file"
                 )
             if path.suffix.lower() not in (".txt", ".jsonl", ".json"):
                 raise ValueError(f"calibration file {self.dataset!r} must be .txt, .jsonl or .json")
@@ -110,7 +107,7 @@ class Recipe(_Strict):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     stats_dtype: Literal["float32", "float64"] = Field(
-        "float64", description="precision of the accumulated input statistics"
+        "float32", description="precision of each batch's XᵀX product (running totals are float64)"
     )
 
     @field_validator("ratio")

@@ -61,7 +61,7 @@ def solve_spd(matrix: torch.Tensor, rhs: torch.Tensor, damp: float = 0.0) -> tor
         m.diagonal()[dead] = 1.0
     scale = diag.mean().clamp_min(torch.finfo(SOLVE_PRECISION).tiny)
     lam = damp * scale
-    for attempt in range(8):
+    for _ in range(8):
         chol, info = torch.linalg.cholesky_ex(m + lam * torch.eye(len(m), dtype=m.dtype, device=m.device))
         if int(info) == 0:
             return torch.cholesky_solve(r, chol)
@@ -216,28 +216,35 @@ def reconstruct_linear(
     return new_w.to(weight.dtype), new_b.to(weight.dtype)
 
 
-def relative_output_error(
+def relative_output_errors(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     keep: torch.Tensor,
-    new_weight: torch.Tensor,
-    new_bias: torch.Tensor | None,
+    candidates: list[tuple[torch.Tensor, torch.Tensor | None]],
     stats: InputStats,
-) -> float:
-    """‖X W + B − (X_u W' + B')‖² / ‖X W + B‖² over the tokens summarised by ``stats``.
+) -> list[float]:
+    """‖X W + B − (X_u W' + B')‖² / ‖X W + B‖² for each candidate ``(W', B')``, over ``stats``' tokens.
 
-    Computed in closed form from G, s, n: ‖XΔᵀ + 1δᵀ‖² = tr(Δ G Δᵀ) + 2 δᵀ Δ s + n ‖δ‖².
+    Closed form from G, s, n: ‖XΔᵀ + 1δᵀ‖² = tr(Δ G Δᵀ) + 2 δᵀ Δ s + n ‖δ‖².
     """
     w = weight.to(SOLVE_PRECISION)
     g, s, n = stats.gram.to(SOLVE_PRECISION), stats.sum.to(SOLVE_PRECISION), stats.count
     zeros = torch.zeros(w.shape[0], dtype=SOLVE_PRECISION, device=w.device)
     b = zeros if bias is None else bias.to(SOLVE_PRECISION)
-    b_new = zeros if new_bias is None else new_bias.to(SOLVE_PRECISION)
 
     def sq_norm(d: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         return ((d @ g) * d).sum() + 2 * c @ (d @ s) + n * (c @ c)
 
-    delta = w.clone()
-    delta[:, keep] -= new_weight.to(SOLVE_PRECISION)
-    den = sq_norm(w, b)
-    return float(sq_norm(delta, b - b_new) / den) if den > 0 else 0.0
+    den = float(sq_norm(w, b))
+    out = []
+    for new_weight, new_bias in candidates:
+        delta = w.clone()
+        delta[:, keep] -= new_weight.to(SOLVE_PRECISION)
+        b_new = zeros if new_bias is None else new_bias.to(SOLVE_PRECISION)
+        out.append(float(sq_norm(delta, b - b_new)) / den if den > 0 else 0.0)
+    return out
+
+
+def relative_output_error(weight, bias, keep, new_weight, new_bias, stats: InputStats) -> float:
+    """:func:`relative_output_errors` for one candidate."""
+    return relative_output_errors(weight, bias, keep, [(new_weight, new_bias)], stats)[0]

@@ -6,6 +6,8 @@ affine problems of the paper we keep three sufficient statistics of the input X 
     G = XᵀX  (C_in, C_in)     s = Xᵀ1  (C_in,)     n = number of tokens
 
 Padding tokens are excluded through a boolean token mask. X itself is never stored.
+Each batch's product is computed in ``dtype`` (float32 or float64, never TF32) and added to float64
+running totals, so long streams do not lose precision however many batches they have.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ class InputStats:
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"statistics must be accumulated in float32 or float64, not {dtype}")
         self.c_in = c_in
-        self.dtype = dtype
-        self.gram = torch.zeros(c_in, c_in, dtype=dtype, device=device)
-        self.sum = torch.zeros(c_in, dtype=dtype, device=device)
+        self.dtype = dtype  # precision of each batch's product; totals are float64
+        self.gram = torch.zeros(c_in, c_in, dtype=torch.float64, device=device)
+        self.sum = torch.zeros(c_in, dtype=torch.float64, device=device)
         self.count = 0
 
     @torch.no_grad()
@@ -38,10 +40,11 @@ class InputStats:
         tf32 = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False
         try:
-            self.gram.addmm_(x.T, x)
+            product = x.T @ x
         finally:
             torch.backends.cuda.matmul.allow_tf32 = tf32
-        self.sum += x.sum(0)
+        self.gram += product
+        self.sum += x.sum(0, dtype=torch.float64)
         self.count += x.shape[0]
 
     @classmethod
@@ -55,12 +58,6 @@ class InputStats:
         if self.count == 0:
             raise ValueError("no tokens were accumulated")
         return self.sum / self.count
-
-    def to(self, dtype: torch.dtype) -> InputStats:
-        out = InputStats.__new__(InputStats)
-        out.c_in, out.dtype, out.count = self.c_in, dtype, self.count
-        out.gram, out.sum = self.gram.to(dtype), self.sum.to(dtype)
-        return out
 
     def free(self) -> None:
         self.gram = self.sum = None

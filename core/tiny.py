@@ -47,12 +47,17 @@ def tiny_tokenizer(encoder: bool = False):
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
     if encoder:
         tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
             special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
         )
         return PreTrainedTokenizerFast(
-            tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-            sep_token="[SEP]", mask_token="[MASK]",
+            tokenizer_object=tok,
+            pad_token="[PAD]",
+            unk_token="[UNK]",
+            cls_token="[CLS]",
+            sep_token="[SEP]",
+            mask_token="[MASK]",
         )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
@@ -68,14 +73,27 @@ def _save(model, tokenizer, path: str | Path) -> Path:
 
 def tiny_decoder(path: str | Path, family: str = "llama", seed: int = 0, **overrides) -> Path:
     """A random 2-layer decoder: 8 query heads over 4 key/value heads (GQA), head_dim 8, FFN 48."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config
-    from transformers import Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     tok = tiny_tokenizer()
     kw = dict(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
-        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
         tie_word_embeddings=False,
     )
     kw.update(overrides)
@@ -96,8 +114,14 @@ def tiny_bert(path: str | Path, task: str = "classification", seed: int = 0, **o
 
     tok = tiny_tokenizer(encoder=True)
     kw = dict(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=128, pad_token_id=tok.pad_token_id, num_labels=2,
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        pad_token_id=tok.pad_token_id,
+        num_labels=2,
     )
     kw.update(overrides)
     cls = {"classification": BertForSequenceClassification, "qa": BertForQuestionAnswering, "base": BertModel}[task]

@@ -55,10 +55,13 @@ def model_dirs(llama_dir, qwen2_dir, bert_dir):
 
 def recipe_for(model_dir, corpus, **kw):
     """A small recipe dict for the tiny models; keyword arguments override top-level fields."""
-    cal = {"texts": corpus, "num_calibration_samples": 12, "max_seq_length": 24, "holdout_samples": 4,
-           "batch_size": 5}
+    cal = {"texts": corpus, "num_calibration_samples": 12, "max_seq_length": 24, "holdout_samples": 4, "batch_size": 5}
     cal.update(kw.pop("calibration", {}))
-    recipe = {"model": str(model_dir), "ratio": 0.3, "calibration": cal,
-              "reconstruction": {"method": "liar", "damp": 0.0}}
+    recipe = {
+        "model": str(model_dir),
+        "ratio": 0.3,
+        "calibration": cal,
+        "reconstruction": {"method": "liar", "damp": 0.0},
+    }
     recipe.update(kw)
     return recipe

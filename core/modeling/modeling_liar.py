@@ -53,6 +53,7 @@ class Family:
     o: str  # attention output projection: its *input* channels are pruned
     ffn_in: tuple[str, ...]  # FFN projections whose *output* rows are pruned
     ffn_out: str  # FFN output projection: its *input* channels are pruned
+    ffn_block: str  # module computing the FFN (``ffn_out`` included or not)
     gqa: bool  # key/value heads may be fewer than query heads (LLaMA family)
     # Stock-config flags that switch a bias on for the attention / FFN projections, when the
     # architecture has them; None means an added bias cannot be expressed in the stock config.
@@ -70,6 +71,7 @@ _DECODER = dict(
     o="self_attn.o_proj",
     ffn_in=("mlp.gate_proj", "mlp.up_proj"),
     ffn_out="mlp.down_proj",
+    ffn_block="mlp",
     gqa=True,
 )
 
@@ -86,6 +88,7 @@ FAMILIES: dict[str, Family] = {
         o="attention.output.dense",
         ffn_in=("intermediate.dense",),
         ffn_out="output.dense",
+        ffn_block="intermediate",
         gqa=False,
         head_dim_in_config=False,
     ),
@@ -128,9 +131,7 @@ def _slice_linear(lin: nn.Linear, rows: list[int] | None, cols: list[int] | None
 def ensure_bias(lin: nn.Linear) -> None:
     """Give ``lin`` a (zero) bias if it has none."""
     if lin.bias is None:
-        lin.bias = nn.Parameter(
-            torch.zeros(lin.out_features, device=lin.weight.device, dtype=lin.weight.dtype)
-        )
+        lin.bias = nn.Parameter(torch.zeros(lin.out_features, device=lin.weight.device, dtype=lin.weight.dtype))
 
 
 def _channels(units: list[int], width: int) -> list[int]:
@@ -202,9 +203,7 @@ _INDEXED_CLASSES: dict[type, type] = {}
 
 def _indexed_class(base: type) -> type:
     if base not in _INDEXED_CLASSES:
-        _INDEXED_CLASSES[base] = type(
-            "Indexed" + base.__name__, (base,), {"forward": indexed_attention_forward}
-        )
+        _INDEXED_CLASSES[base] = type("Indexed" + base.__name__, (base,), {"forward": indexed_attention_forward})
     return _INDEXED_CLASSES[base]
 
 
@@ -214,18 +213,46 @@ def prune_layer_(
     config,
     heads: list[int] | torch.Tensor,
     kv_heads: list[int] | torch.Tensor,
-    neurons: int | torch.Tensor,
+    neurons: int | list[int] | torch.Tensor,
     bias: list[str] = (),
 ) -> None:
     """Physically remove heads and FFN neurons from one transformer block, in place.
 
-    ``heads`` / ``kv_heads``: kept query / key-value head indices of the original block (sorted);
+    ``heads`` / ``kv_heads``: kept query / key-value head indices of the original block;
     ``neurons``: kept FFN neuron indices, or a count (keeps the first ``neurons``: used when loading,
     where the values come from the checkpoint). ``bias``: projections to give a zero bias.
     """
+    prune_heads_(layer, family, config, heads, kv_heads)
+    prune_neurons_(layer, family, neurons)
+    for name in bias:
+        ensure_bias(layer.get_submodule(name))
+
+
+def _as_list(v) -> list[int]:
+    return sorted(int(i) for i in (v.tolist() if isinstance(v, torch.Tensor) else v))
+
+
+def prune_neurons_(layer: nn.Module, family: Family, neurons: int | list[int] | torch.Tensor) -> None:
+    """Keep FFN neurons ``neurons`` (indices into the current layer, or a count) — rows of the FFN
+    input projections and columns of the FFN output projection."""
+    n_cur = layer.get_submodule(family.ffn_out).in_features
+    neurons = list(range(neurons)) if isinstance(neurons, int) else _as_list(neurons)
+    if not neurons:
+        raise ValueError("a layer must keep at least one FFN neuron")
+    if neurons == list(range(n_cur)):
+        return
+    for path in family.ffn_in:
+        _set_linear(layer, path, _slice_linear(layer.get_submodule(path), neurons, None))
+    _set_linear(layer, family.ffn_out, _slice_linear(layer.get_submodule(family.ffn_out), None, neurons))
+
+
+def prune_heads_(
+    layer: nn.Module, family: Family, config, heads: list[int] | torch.Tensor, kv_heads: list[int] | torch.Tensor
+) -> None:
+    """Keep query heads ``heads`` and key/value heads ``kv_heads`` (original indices) — rows of q/k/v,
+    columns of o — and make every kept query head read its original key/value head."""
     n_heads, n_kv, head_dim = head_geometry(config)
-    as_list = lambda v: sorted(int(i) for i in (v.tolist() if isinstance(v, torch.Tensor) else v))  # noqa: E731
-    heads, kv_heads = as_list(heads), as_list(kv_heads)
+    heads, kv_heads = _as_list(heads), _as_list(kv_heads)
     if not family.gqa:
         kv_heads = heads
     attn = layer.get_submodule(family.attn)
@@ -243,16 +270,6 @@ def prune_layer_(
             _set_linear(layer, path, _slice_linear(layer.get_submodule(path), rows, None))
     if q_rows is not None:
         _set_linear(layer, family.o, _slice_linear(layer.get_submodule(family.o), None, q_rows))
-
-    n_cur = layer.get_submodule(family.ffn_out).in_features
-    neurons = list(range(neurons)) if isinstance(neurons, int) else as_list(neurons)
-    if neurons != list(range(n_cur)):
-        for path in family.ffn_in:
-            _set_linear(layer, path, _slice_linear(layer.get_submodule(path), neurons, None))
-        _set_linear(layer, family.ffn_out, _slice_linear(layer.get_submodule(family.ffn_out), None, neurons))
-
-    for name in bias:
-        ensure_bias(layer.get_submodule(name))
 
     attn.liar_heads, attn.liar_kv_heads = heads, kv_heads
     if family.gqa:
@@ -281,7 +298,12 @@ def apply_layout(model: nn.Module, family_name: str, layout: list[dict]) -> None
         raise ValueError(f"layout has {len(layout)} layers, model has {len(layers)}")
     for layer, entry in zip(layers, layout):
         prune_layer_(
-            layer, family, model.config, entry["heads"], entry["kv_heads"], int(entry["neurons"]),
+            layer,
+            family,
+            model.config,
+            entry["heads"],
+            entry["kv_heads"],
+            int(entry["neurons"]),
             entry.get("bias", []),
         )
 

@@ -1,5 +1,7 @@
 """The streaming, sequential pipeline against a slow two-pass reference built from raw activations."""
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -40,9 +42,15 @@ def slow_reference(recipe: Recipe):
     fit, _ = (decoder_windows if adapter.kind == "decoder" else encoder_samples)(load_texts(cfg), tok, cfg)
     layers = adapter.layers(model)
     scores = [CRITERIA[recipe.criterion.name](ly, adapter, i, recipe.criterion.options) for i, ly in enumerate(layers)]
-    plan = allocate(scores, adapter, [unit_costs(ly, adapter) for ly in layers],
-                    [sum(p.numel() for p in ly.parameters()) for ly in layers], recipe.ratio, recipe.modules,
-                    recipe.allocation)
+    plan = allocate(
+        scores,
+        adapter,
+        [unit_costs(ly, adapter) for ly in layers],
+        [sum(p.numel() for p in ly.parameters()) for ly in layers],
+        recipe.ratio,
+        recipe.modules,
+        recipe.allocation,
+    )
     fam, method, damp = adapter.family, recipe.reconstruction.method, recipe.reconstruction.damp
 
     def step(layer, path, keep, group, shrink):
@@ -63,12 +71,22 @@ def slow_reference(recipe: Recipe):
             heads = torch.zeros(adapter.n_heads, dtype=torch.bool)
             heads[lp.heads] = True
             n_all = adapter.n_neurons
-            step(layer, fam.o, heads.repeat_interleave(adapter.head_dim), adapter.head_dim,
-                 lambda: prune_layer_(layer, fam, model.config, lp.heads, lp.kv_heads, n_all))
+            step(
+                layer,
+                fam.o,
+                heads.repeat_interleave(adapter.head_dim),
+                adapter.head_dim,
+                partial(prune_layer_, layer, fam, model.config, lp.heads, lp.kv_heads, n_all),
+            )
             neurons = torch.zeros(adapter.n_neurons, dtype=torch.bool)
             neurons[lp.neurons] = True
-            step(layer, fam.ffn_out, neurons, 1,
-                 lambda: prune_layer_(layer, fam, model.config, lp.heads, lp.kv_heads, lp.neurons))
+            step(
+                layer,
+                fam.ffn_out,
+                neurons,
+                1,
+                partial(prune_layer_, layer, fam, model.config, lp.heads, lp.kv_heads, lp.neurons),
+            )
     return model, plan
 
 
@@ -83,8 +101,12 @@ def _logits(model, tok, kind):
 @pytest.mark.parametrize("name", ["llama", "qwen2", "bert"])
 def test_pipeline_equals_slow_reference(name, method, model_dirs, corpus):
     recipe = Recipe.model_validate(
-        recipe_for(model_dirs[name], corpus, reconstruction={"method": method, "damp": 1e-3},
-                   calibration={"holdout_samples": 0})
+        recipe_for(
+            model_dirs[name],
+            corpus,
+            reconstruction={"method": method, "damp": 1e-3},
+            calibration={"holdout_samples": 0},
+        )
     )
     result = prune(recipe)
     ref, plan = slow_reference(recipe)
@@ -100,8 +122,15 @@ def test_reconstruction_reduces_held_out_error(name, model_dirs, corpus):
     """On held-aside tokens, LIAR and LS cut the pruned projections' output error."""
     errors = {}
     for method in ("none", "liar", "ls"):
-        result = prune(recipe_for(model_dirs[name], corpus, ratio=0.4, reconstruction={"method": method, "damp": 1e-3},
-                                  calibration={"num_calibration_samples": 24, "holdout_samples": 6}))
+        result = prune(
+            recipe_for(
+                model_dirs[name],
+                corpus,
+                ratio=0.4,
+                reconstruction={"method": method, "damp": 1e-3},
+                calibration={"num_calibration_samples": 24, "holdout_samples": 6},
+            )
+        )
         errors[method] = sum(r.error_after for r in result.report)
         assert all(r.measured_on == "held-aside" for r in result.report)
         if method == "none":  # 'none' does nothing beyond pruning
@@ -114,8 +143,16 @@ def test_reconstruction_reduces_held_out_error(name, model_dirs, corpus):
 @pytest.mark.parametrize("modules", ["both", "heads", "neurons"])
 def test_parameter_count_matches_target(name, allocation, modules, model_dirs, corpus):
     ratio = 0.15 if modules == "heads" else 0.35
-    result = prune(recipe_for(model_dirs[name], corpus, ratio=ratio, modules=modules, allocation=allocation,
-                              reconstruction={"method": "none"}))
+    result = prune(
+        recipe_for(
+            model_dirs[name],
+            corpus,
+            ratio=ratio,
+            modules=modules,
+            allocation=allocation,
+            reconstruction={"method": "none"},
+        )
+    )
     model, adapter = result.model, result.adapter
     # 'none' adds no bias: the removed parameters are exactly what the plan promised
     removed = result.block_params_before - block_parameters(model, adapter)

@@ -44,8 +44,14 @@ def test_keep_all_preserves_outputs_exactly(name, request):
     ids, mask = _inputs(adapter)
     before = _out(model, ids, mask)
     for layer in adapter.layers(model):
-        prune_layer_(layer, adapter.family, model.config, list(range(adapter.n_heads)),
-                     list(range(adapter.n_kv_heads)), adapter.n_neurons)
+        prune_layer_(
+            layer,
+            adapter.family,
+            model.config,
+            list(range(adapter.n_heads)),
+            list(range(adapter.n_kv_heads)),
+            adapter.n_neurons,
+        )
     assert torch.equal(before, _out(model, ids, mask))
 
 

@@ -1,0 +1,138 @@
+"""The `liar` command line: both prune forms, eval --json, and clean failures that write nothing."""
+
+import json
+import math
+
+import pytest
+
+from core.cli import main
+
+
+@pytest.fixture()
+def calib_file(tmp_path, corpus):
+    path = tmp_path / "calib.txt"
+    path.write_text("\n\n".join(corpus))
+    return path
+
+
+def test_prune_with_flags_then_eval_json(llama_dir, calib_file, tmp_path, capsys):
+    out = tmp_path / "pruned"
+    code = main(
+        [
+            "prune",
+            "--model",
+            str(llama_dir),
+            "--criterion",
+            "magnitude",
+            "--ratio",
+            "0.5",
+            "--reconstruction",
+            "liar",
+            "--calibration",
+            str(calib_file),
+            "--samples",
+            "16",
+            "--seq-len",
+            "32",
+            "--output",
+            str(out),
+            "--quiet",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    assert "saved to" in capsys.readouterr().out
+    assert (out / "config.json").is_file()
+    code = main(["eval", str(out), "--ppl", str(calib_file), "--seq-len", "32", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert math.isfinite(report["perplexity"]) and report["perplexity"] > 1
+    assert report["seq_len"] == 32
+
+
+def test_prune_from_recipe_file_with_override(llama_dir, calib_file, tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"model: {llama_dir}\nratio: 0.3\nreconstruction: {{method: ls}}\n"
+        f"calibration: {{dataset: {calib_file}, num_calibration_samples: 8, max_seq_length: 32}}\n"
+    )
+    out = tmp_path / "pruned"
+    assert main(["prune", str(recipe), "--ratio", "0.2", "--output", str(out), "--quiet", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["target_ratio"] == 0.2
+    assert "method: ls" in (out / "recipe.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--ratio", "1.5"], "ratio must lie strictly between 0 and 1"),
+        (["--ratio", "0.3", "--reconstruction", "magic"], "unknown reconstruction method 'magic'"),
+        (["--ratio", "0.3", "--seq-len", "4096"], "exceeds the model's limit"),
+        (["--ratio", "0.3", "--model", "./missing-model"], "does not exist"),
+    ],
+)
+def test_bad_input_fails_cleanly_and_writes_nothing(flags, message, llama_dir, calib_file, tmp_path, capsys):
+    out = tmp_path / "never"
+    args = [
+        "prune",
+        "--model",
+        str(llama_dir),
+        "--calibration",
+        str(calib_file),
+        "--samples",
+        "4",
+        "--seq-len",
+        "16",
+        "--output",
+        str(out),
+        "--quiet",
+    ]
+    code = main(args + flags)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert not out.exists()
+    assert not list(tmp_path.glob(".never*"))
+
+
+def test_empty_calibration_file(llama_dir, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    code = main(
+        [
+            "prune",
+            "--model",
+            str(llama_dir),
+            "--ratio",
+            "0.3",
+            "--calibration",
+            str(empty),
+            "--output",
+            str(tmp_path / "o"),
+        ]
+    )
+    assert code == 2 and "is empty" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_refuses_non_empty_output_before_work(llama_dir, calib_file, tmp_path, capsys):
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "x").write_text("keep me")
+    code = main(
+        ["prune", "--model", str(llama_dir), "--ratio", "0.3", "--calibration", str(calib_file), "--output", str(out)]
+    )
+    assert code == 2 and "not empty" in capsys.readouterr().err
+    assert (out / "x").read_text() == "keep me"
+
+
+def test_missing_required_flags(tmp_path, capsys):
+    assert main(["prune", "--output", str(tmp_path / "o")]) == 2
+    assert "give a recipe file or at least --model, --ratio, --calibration" in capsys.readouterr().err
+
+
+def test_demo_runs(tmp_path, capsys):
+    assert main(["demo", "--output", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "liar" in out and "held-out ppl" in out
+    assert (tmp_path / "pruned-liar" / "config.json").is_file()

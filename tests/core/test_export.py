@@ -1,0 +1,128 @@
+"""Exported checkpoints reload — with this project, and in a Python where it cannot be imported."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from core import load_pruned, prune
+from tests.conftest import recipe_for
+
+# A child interpreter in which `import core` fails: proves the checkpoint carries its own code.
+RELOAD = textwrap.dedent(
+    """
+    import json, sys
+    sys.modules["core"] = None  # this project is not importable here
+    import torch
+    import transformers
+    from transformers.utils import logging
+    logging.set_verbosity_error()
+    path, auto, trust, ids, mask = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4], sys.argv[5]
+    cls = getattr(transformers, auto)
+    model = cls.from_pretrained(path, trust_remote_code=trust, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor(json.loads(ids)), attention_mask=torch.tensor(json.loads(mask)))
+    print(json.dumps({"logits": out.logits.tolist(), "class": type(model).__name__,
+                      "module": type(model).__module__}))
+    """
+)
+
+
+def _reload_in_subprocess(path, auto, trust, ids, mask, tmp_path):
+    script = tmp_path / "reload.py"
+    script.write_text(RELOAD)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            str(path),
+            auto,
+            "1" if trust else "0",
+            json.dumps(ids.tolist()),
+            json.dumps(mask.tolist()),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf")},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _batch(tokenizer):
+    enc = tokenizer(
+        ["the model keeps a head.", "least square error of the pruned layer output is small."],
+        padding=True,
+        return_tensors="pt",
+    )
+    return enc["input_ids"], enc["attention_mask"]
+
+
+CASES = {
+    # (fixture, auto class, recipe overrides, expect stock architecture)
+    "llama-gqa-irregular": ("llama_dir", "AutoModelForCausalLM", {"ratio": 0.4, "allocation": "global"}, False),
+    "qwen2-bias": ("qwen2_dir", "AutoModelForCausalLM", {"ratio": 0.3}, False),
+    "bert-classifier": ("bert_dir", "AutoModelForSequenceClassification", {"ratio": 0.3}, False),
+    "llama-uniform-neurons": ("llama_dir", "AutoModelForCausalLM", {"ratio": 0.2, "modules": "neurons"}, True),
+    "bert-neurons": ("bert_dir", "AutoModelForSequenceClassification", {"ratio": 0.2, "modules": "neurons"}, True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_reload_without_project_gives_same_logits(case, request, corpus, tmp_path):
+    fixture, auto, overrides, stock = CASES[case]
+    result = prune(recipe_for(request.getfixturevalue(fixture), corpus, **overrides))
+    out = result.save(tmp_path / "ckpt")
+    ids, mask = _batch(result.tokenizer)
+    with torch.no_grad():
+        expected = result.model(input_ids=ids, attention_mask=mask).logits
+    cfg = json.loads((out / "config.json").read_text())
+    assert (not cfg["model_type"].startswith("liar_")) == stock
+    assert (out / "modeling_liar.py").exists() == (not stock)
+    for name in ("recipe.yaml", "metrics.json", "README.md", "model.safetensors", "tokenizer.json"):
+        assert (out / name).is_file(), name
+
+    child = _reload_in_subprocess(out, auto, True, ids, mask, tmp_path)
+    torch.testing.assert_close(torch.tensor(child["logits"]), expected, rtol=0, atol=1e-5)
+    assert child["class"].startswith("Liar") != stock
+    if stock:  # stock form: no remote code needed at all
+        child = _reload_in_subprocess(out, auto, False, ids, mask, tmp_path)
+        torch.testing.assert_close(torch.tensor(child["logits"]), expected, rtol=0, atol=1e-5)
+        assert not child["class"].startswith("Liar")
+
+    model, tok = load_pruned(out)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits, expected, rtol=0, atol=1e-5)
+    assert tok is not None
+
+
+def test_metrics_and_recipe_round_trip(llama_dir, corpus, tmp_path):
+    from core.recipe import Recipe
+
+    result = prune(recipe_for(llama_dir, corpus))
+    out = result.save(tmp_path / "ckpt")
+    assert Recipe.load(out / "recipe.yaml") == result.recipe
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["achieved_ratio"] == pytest.approx(result.achieved_ratio, abs=1e-6)
+    assert len(metrics["layers"]) == len(result.report) > 0
+    assert "error_before" in metrics["layers"][0]
+    card = (out / "README.md").read_text()
+    assert "trust_remote_code=True" in card and "| layer | module |" in card
+
+
+def test_save_refuses_non_empty_directory_and_leaves_it_alone(llama_dir, corpus, tmp_path):
+    result = prune(recipe_for(llama_dir, corpus))
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    with pytest.raises(FileExistsError, match="not empty"):
+        result.save(out)
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    result.save(out, overwrite=True)
+    assert not (out / "keep.txt").exists() and (out / "config.json").exists()
+    assert not list(tmp_path.glob(".ckpt.tmp-*"))

@@ -1,0 +1,103 @@
+"""The recipe validates every field with a specific message and round-trips through YAML."""
+
+import pytest
+from pydantic import ValidationError
+
+from core import prune
+from core.recipe import Recipe
+from tests.conftest import recipe_for
+
+
+def test_yaml_round_trip(llama_dir, corpus):
+    recipe = Recipe.model_validate(recipe_for(llama_dir, corpus, criterion={"name": "random", "options": {"seed": 3}}))
+    assert Recipe.from_yaml(recipe.to_yaml()) == recipe
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"ratio": 0.0}, "ratio must lie strictly between 0 and 1"),
+        ({"ratio": 1.0}, "ratio must lie strictly between 0 and 1"),
+        ({"ratio": -0.2}, "ratio must lie strictly between 0 and 1"),
+        ({"reconstruction": {"method": "magic"}}, "unknown reconstruction method 'magic'"),
+        ({"criterion": {"name": "vibes"}}, "unknown criterion 'vibes'"),
+        ({"model": "/no/such/model/dir"}, "model path '/no/such/model/dir' does not exist"),
+        ({"modules": "layers"}, "Input should be 'heads', 'neurons' or 'both'"),
+        ({"device": "tpu"}, "device must be auto, cpu, cuda or cuda:N"),
+        ({"surprise": 1}, "Extra inputs are not permitted"),
+        ({"reconstruction": {"method": "liar", "damp": -1}}, "greater than or equal to 0"),
+        ({"calibration": {"dataset": "/no/file.txt"}}, "neither a named set"),
+    ],
+)
+def test_bad_fields_give_specific_errors(change, message, llama_dir, corpus):
+    data = recipe_for(llama_dir, corpus)
+    if "calibration" in change:
+        data["calibration"] = {k: v for k, v in data["calibration"].items() if k != "texts"}
+        data["calibration"].update(change["calibration"])
+    else:
+        data.update(change)
+    with pytest.raises(ValidationError, match=message):
+        Recipe.model_validate(data)
+
+
+def test_empty_calibration_file_is_rejected(llama_dir, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n\n ")
+    with pytest.raises(ValidationError, match="is empty"):
+        Recipe.model_validate({"model": str(llama_dir), "ratio": 0.2, "calibration": {"dataset": str(empty)}})
+
+
+def test_needs_exactly_one_calibration_source(llama_dir):
+    with pytest.raises(ValidationError, match="exactly one of"):
+        Recipe.model_validate({"model": str(llama_dir), "ratio": 0.2, "calibration": {}})
+
+
+def test_seq_len_beyond_model_limit(llama_dir, corpus):
+    with pytest.raises(ValueError, match="exceeds the model's limit of 256 positions"):
+        prune(recipe_for(llama_dir, corpus, calibration={"max_seq_length": 300}))
+
+
+def test_too_little_calibration_text(llama_dir):
+    with pytest.raises(ValueError, match="fewer than the .* needed"):
+        prune(recipe_for(llama_dir, ["a few words only"]))
+
+
+def test_unreachable_ratio_for_heads_only(llama_dir, corpus):
+    with pytest.raises(ValueError, match="cannot be reached by pruning heads"):
+        prune(recipe_for(llama_dir, corpus, modules="heads", ratio=0.9))
+
+
+def test_unknown_criterion_option(llama_dir, corpus):
+    with pytest.raises(ValueError, match="criterion 'magnitude' has no option"):
+        prune(recipe_for(llama_dir, corpus, criterion={"name": "magnitude", "options": {"p": 1}}))
+
+
+def test_named_dataset_offline_says_what_to_do(llama_dir, monkeypatch):
+    import datasets
+
+    def offline(*a, **k):
+        raise ConnectionError("hub unreachable")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(RuntimeError, match="pass a local .txt or .jsonl file instead"):
+        prune({"model": str(llama_dir), "ratio": 0.2, "calibration": {"dataset": "wikitext2"}})
+
+
+def test_calibration_from_jsonl_and_txt(llama_dir, corpus, tmp_path):
+    import json
+
+    jsonl = tmp_path / "cal.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"body": t}) for t in corpus))
+    txt = tmp_path / "cal.txt"
+    txt.write_text("\n\n".join(corpus))
+    for cal in ({"dataset": str(jsonl), "text_field": "body"}, {"dataset": str(txt)}):
+        result = prune(recipe_for(llama_dir, None, calibration={"texts": None, **cal}))
+        assert result.achieved_ratio > 0.25
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "x"}\n{oops\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2: not valid JSON"):
+        prune(recipe_for(llama_dir, None, calibration={"texts": None, "dataset": str(bad)}))
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"text": "x"}))
+    with pytest.raises(ValueError, match="has no field 'body'"):
+        prune(recipe_for(llama_dir, None, calibration={"texts": None, "dataset": str(other), "text_field": "body"}))
