@@ -33,7 +33,9 @@ def smollm2_dir() -> Path:
     tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)
     # save_pretrained refuses GGUF-loaded models: rebuild a clean one from the same weights
-    cfg = LlamaConfig(**{k: v for k, v in model.config.to_dict().items() if k not in ("quantization_config", "_name_or_path")})
+    cfg = LlamaConfig(
+        **{k: v for k, v in model.config.to_dict().items() if k not in ("quantization_config", "_name_or_path")}
+    )
     clean = LlamaForCausalLM(cfg)
     clean.load_state_dict(model.state_dict())
     tmp = out.with_name(out.name + ".tmp")

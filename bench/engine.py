@@ -43,11 +43,21 @@ def one_run(args) -> dict:
         row = {"method": "dense", "ratio": 0.0}
     else:
         recipe = {
-            "model": str(model_dir), "ratio": args.ratio, "modules": "both", "criterion": {"name": "magnitude"},
-            "reconstruction": {"method": args.method, "damp": args.damp}, "dtype": "float32", "device": "cpu",
-            "calibration": {"dataset": str(calib), "num_calibration_samples": args.samples,
-                            "max_seq_length": args.seq_len, "holdout_samples": args.holdout, "seed": 0,
-                            "batch_size": 16},
+            "model": str(model_dir),
+            "ratio": args.ratio,
+            "modules": "both",
+            "criterion": {"name": "magnitude"},
+            "reconstruction": {"method": args.method, "damp": args.damp},
+            "dtype": "float32",
+            "device": "cpu",
+            "calibration": {
+                "dataset": str(calib),
+                "num_calibration_samples": args.samples,
+                "max_seq_length": args.seq_len,
+                "holdout_samples": args.holdout,
+                "seed": 0,
+                "batch_size": 16,
+            },
         }
         result = prune(recipe)
         model, tok = result.model, result.tokenizer
@@ -55,14 +65,21 @@ def one_run(args) -> dict:
         ffn = [r for r in result.report if r.module == "ffn"]
         mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
         row = {
-            "method": args.method, "ratio": args.ratio, "achieved_ratio": result.achieved_ratio,
-            "prune_seconds": result.seconds, "peak_rss_mb": result.peak_memory_mb,
-            "params_after": result.params_after, "params_before": result.params_before,
-            "attn_err_before": mean([r.error_before for r in att]), "attn_err_after": mean([r.error_after for r in att]),
-            "ffn_err_before": mean([r.error_before for r in ffn]), "ffn_err_after": mean([r.error_after for r in ffn]),
+            "method": args.method,
+            "ratio": args.ratio,
+            "achieved_ratio": result.achieved_ratio,
+            "prune_seconds": result.seconds,
+            "peak_rss_mb": result.peak_memory_mb,
+            "params_after": result.params_after,
+            "params_before": result.params_before,
+            "attn_err_before": mean([r.error_before for r in att]),
+            "attn_err_after": mean([r.error_after for r in att]),
+            "ffn_err_before": mean([r.error_before for r in ffn]),
+            "ffn_err_after": mean([r.error_after for r in ffn]),
         }
-    ppl = perplexity(model, tok, str(evaluation), seq_len=args.eval_seq_len, batch_size=4,
-                     max_windows=args.eval_windows)
+    ppl = perplexity(
+        model, tok, str(evaluation), seq_len=args.eval_seq_len, batch_size=4, max_windows=args.eval_windows
+    )
     row.update(perplexity=ppl["perplexity"], eval_tokens=ppl["tokens"])
     return row
 
@@ -91,7 +108,9 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--one", "--method", method, "--ratio", str(ratio)]
         for flag in ("samples", "seq_len", "holdout", "damp", "eval_seq_len", "eval_windows"):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+        )
         line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not line:
             sys.exit(f"run {method}@{ratio} failed:\n{proc.stderr[-4000:]}")
@@ -108,7 +127,8 @@ def _fmt_row(r: dict) -> str:
         return f"| dense | – | – | {r['perplexity']:.2f} | – | – | – | – |"
     return (
         f"| {r['method']} | {r['ratio']:.0%} | {r['achieved_ratio']:.1%} | {r['perplexity']:.2f} | "
-        f"{r['attn_err_before']:.3f} → {r['attn_err_after']:.3f} | {r['ffn_err_before']:.3f} → {r['ffn_err_after']:.3f} | "
+        f"{r['attn_err_before']:.3f} → {r['attn_err_after']:.3f} | "
+        f"{r['ffn_err_before']:.3f} → {r['ffn_err_after']:.3f} | "
         f"{r['prune_seconds']:.1f} | {r['peak_rss_mb']:.0f} |"
     )
 
@@ -123,7 +143,8 @@ def write_report(rows: list[dict], args) -> None:
         "| method | target | removed | ppl | attn err (before → after) | ffn err (before → after) | "
         "prune s | peak RSS MB |\n|---|---|---|---|---|---|---|---|"
     )
-    text = f"""# Engine benchmark: SmolLM2-135M-Instruct, magnitude criterion, heads + neurons
+    text = (
+        f"""# Engine benchmark: SmolLM2-135M-Instruct, magnitude criterion, heads + neurons
 
 Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/engine.py`.
 
@@ -143,7 +164,10 @@ Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/e
   perplexity.
 
 {header}
-""" + "\n".join(_fmt_row(r) for r in rows) + "\n"
+"""
+        + "\n".join(_fmt_row(r) for r in rows)
+        + "\n"
+    )
     out.write_text(text)
     out.with_suffix(".json").write_text(json.dumps({"machine": machine, "args": vars(args), "rows": rows}, indent=2))
     print(f"wrote {out}")

@@ -235,13 +235,15 @@ def prune(
     *,
     model: nn.Module | None = None,
     tokenizer: Any = None,
+    calibration: tuple[CalibrationBatch, CalibrationBatch] | None = None,
     progress: Progress | None = None,
     show_progress: bool = False,
 ) -> PruneResult:
     """Prune and reconstruct a model as the recipe says; returns the pruned model in memory.
 
-    ``model`` / ``tokenizer`` may be passed to skip loading ``recipe.model``. ``progress(stage, i, n)``
-    is called at every stage and after every block.
+    ``model`` / ``tokenizer`` may be passed to skip loading ``recipe.model``; ``calibration`` —
+    pre-tokenised ``(fit, held_aside)`` batches — to skip the recipe's calibration source.
+    ``progress(stage, i, n)`` is called at every stage and after every block.
     """
     recipe = _as_recipe(recipe)
     report = progress or (lambda stage, done, total: None)
@@ -255,9 +257,9 @@ def prune(
 
         adapter = adapter_for(model)
         model.eval()
-    if tokenizer is None:
+    if tokenizer is None and calibration is None:
         raise ValueError("a tokenizer is needed when a model object is passed")
-    if tokenizer.pad_token is None:
+    if tokenizer is not None and tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     device = next(model.parameters()).device
     limit = max_positions(model.config)
@@ -270,7 +272,7 @@ def prune(
     report("load", 1, 1)
 
     report("calibration", 0, 1)
-    fit, held = _calibration(recipe, tokenizer, adapter)
+    fit, held = calibration if calibration is not None else _calibration(recipe, tokenizer, adapter)
     report("calibration", 1, 1)
 
     layers = adapter.layers(model)
@@ -320,9 +322,7 @@ def prune(
         keep = keep.to(w.device)
         new_w, new_b = reconstruct_from_stats(method, w, b, keep, fit_stats, damp, group)
         naive_w, naive_b = reconstruct_from_stats("none", w, b, keep, fit_stats)
-        err_before, err_after = relative_output_errors(
-            w, b, keep, [(naive_w, naive_b), (new_w, new_b)], held_stats
-        )
+        err_before, err_after = relative_output_errors(w, b, keep, [(naive_w, naive_b), (new_w, new_b)], held_stats)
         del fit_stats, held_stats
         shrink()
         lin = layer.get_submodule(path)
@@ -346,6 +346,14 @@ def prune(
             )
         )
 
+    last_pruned = max(
+        (
+            i
+            for i, lp in enumerate(plan.layers)
+            if len(lp.heads) < adapter.n_heads or len(lp.neurons) < adapter.n_neurons
+        ),
+        default=-1,
+    )
     for li, layer in enumerate(layers):
         report("reconstruct", li, n_layers)
         lp = plan.layers[li]
@@ -384,7 +392,7 @@ def prune(
                 adapter.n_neurons,
             )
             runner.replay(layer, fam.ffn_block, fam.ffn_out, keep, returns_tuple=False)
-        if li + 1 < n_layers:
+        if li < last_pruned:  # the next block still has something to prune: feed it
             runner.advance(layer)
         runner.restore(layer)
         layout.append({"heads": lp.heads, "kv_heads": lp.kv_heads, "neurons": len(lp.neurons), "bias": added})

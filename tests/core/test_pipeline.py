@@ -206,3 +206,48 @@ def test_pruned_model_is_smaller_and_every_query_head_keeps_its_kv_head(llama_di
         assert attn.liar_heads == lp.heads
         assert {h // result.adapter.n_rep for h in lp.heads} == set(lp.kv_heads)
         assert layer.get_submodule(fam.k).out_features == len(lp.kv_heads) * result.adapter.head_dim
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_model_reconstructs_with_fp32_statistics(dtype, llama_dir, corpus):
+    result = prune(recipe_for(llama_dir, corpus, dtype=dtype, reconstruction={"method": "ls", "damp": 1e-3}))
+    assert {p.dtype for p in result.model.parameters()} == {getattr(torch, dtype)}
+    assert sum(r.error_after for r in result.report) < sum(r.error_before for r in result.report)
+    ids = torch.randint(5, 40, (1, 10))
+    assert torch.isfinite(result.model(input_ids=ids).logits).all()
+
+
+def test_pretokenised_calibration_override(llama_dir, corpus):
+    from core.calibration import CalibrationBatch
+
+    model, tok, _ = load_model(str(llama_dir), "float32", "cpu")
+    ids = torch.randint(5, 40, (6, 16), generator=torch.Generator().manual_seed(0))
+    fit, held = CalibrationBatch(ids[:4], torch.ones_like(ids[:4])), CalibrationBatch(ids[4:], torch.ones_like(ids[4:]))
+    result = prune(recipe_for(llama_dir, corpus), model=model, calibration=(fit, held))
+    assert result.model is model and result.achieved_ratio > 0.25
+
+
+@pytest.mark.parametrize("method", ["none", "bias", "liar", "ls"])
+def test_report_equals_raw_error_on_held_aside_tokens(method, llama_dir, corpus):
+    """Layer 0's reported errors equal ‖XW+B − (X_uW'+B')‖²/‖XW+B‖² computed on raw held-aside activations."""
+    recipe = Recipe.model_validate(recipe_for(llama_dir, corpus, reconstruction={"method": method, "damp": 1e-3}))
+    result = prune(recipe)
+    dense, tok, adapter = load_model(recipe.model, "float32", "cpu")
+    _, held = decoder_windows(load_texts(recipe.calibration), tok, recipe.calibration)
+    lin = adapter.layers(dense)[0].get_submodule(adapter.family.o)
+    x = _capture(dense, lin, held, "decoder").double()
+    w = lin.weight.double()
+    full = x @ w.T
+    lp = result.plan.layers[0]
+    keep = torch.zeros(adapter.n_heads, dtype=torch.bool)
+    keep[lp.heads] = True
+    keep = keep.repeat_interleave(adapter.head_dim)
+    pruned = adapter.layers(result.model)[0].get_submodule(adapter.family.o)
+    approx = x[:, keep] @ pruned.weight.double().T
+    if pruned.bias is not None:
+        approx = approx + pruned.bias.double()
+    naive = x[:, keep] @ w[:, keep].T
+    row = next(r for r in result.report if r.layer == 0 and r.module == "attention")
+    den = (full**2).sum()
+    assert row.error_after == pytest.approx(float(((full - approx) ** 2).sum() / den), rel=1e-4)
+    assert row.error_before == pytest.approx(float(((full - naive) ** 2).sum() / den), rel=1e-4)
