@@ -69,7 +69,9 @@ def build(shape: str, device: str, dtype: torch.dtype):
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02, generator=gen)
-    model.model.rotary_emb.__init__(cfg, device=device)  # buffers lost by meta init
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    model.model.rotary_emb = LlamaRotaryEmbedding(cfg).to(device)  # its buffers are lost by meta init
     return model.eval()
 
 
