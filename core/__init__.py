@@ -5,21 +5,27 @@ Public API::
     from core import Recipe, prune, load_pruned, reconstruct_linear, perplexity
     result = prune(Recipe.load("recipe.yaml"))
     result.save("pruned/")
+
+Names are imported on first use, so ``import core`` (and the CLI's ``--help``) does not load torch.
 """
 
-from core.evaluate import perplexity
-from core.export import load_pruned
-from core.pipeline import LayerReport, PruneResult, prune
-from core.recipe import Recipe
-from core.reconstruct import METHODS, reconstruct_linear
+from importlib import import_module
 
-__all__ = [
-    "METHODS",
-    "LayerReport",
-    "PruneResult",
-    "Recipe",
-    "load_pruned",
-    "perplexity",
-    "prune",
-    "reconstruct_linear",
-]
+_EXPORTS = {
+    "METHODS": "core.reconstruct",
+    "reconstruct_linear": "core.reconstruct",
+    "LayerReport": "core.pipeline",
+    "PruneResult": "core.pipeline",
+    "prune": "core.pipeline",
+    "Recipe": "core.recipe",
+    "load_pruned": "core.export",
+    "perplexity": "core.evaluate",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'core' has no attribute {name!r}")

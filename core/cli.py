@@ -235,13 +235,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    """Entry point; ``parser`` lets the job runner add its verbs without core importing it."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(argv)
-    from transformers.utils import logging as hf_logging
+    args = (parser or build_parser()).parse_args(argv)
+    if args.command in ("prune", "eval", "demo"):
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
     return args.func(args)
 
 

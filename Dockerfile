@@ -1,0 +1,22 @@
+# CPU image by default; for GPU workers build with a CUDA base, e.g.
+#   docker build --build-arg BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 \
+#                --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 -t liar:gpu .
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 LIAR_DATA_DIR=/data GRADIO_ANALYTICS_ENABLED=False
+RUN if ! command -v python3 >/dev/null; then \
+      apt-get update && apt-get install -y --no-install-recommends python3 python3-pip python3-venv && \
+      rm -rf /var/lib/apt/lists/*; fi
+WORKDIR /opt/liar
+RUN python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+RUN pip install --index-url ${TORCH_INDEX} "torch==2.13.0"
+COPY pyproject.toml README.md ./
+COPY core core
+COPY jobs jobs
+COPY app app
+RUN pip install .
+VOLUME /data
+# default: a worker; the compose file also runs the app with a different command
+CMD ["liar", "worker"]

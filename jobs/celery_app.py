@@ -1,0 +1,58 @@
+"""The Celery application, configured from the environment (see ``jobs.settings``).
+
+Long GPU jobs: late acks, prefetch 1, one process per GPU (concurrency 1), a fresh child process
+per job (``worker_max_tasks_per_child=1``) so every job starts with clean GPU memory. The parent
+process never imports torch: a prefork parent that ran a torch operation hangs its children.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from jobs.settings import Settings
+
+QUEUE = "liar"
+
+
+def make_celery(settings: Settings | None = None) -> Celery:
+    settings = settings or Settings.from_env()
+    app = Celery("liar", broker=settings.broker_url, include=["jobs.tasks"])
+    options: dict = {}
+    if settings.broker_url.startswith("filesystem://"):
+        settings.ensure_dirs()
+        queue = str(settings.broker_dir / "queue")
+        options = {
+            "data_folder_in": queue,
+            "data_folder_out": queue,
+            "control_folder": str(settings.broker_dir / "control"),
+            "processed_folder": str(settings.broker_dir / "processed"),
+            "store_processed": False,
+        }
+    elif settings.broker_url.startswith(("redis://", "rediss://")):
+        # a job can run for hours: do not let Redis hand an unacked job to a second worker meanwhile;
+        # lost workers are detected by the database lease instead (jobs.service.JobService.reap)
+        options = {"visibility_timeout": 24 * 3600}
+    app.conf.update(
+        broker_transport_options=options,
+        broker_connection_retry_on_startup=True,
+        task_default_queue=QUEUE,
+        task_acks_late=True,
+        task_reject_on_worker_lost=False,
+        worker_prefetch_multiplier=1,
+        # a fresh process per job frees all GPU memory; CPU-only workers may reuse processes
+        worker_max_tasks_per_child=int(os.environ.get("LIAR_WORKER_MAX_TASKS_PER_CHILD", 1)),
+        worker_concurrency=1,
+        task_serializer="json",
+        accept_content=["json"],
+        result_backend=None,
+        task_ignore_result=True,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+    )
+    app.conf.liar_settings = settings
+    return app
+
+
+app = make_celery()

@@ -1,0 +1,164 @@
+"""The ``liar`` command: the engine's verbs (``core.cli``) plus ``worker`` and ``jobs``.
+
+liar worker [--gpu 0]
+liar jobs submit RECIPE.yaml [--user NAME] [--ppl FILE] [--sweep-ratios 0.2 0.5 --sweep-methods liar ls]
+liar jobs list [--status RUNNING]
+liar jobs show ID [--json]
+liar jobs cancel ID
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from core.cli import _fail, build_parser
+
+
+def cmd_worker(args) -> int:
+    from jobs.worker import run_worker
+
+    run_worker(gpu=args.gpu, name=args.name, loglevel=args.loglevel)
+    return 0
+
+
+def _service():
+    from jobs.service import JobService
+
+    return JobService()
+
+
+def cmd_submit(args) -> int:
+    from jobs.service import SubmitError
+
+    evaluations = [{"type": "perplexity", "dataset": args.ppl, "seq_len": args.ppl_seq_len}] if args.ppl else None
+    user = args.user or os.environ.get("USER")
+    try:
+        service = _service()
+        if args.sweep_ratios or args.sweep_methods or args.sweep_criteria:
+            group, ids = service.submit_sweep(
+                args.recipe,
+                args.sweep_ratios,
+                args.sweep_methods,
+                args.sweep_criteria,
+                submitted_by=user,
+                evaluations=evaluations,
+            )
+            print(json.dumps({"group_id": group, "jobs": ids}) if args.json else f"group {group}: jobs {ids}")
+        else:
+            job_id = service.submit(args.recipe, submitted_by=user, evaluations=evaluations)
+            print(json.dumps({"id": job_id}) if args.json else job_id)
+    except SubmitError as exc:
+        return _fail(str(exc))
+    except RuntimeError as exc:
+        return _fail(str(exc))
+    return 0
+
+
+def cmd_list(args) -> int:
+    rows = _service().list(status=args.status, group_id=args.group, submitted_by=args.user, limit=args.limit)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'id':>5}  {'status':<9}  {'stage':<11}  {'layer':>7}  {'ratio':>5}  {'method':<11}  {'user':<10}  model")
+    for r in rows:
+        layer = f"{r['layer']}/{r['n_layers']}" if r["n_layers"] else "-"
+        print(
+            f"{r['id']:>5}  {r['status']:<9}  {(r['stage'] or '-'):<11}  {layer:>7}  {r['ratio']:>5}  "
+            f"{r['method'] or '-':<11}  {(r['submitted_by'] or '-'):<10}  {r['model']}"
+        )
+    return 0
+
+
+def cmd_show(args) -> int:
+    try:
+        info = _service().show(args.id)
+    except KeyError as exc:
+        return _fail(str(exc.args[0]))
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    for key in (
+        "id",
+        "status",
+        "stage",
+        "layer",
+        "n_layers",
+        "progress",
+        "model",
+        "ratio",
+        "method",
+        "criterion",
+        "submitted_by",
+        "worker",
+        "attempts",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "error",
+    ):
+        print(f"{key:>13}: {info[key]}")
+    for name, value in sorted(info["metrics"].items()):
+        print(f"{'metric':>13}: {name} = {value:g}")
+    for a in info["artifacts"]:
+        print(f"{'artifact':>13}: {a['kind']} {a['path']} ({a['size']:,} bytes)")
+    return 0
+
+
+def cmd_cancel(args) -> int:
+    try:
+        status = _service().cancel(args.id)
+    except KeyError as exc:
+        return _fail(str(exc.args[0]))
+    print(f"job {args.id}: {status if status != 'RUNNING' else 'cancel requested (stops at the next layer)'}")
+    return 0
+
+
+def build_full_parser():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+
+    w = sub.add_parser("worker", help="run a job worker (one job at a time, fresh process per job)")
+    w.add_argument("--gpu", help="GPU index for this worker (sets CUDA_VISIBLE_DEVICES)")
+    w.add_argument("--name", help="worker name (default liar-gpuN-PID@host)")
+    w.add_argument("--loglevel", default="INFO")
+    w.set_defaults(func=cmd_worker)
+
+    j = sub.add_parser("jobs", help="submit, list, show and cancel pruning jobs")
+    jsub = j.add_subparsers(dest="jobs_command", required=True)
+    s = jsub.add_parser("submit", help="queue a recipe; prints the job id")
+    s.add_argument("recipe", help="recipe YAML/JSON file")
+    s.add_argument("--user", help="submitted-by name (default $USER)")
+    s.add_argument("--ppl", help="evaluate perplexity on this named set or text file after pruning")
+    s.add_argument("--ppl-seq-len", type=int, default=512)
+    s.add_argument("--sweep-ratios", type=float, nargs="+")
+    s.add_argument("--sweep-methods", nargs="+")
+    s.add_argument("--sweep-criteria", nargs="+")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_submit)
+    ls = jsub.add_parser("list", help="recent jobs")
+    ls.add_argument("--status")
+    ls.add_argument("--group")
+    ls.add_argument("--user")
+    ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_list)
+    sh = jsub.add_parser("show", help="one job: status, progress, metrics, artifacts")
+    sh.add_argument("id", type=int)
+    sh.add_argument("--json", action="store_true")
+    sh.set_defaults(func=cmd_show)
+    c = jsub.add_parser("cancel", help="cancel a queued or running job")
+    c.add_argument("id", type=int)
+    c.set_defaults(func=cmd_cancel)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from core.cli import main as core_main
+
+    return core_main(argv, parser=build_full_parser())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

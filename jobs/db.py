@@ -1,0 +1,152 @@
+"""The job database (SQLAlchemy 2, typed models). SQL is the source of truth for every job.
+
+Migrations (Alembic, ``jobs/migrations``) are applied by :func:`connect` on start.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
+
+
+class Status(str, enum.Enum):
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def finished(self) -> bool:
+        return self in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    recipe: Mapped[dict[str, Any]] = mapped_column(JSON)
+    evaluations: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    status: Mapped[str] = mapped_column(String(16), default=Status.QUEUED.value, index=True)
+    stage: Mapped[str | None] = mapped_column(String(32))
+    layer: Mapped[int | None] = mapped_column(Integer)
+    n_layers: Mapped[int | None] = mapped_column(Integer)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, index=True)
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    celery_id: Mapped[str | None] = mapped_column(String(64))
+    submitted_by: Mapped[str | None] = mapped_column(String(255), index=True)
+    group_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    error: Mapped[str | None] = mapped_column(Text)
+    traceback: Mapped[str | None] = mapped_column(Text)
+    report: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+
+    metrics: Mapped[list[Metric]] = relationship(back_populates="job", cascade="all, delete-orphan")
+    artifacts: Mapped[list[Artifact]] = relationship(back_populates="job", cascade="all, delete-orphan")
+    logs: Mapped[list[JobLog]] = relationship(back_populates="job", cascade="all, delete-orphan", order_by="JobLog.id")
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    value: Mapped[float] = mapped_column(Float)
+    job: Mapped[Job] = relationship(back_populates="metrics")
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))  # "checkpoint" (a directory) | "archive" (.tar.gz)
+    path: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    job: Mapped[Job] = relationship(back_populates="artifacts")
+
+
+class JobLog(Base):
+    __tablename__ = "job_logs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    level: Mapped[str] = mapped_column(String(16), default="INFO")
+    message: Mapped[str] = mapped_column(Text)
+    job: Mapped[Job] = relationship(back_populates="logs")
+
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+_lock = threading.Lock()
+_engines: dict[str, Engine] = {}
+_owner_pid: dict[str, int] = {}
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def upgrade(url: str) -> None:
+    """Apply every Alembic migration up to head."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    command.upgrade(cfg, "head")
+
+
+def connect(url: str) -> sessionmaker:
+    """A session factory for ``url``, with the schema migrated to the latest revision (once per process)."""
+    with _lock:
+        if url not in _engines:
+            if url.startswith("sqlite:///"):
+                Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+            engine = create_engine(url, pool_pre_ping=True, future=True)
+            if engine.dialect.name == "sqlite":
+                event.listen(engine, "connect", _sqlite_pragmas)
+            upgrade(url)
+            _engines[url], _owner_pid[url] = engine, os.getpid()
+        elif _owner_pid[url] != os.getpid():
+            # a forked worker child must not share its parent's pooled connections
+            _engines[url].dispose(close=False)
+            _owner_pid[url] = os.getpid()
+        return sessionmaker(_engines[url], expire_on_commit=False)
+
+
+def dispose_all() -> None:
+    """Drop pooled connections (after fork, or in tests)."""
+    with _lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()
+        _owner_pid.clear()

@@ -1,0 +1,304 @@
+"""The job API used by the CLI and the web app: submit, sweep, list, show, cancel, reap.
+
+SQL is the source of truth; Celery only carries "run job N" messages. Every state change goes
+through the database, so a job is never silently lost:
+
+- submit validates the recipe first (an invalid one creates no row), inserts a QUEUED row, then
+  sends the message; if the broker refuses, the row is deleted and the error raised.
+- a worker claims a job with an atomic QUEUED → RUNNING update (duplicates are skipped) and
+  heartbeats while it runs.
+- :meth:`JobService.reap` finds RUNNING jobs whose heartbeat is older than the lease (killed worker,
+  lost machine) and re-queues them, or marks them FAILED after ``max_attempts`` runs; it also re-sends
+  QUEUED jobs whose message was lost (broker restarted without persistence).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from sqlalchemy import select, update
+
+from jobs.db import Artifact, Job, JobLog, Status, connect, utcnow
+from jobs.settings import Settings
+
+
+class SubmitError(ValueError):
+    """The submission is invalid; nothing was created."""
+
+
+class Evaluation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: str = "perplexity"
+    dataset: str
+    seq_len: int = 512
+    max_windows: int | None = None
+
+
+def _recipe_errors(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'recipe'}: {e['msg']}" for e in exc.errors())
+
+
+class JobService:
+    def __init__(self, settings: Settings | None = None, celery_app=None):
+        self.settings = settings or Settings.from_env()
+        self.settings.ensure_dirs()
+        self.sessions = connect(self.settings.database_url)
+        self._celery = celery_app
+
+    @property
+    def celery(self):
+        if self._celery is None:
+            from jobs.celery_app import make_celery
+
+            self._celery = make_celery(self.settings)
+        return self._celery
+
+    # --- submission -----------------------------------------------------------------------
+    def validate(self, recipe: dict | str | Path, evaluations: list[dict] | None = None) -> tuple[dict, list[dict]]:
+        from core.recipe import Recipe
+
+        try:
+            if isinstance(recipe, (str, Path)) and Path(recipe).suffix in (".yaml", ".yml", ".json"):
+                parsed = Recipe.load(recipe)
+            elif isinstance(recipe, str):
+                parsed = Recipe.from_yaml(recipe)
+            else:
+                parsed = Recipe.model_validate(recipe)
+            evals = [Evaluation.model_validate(e).model_dump() for e in evaluations or []]
+        except ValidationError as exc:
+            raise SubmitError(f"invalid recipe: {_recipe_errors(exc)}") from None
+        except (ValueError, FileNotFoundError) as exc:
+            raise SubmitError(f"invalid recipe: {exc}") from None
+        return parsed.model_dump(mode="json", exclude_none=True), evals
+
+    def submit(
+        self,
+        recipe: dict | str | Path,
+        submitted_by: str | None = None,
+        group_id: str | None = None,
+        evaluations: list[dict] | None = None,
+    ) -> int:
+        data, evals = self.validate(recipe, evaluations)
+        with self.sessions.begin() as s:
+            job = Job(
+                recipe=data,
+                evaluations=evals,
+                submitted_by=submitted_by,
+                group_id=group_id,
+                status=Status.QUEUED.value,
+                stage="queued",
+            )
+            s.add(job)
+            s.flush()
+            job_id = job.id
+            s.add(JobLog(job_id=job_id, message=f"submitted by {submitted_by or 'anonymous'}"))
+        try:
+            self._send(job_id)
+        except Exception as exc:
+            with self.sessions.begin() as s:
+                s.delete(s.get(Job, job_id))
+            raise RuntimeError(f"could not queue the job (broker {self.settings.broker_url}): {exc}") from exc
+        return job_id
+
+    def _send(self, job_id: int) -> None:
+        result = self.celery.send_task("liar.run_job", args=[job_id])
+        with self.sessions.begin() as s:
+            s.execute(update(Job).where(Job.id == job_id).values(celery_id=result.id))
+
+    def submit_sweep(
+        self,
+        recipe: dict | str | Path,
+        ratios: list[float] | None = None,
+        methods: list[str] | None = None,
+        criteria: list[str] | None = None,
+        submitted_by: str | None = None,
+        evaluations: list[dict] | None = None,
+    ) -> tuple[str, list[int]]:
+        """One job per cell of ratios × methods × criteria, sharing a group id. All cells are
+        validated before any job is created."""
+        base, evals = self.validate(recipe, evaluations)
+        cells = []
+        for ratio, method, criterion in itertools.product(
+            ratios or [base["ratio"]],
+            methods or [base["reconstruction"]["method"]],
+            criteria or [base["criterion"]["name"]],
+        ):
+            cell = {
+                **base,
+                "ratio": ratio,
+                "reconstruction": {**base["reconstruction"], "method": method},
+                "criterion": {**base["criterion"], "name": criterion},
+            }
+            cells.append(self.validate(cell, evals)[0])
+        group = uuid.uuid4().hex[:12]
+        return group, [self.submit(c, submitted_by, group, evals) for c in cells]
+
+    # --- queries --------------------------------------------------------------------------
+    def list(
+        self, status: str | None = None, group_id: str | None = None, submitted_by: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        self.reap()
+        q = select(Job).order_by(Job.id.desc()).limit(limit)
+        if status:
+            q = q.where(Job.status == status.upper())
+        if group_id:
+            q = q.where(Job.group_id == group_id)
+        if submitted_by:
+            q = q.where(Job.submitted_by == submitted_by)
+        with self.sessions() as s:
+            return [self._summary(j) for j in s.scalars(q)]
+
+    def show(self, job_id: int) -> dict[str, Any]:
+        self.reap()
+        with self.sessions() as s:
+            job = s.get(Job, job_id)
+            if job is None:
+                raise KeyError(f"no job {job_id}")
+            out = self._summary(job)
+            out.update(
+                recipe=job.recipe,
+                evaluations=job.evaluations,
+                error=job.error,
+                traceback=job.traceback,
+                metrics={m.name: m.value for m in job.metrics},
+                report=job.report,
+                artifacts=[{"kind": a.kind, "path": a.path, "size": a.size, "sha256": a.sha256} for a in job.artifacts],
+                log=[{"at": lg.at.isoformat(), "level": lg.level, "message": lg.message} for lg in job.logs],
+            )
+            return out
+
+    @staticmethod
+    def _summary(job: Job) -> dict[str, Any]:
+        iso = lambda t: t.isoformat() if t else None  # noqa: E731
+        end = job.finished_at or (utcnow() if job.started_at else None)
+        return {
+            "id": job.id,
+            "status": job.status,
+            "stage": job.stage,
+            "layer": job.layer,
+            "n_layers": job.n_layers,
+            "progress": job.progress,
+            "model": job.recipe.get("model"),
+            "ratio": job.recipe.get("ratio"),
+            "method": job.recipe.get("reconstruction", {}).get("method"),
+            "criterion": job.recipe.get("criterion", {}).get("name"),
+            "submitted_by": job.submitted_by,
+            "group_id": job.group_id,
+            "worker": job.worker,
+            "attempts": job.attempts,
+            "created_at": iso(job.created_at),
+            "started_at": iso(job.started_at),
+            "finished_at": iso(job.finished_at),
+            "elapsed_s": (end - job.started_at).total_seconds() if job.started_at and end else None,
+        }
+
+    def artifact(self, job_id: int, kind: str = "archive") -> Path:
+        with self.sessions() as s:
+            row = s.scalars(select(Artifact).where(Artifact.job_id == job_id, Artifact.kind == kind)).first()
+        if row is None:
+            raise KeyError(f"job {job_id} has no {kind}")
+        return Path(row.path)
+
+    # --- control --------------------------------------------------------------------------
+    def cancel(self, job_id: int) -> str:
+        """QUEUED → CANCELLED at once; RUNNING → cancel flag, honoured at the next layer boundary."""
+        with self.sessions.begin() as s:
+            job = s.get(Job, job_id)
+            if job is None:
+                raise KeyError(f"no job {job_id}")
+            if Status(job.status).finished:
+                return job.status
+            job.cancel_requested = True
+            if job.status == Status.QUEUED.value:
+                job.status, job.finished_at, job.stage = Status.CANCELLED.value, utcnow(), "cancelled"
+            s.add(JobLog(job_id=job_id, message="cancel requested"))
+            status, celery_id = job.status, job.celery_id
+        if status == Status.CANCELLED.value and celery_id:
+            try:  # the worker would skip it anyway (claim fails); revoking saves it the trip
+                self.celery.control.revoke(celery_id)
+            except Exception:
+                pass
+        return status
+
+    def force_cancel(self, job_id: int) -> None:
+        """Fallback when a running job does not stop: terminate its worker process."""
+        with self.sessions() as s:
+            job = s.get(Job, job_id)
+        if job and job.celery_id:
+            self.celery.control.revoke(job.celery_id, terminate=True, signal="SIGKILL")
+        with self.sessions.begin() as s:
+            s.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.status == Status.RUNNING.value)
+                .values(status=Status.CANCELLED.value, finished_at=utcnow(), error="terminated")
+            )
+
+    def queued_in_broker(self) -> set[int] | None:
+        """Job ids of the messages waiting in the broker queue (None if the broker cannot be read)."""
+        import ast
+        import json
+
+        try:
+            if self.settings.broker_url.startswith("filesystem://"):
+                raw = [p.read_text() for p in (self.settings.broker_dir / "queue").glob("*.msg")]
+            elif self.settings.broker_url.startswith(("redis://", "rediss://")):
+                import redis
+
+                client = redis.Redis.from_url(self.settings.broker_url)
+                raw = client.lrange("liar", 0, -1)
+                client.close()
+            else:
+                return None
+            ids = set()
+            for item in raw:
+                headers = json.loads(item).get("headers", {})
+                args = ast.literal_eval(headers.get("argsrepr", "()"))
+                if headers.get("task") == "liar.run_job" and args:
+                    ids.add(int(args[0]))
+            return ids
+        except Exception:
+            return None
+
+    def resend_lost(self, older_than: float = 10.0) -> list[int]:
+        """Re-send QUEUED jobs that have no message in the broker (e.g. Redis restarted without
+        persistence). A duplicate message is harmless: only one run can claim a job."""
+        in_broker = self.queued_in_broker()
+        if in_broker is None:
+            return []
+        cutoff = utcnow() - dt.timedelta(seconds=older_than)
+        with self.sessions() as s:
+            lost = [
+                j.id
+                for j in s.scalars(select(Job).where(Job.status == Status.QUEUED.value, Job.created_at < cutoff))
+                if j.id not in in_broker
+            ]
+        for job_id in lost:
+            self._send(job_id)
+        return lost
+
+    def reap(self) -> list[int]:
+        """Recover jobs of dead workers (see module docstring). Returns the ids it touched."""
+        now = utcnow()
+        stale = now - dt.timedelta(seconds=self.settings.lease_seconds)
+        touched, resend = [], []
+        with self.sessions.begin() as s:
+            for job in s.scalars(select(Job).where(Job.status == Status.RUNNING.value, Job.heartbeat_at < stale)):
+                touched.append(job.id)
+                reason = f"worker {job.worker} lost (no heartbeat for {self.settings.lease_seconds:.0f} s)"
+                if job.cancel_requested:
+                    job.status, job.finished_at, job.error = Status.CANCELLED.value, now, reason
+                elif job.attempts < self.settings.max_attempts:
+                    job.status, job.stage, job.heartbeat_at = Status.QUEUED.value, "requeued", None
+                    s.add(JobLog(job_id=job.id, level="WARNING", message=f"{reason}; re-queued"))
+                    resend.append(job.id)
+                else:
+                    job.status, job.finished_at, job.error = Status.FAILED.value, now, reason
+                    s.add(JobLog(job_id=job.id, level="ERROR", message=f"{reason}; giving up"))
+        for job_id in resend:
+            self._send(job_id)
+        return touched

@@ -1,0 +1,59 @@
+"""Job-runner settings, from the environment.
+
+| variable            | default                               | meaning                                   |
+|---------------------|---------------------------------------|-------------------------------------------|
+| ``LIAR_DATA_DIR``   | ``~/.local/share/liar``               | database file, broker folders, artifacts |
+| ``LIAR_DATABASE_URL`` | ``sqlite:///$LIAR_DATA_DIR/liar.db`` | any SQLAlchemy URL (PostgreSQL in teams) |
+| ``LIAR_BROKER_URL`` | ``filesystem://`` (under the data dir) | Celery broker, e.g. ``redis://host:6379/0`` |
+| ``LIAR_LEASE_SECONDS`` | ``60``                              | RUNNING without a heartbeat this long = lost |
+| ``LIAR_MAX_ATTEMPTS`` | ``2``                                | runs of a job before a lost worker marks it FAILED |
+
+The defaults need no server: SQLite and Celery's filesystem transport (which, unlike the SQLAlchemy
+transport, supports the broadcast commands behind ``revoke`` and ``inspect``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path
+    database_url: str
+    broker_url: str
+    lease_seconds: float = 60.0
+    max_attempts: int = 2
+
+    @classmethod
+    def from_env(cls, **overrides) -> Settings:
+        data_dir = Path(os.environ.get("LIAR_DATA_DIR", Path.home() / ".local" / "share" / "liar")).expanduser()
+        values = dict(
+            data_dir=data_dir,
+            database_url=os.environ.get("LIAR_DATABASE_URL", f"sqlite:///{data_dir / 'liar.db'}"),
+            broker_url=os.environ.get("LIAR_BROKER_URL", "filesystem://"),
+            lease_seconds=float(os.environ.get("LIAR_LEASE_SECONDS", 60)),
+            max_attempts=int(os.environ.get("LIAR_MAX_ATTEMPTS", 2)),
+        )
+        values.update(overrides)
+        return cls(**values)
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.data_dir / "artifacts"
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.data_dir / "broker"
+
+    def ensure_dirs(self) -> None:
+        for d in (
+            self.data_dir,
+            self.artifacts_dir,
+            self.broker_dir / "queue",
+            self.broker_dir / "control",
+            self.broker_dir / "processed",
+        ):
+            d.mkdir(parents=True, exist_ok=True)
