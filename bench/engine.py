@@ -92,6 +92,13 @@ def main() -> None:
     p.add_argument("--damp", type=float, default=1e-3)
     p.add_argument("--eval-seq-len", type=int, default=512)
     p.add_argument("--eval-windows", type=int, default=40, help="512-token windows of held-out text")
+    p.add_argument(
+        "--damp-study",
+        type=float,
+        nargs="*",
+        default=[0.01, 0.1],
+        help="extra damping values to try for liar and ls (perplexity only)",
+    )
     p.add_argument("--out", default=str(ROOT / "docs" / "results" / "engine.md"))
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--method", default="dense", help=argparse.SUPPRESS)
@@ -102,19 +109,21 @@ def main() -> None:
         return
 
     smollm2_dir(), wikipedia_split()  # prepare the cache once, outside the timed runs
-    configs = [("dense", 0.0), ("liar", 1e-6)] + [(m, r) for r in RATIOS for m in METHODS]
+    configs = [("dense", 0.0, args.damp), ("liar", 1e-6, args.damp)]
+    configs += [(m, r, args.damp) for r in RATIOS for m in METHODS]
+    configs += [(m, r, d) for d in args.damp_study for r in RATIOS for m in ("liar", "ls")]
     rows = []
-    for method, ratio in configs:
-        cmd = [sys.executable, __file__, "--one", "--method", method, "--ratio", str(ratio)]
-        for flag in ("samples", "seq_len", "holdout", "damp", "eval_seq_len", "eval_windows"):
+    for method, ratio, damp in configs:
+        cmd = [sys.executable, __file__, "--one", "--method", method, "--ratio", str(ratio), "--damp", str(damp)]
+        for flag in ("samples", "seq_len", "holdout", "eval_seq_len", "eval_windows"):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-        )
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not line:
             sys.exit(f"run {method}@{ratio} failed:\n{proc.stderr[-4000:]}")
         row = json.loads(line[0][7:])
+        row["damp"] = damp
         if method == "liar" and ratio < 1e-3:
             row["method"] = "control (keep all)"
         rows.append(row)
@@ -165,8 +174,29 @@ Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/e
 
 {header}
 """
-        + "\n".join(_fmt_row(r) for r in rows)
+        + "\n".join(_fmt_row(r) for r in rows if r.get("damp", args.damp) == args.damp)
         + "\n"
+    )
+    study = [r for r in rows if r.get("damp", args.damp) != args.damp]
+    if study:
+        text += (
+            "\n## Damping\n\n"
+            f"Perplexity of liar / ls with more ridge damping (same runs otherwise; default {args.damp}).\n"
+            "More damping lowers the held-aside per-layer errors but raises perplexity here: the per-layer\n"
+            "error is not a perfect proxy for the model's loss.\n\n"
+            "| damp | method | target | ppl | attn err after | ffn err after |\n|---|---|---|---|---|---|\n"
+        )
+        text += "".join(
+            f"| {r['damp']} | {r['method']} | {r['ratio']:.0%} | {r['perplexity']:.2f} | "
+            f"{r['attn_err_after']:.3f} | {r['ffn_err_after']:.3f} |\n"
+            for r in study
+        )
+    text += (
+        "\n## Reading the error columns\n\n"
+        "Each run's errors are measured on *its own* pruned model's inputs to each layer. A run whose hidden\n"
+        "states collapse towards a constant (plain pruning and bias compensation at 50% here) can show small\n"
+        "relative errors in later layers because a constant is easy to reconstruct, while the model is\n"
+        "broken: compare methods by perplexity, and use the error columns to see where a run goes wrong.\n"
     )
     out.write_text(text)
     out.with_suffix(".json").write_text(json.dumps({"machine": machine, "args": vars(args), "rows": rows}, indent=2))
