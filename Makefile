@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip
 
-.PHONY: run test lint format bench-engine clean
+.PHONY: run demo test lint format bench-engine clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/liar --help
+	$(BIN)/liar app
+
+demo: $(STAMP)
 	$(BIN)/liar demo
 
 test: $(STAMP)

@@ -1,0 +1,82 @@
+"""``liar app``: the web app with an embedded worker, on top of the ``jobs`` and ``core`` verbs."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from jobs.cli import build_full_parser
+
+
+def bundled_assets(data_dir: Path) -> tuple[list[str], list[str]]:
+    """A tiny demo model and text (made on first start), plus real assets if the benchmarks cached them."""
+    from core.tiny import tiny_corpus, tiny_decoder
+
+    models_dir, texts_dir = data_dir / "models", data_dir / "texts"
+    texts_dir.mkdir(parents=True, exist_ok=True)
+    tiny = models_dir / "tiny-llama-demo"
+    if not (tiny / "config.json").exists():
+        tiny_decoder(tiny)
+    text = texts_dir / "tiny-demo.txt"
+    if not text.exists():
+        text.write_text("\n\n".join(tiny_corpus(80)))
+    models, texts = [str(tiny)], [str(text)]
+    cache = Path(os.environ.get("LIAR_CACHE", Path.home() / ".cache" / "liar"))
+    if (cache / "SmolLM2-135M-Instruct" / "config.json").exists():
+        models.append(str(cache / "SmolLM2-135M-Instruct"))
+    if (cache / "wiki-calibration.txt").exists():
+        texts.append(str(cache / "wiki-calibration.txt"))
+    return models, texts
+
+
+def cmd_app(args) -> int:
+    from jobs.settings import Settings
+
+    settings = Settings.from_env()
+    settings.ensure_dirs()
+    if not args.no_worker:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "worker", "--loglevel", "WARNING"], start_new_session=True
+        )
+        atexit.register(lambda: _stop(worker))
+        print(f"embedded worker started (pid {worker.pid})", flush=True)
+    models, texts = bundled_assets(settings.data_dir)
+    from app.main import launch
+
+    launch(host=args.host, port=args.port, default_models=models, default_texts=texts)
+    return 0
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def build_app_parser():
+    parser = build_full_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    a = sub.add_parser("app", help="run the web app (with an embedded worker unless --no-worker)")
+    a.add_argument("--host", default=os.environ.get("LIAR_APP_HOST", "127.0.0.1"))
+    a.add_argument("--port", type=int, default=int(os.environ.get("LIAR_APP_PORT", 7860)))
+    a.add_argument("--no-worker", action="store_true", help="do not start a worker (use separate `liar worker`s)")
+    a.set_defaults(func=cmd_app)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from core.cli import main as core_main
+
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    return core_main(argv, parser=build_app_parser())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
