@@ -12,7 +12,7 @@ from pathlib import Path
 from jobs.cli import build_full_parser
 
 
-def bundled_assets(data_dir: Path) -> tuple[list[str], list[str]]:
+def bundled_assets(data_dir: Path) -> tuple[list[str], list[str], list[str]]:
     """A tiny demo model and text (made on first start), plus real assets if the benchmarks cached them."""
     from core.tiny import tiny_corpus, tiny_decoder
 
@@ -21,16 +21,19 @@ def bundled_assets(data_dir: Path) -> tuple[list[str], list[str]]:
     tiny = models_dir / "tiny-llama-demo"
     if not (tiny / "config.json").exists():
         tiny_decoder(tiny)
-    text = texts_dir / "tiny-demo.txt"
+    text, held = texts_dir / "tiny-demo.txt", texts_dir / "tiny-demo-heldout.txt"
     if not text.exists():
         text.write_text("\n\n".join(tiny_corpus(80)))
-    models, texts = [str(tiny)], [str(text)]
+    if not held.exists():
+        held.write_text("\n\n".join(tiny_corpus(20, seed=1)))
+    models, texts, evals = [str(tiny)], [str(text)], [str(held)]
     cache = Path(os.environ.get("LIAR_CACHE", Path.home() / ".cache" / "liar"))
     if (cache / "SmolLM2-135M-Instruct" / "config.json").exists():
         models.append(str(cache / "SmolLM2-135M-Instruct"))
     if (cache / "wiki-calibration.txt").exists():
         texts.append(str(cache / "wiki-calibration.txt"))
-    return models, texts
+        evals.append(str(cache / "wiki-evaluation.txt"))
+    return models, texts, evals
 
 
 def cmd_app(args) -> int:
@@ -44,10 +47,10 @@ def cmd_app(args) -> int:
         )
         atexit.register(lambda: _stop(worker))
         print(f"embedded worker started (pid {worker.pid})", flush=True)
-    models, texts = bundled_assets(settings.data_dir)
+    models, texts, evals = bundled_assets(settings.data_dir)
     from app.main import launch
 
-    launch(host=args.host, port=args.port, default_models=models, default_texts=texts)
+    launch(host=args.host, port=args.port, default_models=models, default_texts=texts, eval_texts=evals)
     return 0
 
 

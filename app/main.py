@@ -69,6 +69,12 @@ def job_rows(service: JobService, status: str | None = None) -> list[list[Any]]:
     return rows
 
 
+def evaluations_for(evaluate: str | None, seq_len) -> list[dict[str, Any]]:
+    if not evaluate or evaluate == "(none)":
+        return []
+    return [{"type": "perplexity", "dataset": str(evaluate), "seq_len": int(seq_len)}]
+
+
 def build_recipe(
     model, modules, ratio, allocation, criterion, damp, calibration, upload, samples, seq_len, seed
 ) -> dict[str, Any]:
@@ -98,39 +104,46 @@ def build_recipe(
 
 
 def build_app(
-    service: JobService | None = None, default_models: list[str] | None = None, default_texts: list[str] | None = None
+    service: JobService | None = None,
+    default_models: list[str] | None = None,
+    default_texts: list[str] | None = None,
+    eval_texts: list[str] | None = None,
 ) -> gr.Blocks:
     service = service or JobService()
     models = default_models or []
     texts = (default_texts or []) + NAMED_SETS
+    eval_texts = eval_texts or []
+
+    def _from_form(form: tuple) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+        """(recipe, evaluations, methods) from the form values, validated; raises SubmitError."""
+        *fields, evaluate, methods = form
+        recipe = build_recipe(*fields)
+        if not methods:
+            raise SubmitError("pick at least one reconstruction method")
+        evals = evaluations_for(evaluate, recipe["calibration"]["max_seq_length"])
+        for m in methods:
+            service.validate({**recipe, "reconstruction": {**recipe["reconstruction"], "method": m}}, evals)
+        recipe["reconstruction"]["method"] = methods[0]
+        return recipe, evals, list(methods)
 
     def validate(*form):
-        methods = form[-2]
         try:
-            recipe = build_recipe(*form[:-2])
-            if not methods:
-                raise SubmitError("pick at least one reconstruction method")
-            for m in methods:
-                service.validate({**recipe, "reconstruction": {**recipe["reconstruction"], "method": m}})
+            recipe, _, _ = _from_form(form[:-1])
         except SubmitError as exc:
             return gr.update(value=f"**⚠ {exc}**", visible=True), ""
-        recipe["reconstruction"]["method"] = methods[0]
         return gr.update(value="✓ valid", visible=True), yaml.safe_dump(recipe, sort_keys=False)
 
     def submit_form(*form, request: gr.Request | None = None):
-        methods, user = form[-2], form[-1]
+        user = form[-1]
         if request is not None and getattr(request, "username", None):
             user = request.username  # with login on, the account is who submitted
         try:
-            recipe = build_recipe(*form[:-2])
-            if not methods:
-                raise SubmitError("pick at least one reconstruction method")
+            recipe, evals, methods = _from_form(form[:-1])
             if len(methods) == 1:
-                recipe["reconstruction"]["method"] = methods[0]
-                ids = [service.submit(recipe, submitted_by=user or None)]
+                ids = [service.submit(recipe, submitted_by=user or None, evaluations=evals)]
                 msg = f"✓ submitted job {ids[0]}"
             else:
-                group, ids = service.submit_sweep(recipe, methods=list(methods), submitted_by=user or None)
+                group, ids = service.submit_sweep(recipe, methods=methods, submitted_by=user or None, evaluations=evals)
                 msg = f"✓ submitted sweep {group}: jobs {', '.join(map(str, ids))}"
         except (SubmitError, RuntimeError) as exc:
             return gr.update(value=f"**⚠ {exc}**", visible=True)
@@ -191,6 +204,8 @@ def build_app(
         archive = next((a["path"] for a in info["artifacts"] if a["kind"] == "archive"), None)
         ckpt = next((a["path"] for a in info["artifacts"] if a["kind"] == "checkpoint"), None)
         card = Path(ckpt, "README.md").read_text() if ckpt and Path(ckpt, "README.md").exists() else ""
+        if card.startswith("---"):  # drop the card's YAML front matter (hub metadata)
+            card = card.split("---", 2)[-1].lstrip()
         snippet = (
             f"from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained(\n"
             f'    "{ckpt}", trust_remote_code=True)'
@@ -205,7 +220,7 @@ def build_app(
             archive,
         )
 
-    def dashboard(model, method, user):
+    def dashboard(model, method, user, metric="perplexity"):
         rows = []
         for j in service.list(limit=500):
             if (
@@ -224,7 +239,7 @@ def build_app(
                     "criterion": j["criterion"],
                     "ratio": j["ratio"],
                     "achieved": m.get("achieved_ratio"),
-                    "perplexity": m.get("perplexity"),
+                    "perplexity": None if m.get("perplexity") is None else round(m["perplexity"], 3),
                     "params_after": m.get("params_after"),
                     "user": j["submitted_by"] or "–",
                 }
@@ -235,8 +250,9 @@ def build_app(
             rows,
             columns=["id", "model", "method", "criterion", "ratio", "achieved", "perplexity", "params_after", "user"],
         )
-        plot_df = df.dropna(subset=["perplexity"])
-        return df, plot_df, plot_df
+        plot_df = df.dropna(subset=[metric]).rename(columns={metric: "value"})
+        title = f"{metric} vs ratio (per method)"
+        return df, gr.update(value=plot_df, title=title), gr.update(value=plot_df, title=f"parameters kept vs {metric}")
 
     with gr.Blocks(title="LIAR — retraining-free pruning", analytics_enabled=False) as demo:
         gr.Markdown(
@@ -287,8 +303,28 @@ def build_app(
                         samples = gr.Number(128, label="Samples", precision=0, minimum=1)
                         seq_len = gr.Number(128, label="Sequence length", precision=0, minimum=2)
                         seed = gr.Number(0, label="Seed", precision=0)
+                    evaluate = gr.Dropdown(
+                        ["(none)"] + eval_texts,
+                        value=eval_texts[0] if eval_texts else "(none)",
+                        allow_custom_value=True,
+                        label="Perplexity on (held-out text)",
+                        info="evaluated after pruning; decoders only",
+                    )
                     user = gr.Textbox(label="Your name", value=os.environ.get("USER", ""))
-            form = [model, modules, ratio, allocation, criterion, damp, calibration, upload, samples, seq_len, seed]
+            form = [
+                model,
+                modules,
+                ratio,
+                allocation,
+                criterion,
+                damp,
+                calibration,
+                upload,
+                samples,
+                seq_len,
+                seed,
+                evaluate,
+            ]
             with gr.Row():
                 check = gr.Button("Validate")
                 submit = gr.Button("Submit", variant="primary")
@@ -305,7 +341,7 @@ def build_app(
                 headers=TABLE_COLUMNS, value=lambda: job_rows(service), interactive=False, elem_id="jobs-table"
             )
             with gr.Row():
-                job_pick = gr.Number(label="Job id", precision=0)
+                job_pick = gr.Number(None, label="Job id", precision=0)
                 cancel_btn = gr.Button("Cancel job", variant="stop")
                 rerun_btn = gr.Button("Re-run")
             job_msg = gr.Markdown()
@@ -348,20 +384,23 @@ def build_app(
                 f_model = gr.Textbox(label="Model contains")
                 f_method = gr.Dropdown([""] + METHODS, value="", label="Method")
                 f_user = gr.Textbox(label="User")
+                f_metric = gr.Dropdown(["perplexity", "achieved", "params_after"], value="perplexity", label="Metric")
                 refresh = gr.Button("Refresh")
             runs = gr.Dataframe(interactive=False, elem_id="runs-table")
             with gr.Row():
                 ppl_plot = gr.LinePlot(
-                    x="ratio", y="perplexity", color="method", title="Perplexity vs ratio", elem_id="ppl-plot"
+                    x="ratio", y="value", color="method", title="perplexity vs ratio", elem_id="ppl-plot"
                 )
                 size_plot = gr.ScatterPlot(
-                    x="params_after", y="perplexity", color="method", title="Parameters kept vs perplexity"
+                    x="params_after", y="value", color="method", title="parameters kept vs perplexity"
                 )
-            refresh.click(dashboard, [f_model, f_method, f_user], [runs, ppl_plot, size_plot], api_name=False)
-            demo.load(dashboard, [f_model, f_method, f_user], [runs, ppl_plot, size_plot], api_name=False)
+            filters = [f_model, f_method, f_user, f_metric]
+            refresh.click(dashboard, filters, [runs, ppl_plot, size_plot], api_name=False)
+            f_metric.change(dashboard, filters, [runs, ppl_plot, size_plot], api_name=False)
+            demo.load(dashboard, filters, [runs, ppl_plot, size_plot], api_name=False)
 
         with gr.Tab("Model"):
-            page_id = gr.Number(label="Job id", precision=0)
+            page_id = gr.Number(None, label="Job id", precision=0, elem_id="model-job-id")
             head = gr.Markdown()
             with gr.Row():
                 page_recipe = gr.Code(label="Recipe", language="yaml")
@@ -391,7 +430,12 @@ def launch(host: str = "127.0.0.1", port: int = 7860, **kwargs) -> None:
     service = JobService()
     demo = build_app(service, **kwargs)
     print(f"LIAR app on http://{host}:{port}  (data: {service.settings.data_dir})", flush=True)
+    # system fonts only: the default theme would fetch web fonts from the internet
+    theme = gr.themes.Default(
+        font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"]
+    )
     demo.queue().launch(
+        theme=theme,
         server_name=host,
         server_port=port,
         auth=auth,

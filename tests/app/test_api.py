@@ -3,63 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import tarfile
-import time
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.jobs.conftest import wait_for
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def app_server(tmp_path_factory):
-    data = tmp_path_factory.mktemp("app") / "data"
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIAR_")}
-    env.update(
-        LIAR_DATA_DIR=str(data),
-        LIAR_WORKER_MAX_TASKS_PER_CHILD="20",
-        GRADIO_ANALYTICS_ENABLED="False",
-        PYTHONPATH=str(Path(__file__).resolve().parents[2]),
-    )
-    log = open(data.parent / "app.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "app", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-    def up():
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return True
-        except OSError:
-            assert proc.poll() is None, (data.parent / "app.log").read_text()[-3000:]
-            return False
-
-    wait_for(up, timeout=120, what="the app to listen")
-    time.sleep(1)
-    yield {"url": f"http://127.0.0.1:{port}/", "data": data}
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_named_endpoints(app_server, tmp_path):
