@@ -79,7 +79,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
         recipe = _recipe_from_args(args)
         out = check_output_dir(args.output, args.overwrite)
     except ValidationError as exc:
-        lines = [f"  {'.'.join(map(str, e['loc'])) or 'recipe'}: {e['msg']}" for e in exc.errors()]
+        lines = [
+            f"  {'.'.join(map(str, e['loc'])) or 'recipe'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        ]
         return _fail("invalid recipe:\n" + "\n".join(lines))
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         return _fail(str(exc))

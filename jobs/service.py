@@ -40,7 +40,9 @@ class Evaluation(BaseModel):
 
 
 def _recipe_errors(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'recipe'}: {e['msg']}" for e in exc.errors())
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'recipe'}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
+    )
 
 
 class JobService:

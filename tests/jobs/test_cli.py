@@ -21,7 +21,7 @@ def test_jobs_verbs(tmp_path, job_models, monkeypatch, capsys):
 
     assert main(["jobs", "submit", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert "invalid recipe: ratio: Value error, ratio must lie strictly between 0 and 1" in err
+    assert "invalid recipe: ratio: ratio must lie strictly between 0 and 1" in err
     assert "Traceback" not in err
 
     assert main(["jobs", "submit", str(good), "--user", "ada", "--json"]) == 0
