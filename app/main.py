@@ -75,6 +75,29 @@ def evaluations_for(evaluate: str | None, seq_len) -> list[dict[str, Any]]:
     return [{"type": "perplexity", "dataset": str(evaluate), "seq_len": int(seq_len)}]
 
 
+def describe_model(model: str | None) -> tuple[str | None, str]:
+    """("decoder" | "encoder" | None, a one-line description) from a local model's config.json."""
+    path = Path(str(model or "")).expanduser() / "config.json"
+    if not path.is_file():
+        return None, "hub id or unknown directory: checked when the job starts" if model else ""
+    cfg = json.loads(path.read_text())
+    mt = cfg.get("model_type", "?")
+    kind = (
+        "encoder"
+        if mt in ("bert", "liar_bert")
+        else "decoder"
+        if mt in ("llama", "mistral", "qwen2", "liar_llama", "liar_mistral", "liar_qwen2")
+        else None
+    )
+    if kind is None:
+        return None, f"⚠ model type `{mt}` is not supported (LLaMA family or BERT family)"
+    heads, kv = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")
+    return kind, (
+        f"{kind} · `{mt}` · {cfg.get('num_hidden_layers')} layers · {heads} heads"
+        f"{f' / {kv} key-value heads' if kv != heads else ''} · FFN {cfg.get('intermediate_size')}"
+    )
+
+
 def build_recipe(
     model, modules, ratio, allocation, criterion, damp, calibration, upload, samples, seq_len, seed
 ) -> dict[str, Any]:
@@ -130,8 +153,31 @@ def build_app(
         try:
             recipe, _, _ = _from_form(form[:-1])
         except SubmitError as exc:
-            return gr.update(value=f"**⚠ {exc}**", visible=True), ""
-        return gr.update(value="✓ valid", visible=True), yaml.safe_dump(recipe, sort_keys=False)
+            return gr.update(value=f"**⚠ {exc}**", visible=True), "", None
+        text = yaml.safe_dump(recipe, sort_keys=False)
+        out = service.settings.data_dir / "recipes" / f"{abs(hash(text)) % 10**10}"
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "recipe.yaml"
+        path.write_text(text)
+        return gr.update(value="✓ valid", visible=True), text, str(path)
+
+    def submit_yaml_text(text: str, evaluate, user, request: gr.Request | None = None):
+        if request is not None and getattr(request, "username", None):
+            user = request.username
+        if not text or not text.strip():
+            return gr.update(value="**⚠ the recipe box is empty: validate the form or paste a recipe**", visible=True)
+        try:
+            seq = (yaml.safe_load(text) or {}).get("calibration", {}).get("max_seq_length", 128)
+            job_id = service.submit(text, submitted_by=user or None, evaluations=evaluations_for(evaluate, seq))
+        except (SubmitError, RuntimeError, AttributeError, yaml.YAMLError) as exc:
+            return gr.update(value=f"**⚠ {exc}**", visible=True)
+        return gr.update(value=f"✓ submitted job {job_id}", visible=True)
+
+    def on_model_change(name):
+        kind, text = describe_model(name)
+        if kind == "encoder":
+            return text + " — perplexity does not apply", gr.update(value="(none)", interactive=False)
+        return text, gr.update(interactive=True)
 
     def submit_form(*form, request: gr.Request | None = None):
         user = form[-1]
@@ -149,8 +195,10 @@ def build_app(
             return gr.update(value=f"**⚠ {exc}**", visible=True)
         return gr.update(value=msg, visible=True)
 
-    def api_submit(recipe_yaml: str, user: str = "") -> dict:
+    def api_submit(recipe_yaml: str, user: str = "", request: gr.Request = None) -> dict:
         """Submit a recipe given as YAML; returns {"id": N} or raises with the validation message."""
+        if request is not None and getattr(request, "username", None):
+            user = request.username  # with login on, the account is who submitted
         try:
             return {"id": service.submit(recipe_yaml, submitted_by=user or None)}
         except SubmitError as exc:
@@ -183,11 +231,11 @@ def build_app(
 
     def model_page(job_id):
         if not job_id:
-            return "Pick a job id.", "", None, "", None
+            return "Pick a job id.", "", None, "", None, None
         try:
             info = service.show(int(job_id))
         except KeyError as exc:
-            return f"**{exc.args[0]}**", "", None, "", None
+            return f"**{exc.args[0]}**", "", None, "", None, None
         head = (
             f"### Job {info['id']} — {info['status']}\n\n`{info['model']}` · ratio {info['ratio']} · "
             f"{info['method']} · {info['criterion']} · by {info['submitted_by'] or '–'}"
@@ -212,21 +260,33 @@ def build_app(
             if ckpt
             else ""
         )
+        import pandas as pd
+
+        curve = pd.DataFrame(
+            [
+                {"projection": f"{r['layer']}.{r['module'][:4]}", "step": i, "error": r[key], "when": when}
+                for i, r in enumerate(info["report"] or [])
+                for key, when in (("error_before", "pruned"), ("error_after", "reconstructed"))
+            ],
+            columns=["projection", "step", "error", "when"],
+        )
         return (
             head,
             yaml.safe_dump(info["recipe"], sort_keys=False),
             report,
             card + "\n\n```python\n" + snippet + "\n```" if snippet else card,
             archive,
+            curve,
         )
 
-    def dashboard(model, method, user, metric="perplexity"):
+    def dashboard(model, method, user, metric="perplexity", criterion=""):
         rows = []
         for j in service.list(limit=500):
             if (
                 j["status"] != "SUCCEEDED"
                 or (model and model not in str(j["model"]))
                 or (method and j["method"] != method)
+                or (criterion and j["criterion"] != criterion)
                 or (user and j["submitted_by"] != user)
             ):
                 continue
@@ -262,6 +322,7 @@ def build_app(
         with gr.Tab("New run"):
             with gr.Row():
                 with gr.Column(scale=3):
+                    model_info = gr.Markdown(describe_model(models[0])[1] if models else "", elem_id="model-info")
                     model = gr.Dropdown(
                         models,
                         value=models[0] if models else None,
@@ -329,8 +390,19 @@ def build_app(
                 check = gr.Button("Validate")
                 submit = gr.Button("Submit", variant="primary")
             status = gr.Markdown(visible=False, elem_id="submit-status")
-            recipe_yaml = gr.Code(label="Recipe (YAML)", language="yaml")
-            check.click(validate, form + [methods, user], [status, recipe_yaml], api_name=False)
+            with gr.Row():
+                recipe_yaml = gr.Code(
+                    label="Recipe (YAML) — edit or paste one, then submit it",
+                    language="yaml",
+                    interactive=True,
+                    scale=4,
+                )
+                with gr.Column(scale=1):
+                    submit_yaml = gr.Button("Submit this YAML")
+                    recipe_file = gr.File(label="Download recipe", interactive=False, elem_id="recipe-file")
+            check.click(validate, form + [methods, user], [status, recipe_yaml, recipe_file], api_name=False)
+            submit_yaml.click(submit_yaml_text, [recipe_yaml, evaluate, user], [status], api_name=False)
+            model.change(on_model_change, [model], [model_info, evaluate], api_name=False)
             submit.click(submit_form, form + [methods, user], [status], api_name=False)
 
         with gr.Tab("Jobs"):
@@ -383,6 +455,7 @@ def build_app(
             with gr.Row():
                 f_model = gr.Textbox(label="Model contains")
                 f_method = gr.Dropdown([""] + METHODS, value="", label="Method")
+                f_criterion = gr.Dropdown([""] + CRITERIA, value="", label="Criterion")
                 f_user = gr.Textbox(label="User")
                 f_metric = gr.Dropdown(["perplexity", "achieved", "params_after"], value="perplexity", label="Metric")
                 refresh = gr.Button("Refresh")
@@ -394,7 +467,7 @@ def build_app(
                 size_plot = gr.ScatterPlot(
                     x="params_after", y="value", color="method", title="parameters kept vs perplexity"
                 )
-            filters = [f_model, f_method, f_user, f_metric]
+            filters = [f_model, f_method, f_user, f_metric, f_criterion]
             refresh.click(dashboard, filters, [runs, ppl_plot, size_plot], api_name=False)
             f_metric.change(dashboard, filters, [runs, ppl_plot, size_plot], api_name=False)
             demo.load(dashboard, filters, [runs, ppl_plot, size_plot], api_name=False)
@@ -409,9 +482,18 @@ def build_app(
                     label="Per-layer reconstruction error",
                     interactive=False,
                 )
-            card = gr.Markdown()
+            error_plot = gr.LinePlot(
+                x="step",
+                y="error",
+                color="when",
+                title="relative output error per pruned projection (layer order)",
+                elem_id="error-plot",
+            )
             download = gr.DownloadButton("Download checkpoint (.tar.gz)")
-            page_id.change(model_page, [page_id], [head, page_recipe, page_report, card, download], api_name=False)
+            card = gr.Markdown()
+            page_id.change(
+                model_page, [page_id], [head, page_recipe, page_report, card, download, error_plot], api_name=False
+            )
 
         gr.api(api_submit, api_name="submit")
         gr.api(api_list, api_name="list_jobs")
@@ -440,7 +522,7 @@ def launch(host: str = "127.0.0.1", port: int = 7860, **kwargs) -> None:
         server_port=port,
         auth=auth,
         show_error=True,
-        allowed_paths=[str(service.settings.artifacts_dir)],
+        allowed_paths=[str(service.settings.artifacts_dir), str(service.settings.data_dir / "recipes")],
         quiet=True,
     )
 

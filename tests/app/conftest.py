@@ -21,9 +21,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def app_server(tmp_path_factory):
-    data = tmp_path_factory.mktemp("app") / "data"
+def start_app(data: Path, *args: str, **extra_env: str):
+    """Start `liar app` on a free port with its data under ``data``; returns (process, url)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIAR_")}
     env.update(
@@ -31,10 +30,12 @@ def app_server(tmp_path_factory):
         LIAR_WORKER_MAX_TASKS_PER_CHILD="20",
         GRADIO_ANALYTICS_ENABLED="False",
         PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+        **extra_env,
     )
-    log = open(data.parent / "app.log", "w")
+    data.mkdir(parents=True, exist_ok=True)
+    log = open(data.parent / f"app-{port}.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "app", "--port", str(port)],
+        [sys.executable, "-m", "app.cli", "app", "--port", str(port), *args],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -46,14 +47,28 @@ def app_server(tmp_path_factory):
             with socket.create_connection(("127.0.0.1", port), timeout=1):
                 return True
         except OSError:
-            assert proc.poll() is None, (data.parent / "app.log").read_text()[-3000:]
+            assert proc.poll() is None, (data.parent / f"app-{port}.log").read_text()[-3000:]
             return False
 
     wait_for(up, timeout=120, what="the app to listen")
     time.sleep(1)
-    yield {"url": f"http://127.0.0.1:{port}/", "data": data}
+    return proc, f"http://127.0.0.1:{port}/"
+
+
+def stop_app(proc) -> None:
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def app_server(tmp_path_factory):
+    from core.tiny import tiny_bert
+
+    data = tmp_path_factory.mktemp("app") / "data"
+    tiny_bert(data / "models" / "tiny-bert")  # an encoder to pick in the form
+    proc, url = start_app(data)
+    yield {"url": url, "data": data}
+    stop_app(proc)

@@ -55,3 +55,26 @@ def test_named_endpoints(app_server, tmp_path):
     assert client.predict(job["id"], api_name="/cancel_job") == "SUCCEEDED"  # finished jobs stay finished
     with pytest.raises(Exception, match="no job 999"):
         client.predict(999, api_name="/show_job")
+
+
+def test_login_records_the_account_as_submitter(tmp_path, app_server):
+    from gradio_client import Client
+
+    from tests.app.conftest import start_app, stop_app
+
+    data = tmp_path / "data"
+    proc, url = start_app(data, "--no-worker", LIAR_APP_USERS="alice:s3cret,bob:pw")
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - no credentials, no access
+            Client(url, verbose=False).predict("", api_name="/list_jobs")
+        client = Client(url, auth=("alice", "s3cret"), verbose=False)
+        recipe = {
+            "model": str(app_server["data"] / "models" / "tiny-llama-demo"),
+            "ratio": 0.3,
+            "calibration": {"dataset": str(app_server["data"] / "texts" / "tiny-demo.txt")},
+        }
+        job = client.predict(yaml.safe_dump(recipe), "mallory", api_name="/submit")
+        info = json.loads(client.predict(job["id"], api_name="/show_job"))
+        assert info["submitted_by"] == "alice"
+    finally:
+        stop_app(proc)

@@ -83,8 +83,10 @@ def test_submit_watch_dashboard_download(page, app_server, tmp_path):
     _fill(page, "Samples", "8")
     _fill(page, "Sequence length", "32")
     page.get_by_label("ls", exact=True).check()  # liar + ls: a two-job sweep
+    page.locator("#model-info").get_by_text(re.compile("decoder · llama")).wait_for()
     page.get_by_role("button", name="Validate").click()
     page.locator("#submit-status").get_by_text("valid").wait_for()
+    page.locator("#recipe-file a").first.wait_for()  # the recipe offered as a download
     page.get_by_role("button", name="Submit", exact=True).click()
     page.locator("#submit-status").get_by_text(re.compile("submitted sweep")).wait_for()
     page.screenshot(path=str(SHOTS / "new-run.png"), full_page=True)
@@ -108,6 +110,8 @@ def test_submit_watch_dashboard_download(page, app_server, tmp_path):
     box.fill(str(ids[0]))
     box.press("Tab")
     page.get_by_text(f"Job {ids[0]} — SUCCEEDED").wait_for()
+    page.locator("#error-plot").wait_for()
+    page.wait_for_timeout(1500)
     page.screenshot(path=str(SHOTS / "model.png"), full_page=True)
     with page.expect_download() as dl:
         page.get_by_role("button", name=re.compile("Download checkpoint")).click()
@@ -127,3 +131,24 @@ def test_no_requests_leave_the_machine(page):
         page.get_by_role("tab", name=tab).click()
     page.wait_for_timeout(500)
     assert page.external_requests == []
+
+
+def test_encoder_is_detected_and_pasted_recipe_submits(page, app_server):
+    data = app_server["data"]
+    page.get_by_role("tab", name="New run").click()
+    _fill(page, "Model", str(data / "models" / "tiny-bert"))
+    page.locator("#model-info").get_by_text(re.compile("encoder · bert.*perplexity does not apply")).wait_for()
+    _fill(page, "Model", str(data / "models" / "tiny-llama-demo"))
+    page.locator("#model-info").get_by_text(re.compile("decoder")).wait_for()
+    before = len(_jobs(app_server))
+    box = page.locator(".cm-content").first  # the editable recipe box
+    box.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(
+        f"model: {data / 'models' / 'tiny-llama-demo'}\nratio: 0.25\n"
+        f"calibration: {{dataset: {data / 'texts' / 'tiny-demo.txt'}, num_calibration_samples: 4, "
+        "max_seq_length: 16}\n"
+    )
+    page.get_by_role("button", name="Submit this YAML").click()
+    page.locator("#submit-status").get_by_text(re.compile("submitted job")).wait_for()
+    assert len(_jobs(app_server)) == before + 1
