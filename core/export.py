@@ -206,16 +206,6 @@ def save_pruned(result: PruneResult, output_dir: str | Path, overwrite: bool = F
     return out
 
 
-def update_metrics(output_dir: str | Path, extra: dict[str, Any]) -> None:
-    """Merge evaluation results into a checkpoint's metrics.json (atomic replace)."""
-    path = Path(output_dir) / "metrics.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data.update(extra)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def load_pruned(path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
     """Load a checkpoint written by :func:`save_pruned` (either form) → ``(model, tokenizer)``."""
     from transformers import AutoConfig, AutoTokenizer
