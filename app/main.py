@@ -17,7 +17,7 @@ import yaml
 from jobs.service import JobService, SubmitError
 
 METHODS = ["none", "bias", "mask_tuning", "liar", "ls"]
-CRITERIA = ["magnitude", "random"]
+CRITERIA = ["magnitude", "flap", "random"]
 NAMED_SETS = ["wikitext2", "c4", "alpaca"]
 MAX_UPLOAD_MB = 50
 TABLE_COLUMNS = [

@@ -8,8 +8,9 @@ a key/value group (k and v rows — removed when none of its query heads is kept
   ``round(ratio · n_heads)`` heads and then as many neurons as bring the layer closest to its share;
   with one module only, the count of that unit closest to the share. Rounding: within half a neuron's
   parameters per layer (``both`` / ``neurons``), within half a head's per layer (``heads``).
-- ``global``: one ranking over all layers and both unit kinds by score per parameter removed; units
-  are dropped from the bottom until the budget is met (within one unit's parameters overall).
+- ``global``: one ranking over all layers and both unit kinds by score per parameter removed (or by
+  score, when the criterion standardises its scores, as FLAP's AL-AM does); units are dropped from
+  the bottom, each counting the parameters it removes, until the budget is met.
 
 Query heads are ranked individually; a key/value head goes only when its whole group has gone, so every
 kept query head still reads its original key/value head (grouped-query attention stays exact).
@@ -121,12 +122,16 @@ def _uniform_layer(
 
 
 def _global(scores, adapter: Adapter, costs, target: int, modules: str) -> list[LayerPlan]:
-    cand = []  # (score per parameter, layer, kind, index)
+    # standardised scores (FLAP's AL-AM) are ranked as they are; others by score per parameter removed
+    per_param = not all(s.comparable for s in scores)
+    cand = []  # (rank key, layer, kind, index)
     for li, (s, c) in enumerate(zip(scores, costs)):
         if modules in ("heads", "both"):
-            cand += [(float(v) / c["head"], li, 0, h) for h, v in enumerate(s.heads.tolist())]
+            div = c["head"] if per_param else 1.0
+            cand += [(float(v) / div, li, 0, h) for h, v in enumerate(s.heads.tolist())]
         if modules in ("neurons", "both"):
-            cand += [(float(v) / c["neuron"], li, 1, k) for k, v in enumerate(s.neurons.tolist())]
+            div = c["neuron"] if per_param else 1.0
+            cand += [(float(v) / div, li, 1, k) for k, v in enumerate(s.neurons.tolist())]
     cand.sort()
     n_layers = len(scores)
     drop_heads = [set() for _ in range(n_layers)]

@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modules", choices=["heads", "neurons", "both"])
     p.add_argument("--ratio", type=float, help="fraction of transformer-block parameters to remove, in (0, 1)")
     p.add_argument("--allocation", choices=["uniform", "global"])
-    p.add_argument("--criterion", help="pruning criterion (magnitude, random)")
+    p.add_argument("--criterion", help="pruning criterion (magnitude, random, flap)")
     p.add_argument("--reconstruction", help="none | bias | mask_tuning | liar | ls")
     p.add_argument("--damp", type=float, help="ridge damping as a fraction of mean(diag G)")
     p.add_argument("--calibration", help="named set (wikitext2, c4, alpaca) or a .txt/.jsonl file")

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from core.adapters import Adapter, block_parameters, load_model, max_positions, unit_costs
 from core.allocation import Plan, allocate
 from core.calibration import CalibrationBatch, decoder_windows, encoder_samples, load_texts
-from core.criteria import CRITERIA
+from core.criteria import CRITERIA, NEEDS_INPUTS, ChannelStats, LayerInputs
 from core.modeling.modeling_liar import ensure_bias, prune_heads_, prune_neurons_
 from core.recipe import Recipe
 from core.reconstruct import reconstruct_from_stats, relative_output_errors
@@ -218,6 +218,36 @@ def _set_module(parent: nn.Module, path: str, module: nn.Module) -> None:
     setattr(parent.get_submodule(owner) if owner else parent, name, module)
 
 
+@torch.no_grad()
+def _dense_inputs(model: nn.Module, adapter: Adapter, batches: list[CalibrationBatch], device) -> list[LayerInputs]:
+    """Per-channel statistics of every layer's o_proj / down_proj inputs on the dense model."""
+    fam = adapter.family
+    stats, handles, mask = [], [], [None]
+    for layer in adapter.layers(model):
+        entry = LayerInputs(
+            ChannelStats(layer.get_submodule(fam.o).in_features, device),
+            ChannelStats(layer.get_submodule(fam.ffn_out).in_features, device),
+        )
+        stats.append(entry)
+        for path, sink in ((fam.o, entry.attn), (fam.ffn_out, entry.ffn)):
+            handles.append(
+                layer.get_submodule(path).register_forward_pre_hook(
+                    lambda _m, a, sink=sink: sink.add_batch(a[0], mask[0])
+                )
+            )
+    try:
+        for b in batches:
+            mask[0] = b.attention_mask.to(device).bool() if adapter.kind == "encoder" else None
+            inputs = {"input_ids": b.input_ids.to(device), "attention_mask": b.attention_mask.to(device)}
+            if b.token_type_ids is not None:
+                inputs["token_type_ids"] = b.token_type_ids.to(device)
+            model.base_model(**inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return stats
+
+
 def _calibration(recipe: Recipe, tokenizer, adapter: Adapter) -> tuple[CalibrationBatch, CalibrationBatch]:
     texts = load_texts(recipe.calibration)
     if adapter.kind == "decoder":
@@ -279,7 +309,13 @@ def prune(
     n_layers = len(layers)
     report("scoring", 0, n_layers)
     criterion = CRITERIA[recipe.criterion.name]
-    scores = [criterion(layer, adapter, i, recipe.criterion.options) for i, layer in enumerate(layers)]
+    inputs = (
+        _dense_inputs(model, adapter, _split(fit, recipe.calibration.batch_size), device)
+        if recipe.criterion.name in NEEDS_INPUTS
+        else [None] * n_layers
+    )
+    scores = [criterion(layer, adapter, i, recipe.criterion.options, inputs[i]) for i, layer in enumerate(layers)]
+    del inputs
     costs = [unit_costs(layer, adapter) for layer in layers]
     layer_params = [sum(p.numel() for p in layer.parameters()) for layer in layers]
     plan = allocate(scores, adapter, costs, layer_params, recipe.ratio, recipe.modules, recipe.allocation)

@@ -110,6 +110,20 @@ class Recipe(_Strict):
         "float32", description="precision of each batch's XᵀX product (running totals are float64)"
     )
 
+    @model_validator(mode="after")
+    def _criterion_fits(self) -> Recipe:
+        if self.criterion.name == "flap":
+            from core.criteria import flap_options
+
+            _, structure = flap_options(self.criterion.options)
+            need = "global" if structure == "AL-AM" else "uniform"
+            if self.allocation != need:
+                raise ValueError(
+                    f"FLAP structure {structure} allocates {'across layers' if need == 'global' else 'per layer'}: "
+                    f"set allocation: {need} (got {self.allocation})"
+                )
+        return self
+
     @field_validator("ratio")
     @classmethod
     def _ratio(cls, v: float) -> float:
