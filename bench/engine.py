@@ -1,4 +1,4 @@
-"""Engine benchmark on a real model: SmolLM2-135M, magnitude criterion, heads + neurons.
+"""Engine benchmark on a real model: SmolLM2-135M, magnitude criterion (``--criterion``), heads + neurons.
 
 Perplexity on held-out Wikipedia articles for none / bias / liar / ls at ratios 0.2 and 0.5, with the
 wall time and peak memory of each prune + reconstruct run (each run in its own process, so peak RSS
@@ -46,7 +46,7 @@ def one_run(args) -> dict:
             "model": str(model_dir),
             "ratio": args.ratio,
             "modules": "both",
-            "criterion": {"name": "magnitude"},
+            "criterion": {"name": args.criterion},
             "reconstruction": {"method": args.method, "damp": args.damp},
             "dtype": "float32",
             "device": "cpu",
@@ -86,6 +86,7 @@ def one_run(args) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--criterion", default="magnitude", help="magnitude | flap | random")
     p.add_argument("--samples", type=int, default=128)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--holdout", type=int, default=8)
@@ -115,7 +116,7 @@ def main() -> None:
     rows = []
     for method, ratio, damp in configs:
         cmd = [sys.executable, __file__, "--one", "--method", method, "--ratio", str(ratio), "--damp", str(damp)]
-        for flag in ("samples", "seq_len", "holdout", "eval_seq_len", "eval_windows"):
+        for flag in ("criterion", "samples", "seq_len", "holdout", "eval_seq_len", "eval_windows"):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -153,7 +154,7 @@ def write_report(rows: list[dict], args) -> None:
         "prune s | peak RSS MB |\n|---|---|---|---|---|---|---|---|"
     )
     text = (
-        f"""# Engine benchmark: SmolLM2-135M-Instruct, magnitude criterion, heads + neurons
+        f"""# Engine benchmark: SmolLM2-135M-Instruct, {args.criterion} criterion, heads + neurons
 
 Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/engine.py`.
 
