@@ -42,10 +42,16 @@ def cmd_app(args) -> int:
     settings = Settings.from_env()
     settings.ensure_dirs()
     if not args.no_worker:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker", "--loglevel", "WARNING"], start_new_session=True
-        )
+        # same process group as the app: Ctrl-C or a signal to the group stops both; SIGTERM to the app
+        # alone exits through atexit, which stops the worker
+        worker = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--loglevel", "WARNING"])
         atexit.register(lambda: _stop(worker))
+
+        def on_term(*_):
+            _stop(worker)
+            os._exit(0)  # the web server's threads would otherwise keep the process alive
+
+        signal.signal(signal.SIGTERM, on_term)
         print(f"embedded worker started (pid {worker.pid})", flush=True)
     models, texts, evals = bundled_assets(settings.data_dir)
     from app.main import launch
@@ -55,12 +61,13 @@ def cmd_app(args) -> int:
 
 
 def _stop(proc: subprocess.Popen) -> None:
+    """Stop the embedded worker (its pool children exit with it)."""
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+        proc.terminate()
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            proc.kill()
 
 
 def build_app_parser():
