@@ -281,16 +281,17 @@ def build_app(
 
     def dashboard(model, method, user, metric="perplexity", criterion=""):
         rows = []
-        for j in service.list(limit=500):
+        done = [j for j in service.list(limit=500) if j["status"] == "SUCCEEDED"]
+        all_metrics = service.metrics([j["id"] for j in done])
+        for j in done:
             if (
-                j["status"] != "SUCCEEDED"
-                or (model and model not in str(j["model"]))
+                (model and model not in str(j["model"]))
                 or (method and j["method"] != method)
                 or (criterion and j["criterion"] != criterion)
                 or (user and j["submitted_by"] != user)
             ):
                 continue
-            m = service.show(j["id"])["metrics"]
+            m = all_metrics[j["id"]]
             rows.append(
                 {
                     "id": j["id"],

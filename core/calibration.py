@@ -28,6 +28,19 @@ class CalibrationBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def model_inputs(self, kind: str, device) -> dict[str, torch.Tensor | bool]:
+        """Keyword arguments for the model's base forward (no key/value cache for decoders)."""
+        inputs = {"input_ids": self.input_ids.to(device), "attention_mask": self.attention_mask.to(device)}
+        if self.token_type_ids is not None:
+            inputs["token_type_ids"] = self.token_type_ids.to(device)
+        if kind == "decoder":
+            inputs["use_cache"] = False
+        return inputs
+
+    def token_mask(self, kind: str, device) -> torch.Tensor | None:
+        """Real (non-padding) tokens for statistics; None for decoders, whose windows have no padding."""
+        return self.attention_mask.to(device).bool() if kind == "encoder" else None
+
     def slice(self, start: int, stop: int) -> CalibrationBatch:
         tt = None if self.token_type_ids is None else self.token_type_ids[start:stop]
         return CalibrationBatch(self.input_ids[start:stop], self.attention_mask[start:stop], tt)

@@ -31,7 +31,7 @@ from core.adapters import Adapter, block_parameters, load_model, max_positions, 
 from core.allocation import Plan, allocate
 from core.calibration import CalibrationBatch, decoder_windows, encoder_samples, load_texts
 from core.criteria import CRITERIA, NEEDS_INPUTS, ChannelStats, LayerInputs
-from core.modeling.modeling_liar import ensure_bias, prune_heads_, prune_neurons_
+from core.modeling.modeling_liar import ensure_bias, prune_heads_, prune_neurons_, set_module
 from core.recipe import Recipe
 from core.reconstruct import reconstruct_from_stats, relative_output_errors
 from core.stats import InputStats
@@ -117,7 +117,7 @@ class _Runner:
 
     def __init__(self, model: nn.Module, adapter: Adapter, batches: list[CalibrationBatch], device):
         self.model, self.adapter, self.device = model, adapter, device
-        self.masks = [b.attention_mask.to(device).bool() if adapter.kind == "encoder" else None for b in batches]
+        self.masks = [b.token_mask(adapter.kind, device) for b in batches]
         self.hidden: list[torch.Tensor] = []
         self.extra: list[tuple[tuple, dict]] = []
         self.kept: dict[str, list[torch.Tensor]] = {}
@@ -135,13 +135,8 @@ class _Runner:
         handle = layer0.register_forward_pre_hook(grab, with_kwargs=True)
         try:
             for b in batches:
-                inputs = {"input_ids": b.input_ids.to(device), "attention_mask": b.attention_mask.to(device)}
-                if b.token_type_ids is not None:
-                    inputs["token_type_ids"] = b.token_type_ids.to(device)
-                if adapter.kind == "decoder":
-                    inputs["use_cache"] = False
                 try:
-                    model.base_model(**inputs)
+                    model.base_model(**b.model_inputs(adapter.kind, device))
                 except _Stop:
                     pass
         finally:
@@ -187,11 +182,11 @@ class _Runner:
         inputs = self.kept[path]
         proj = layer.get_submodule(path) if path.startswith(block + ".") else None
         self.replays[block] = (layer.get_submodule(block), _Replay(inputs, keep, proj, returns_tuple, self))
-        _set_module(layer, block, self.replays[block][1])
+        set_module(layer, block, self.replays[block][1])
 
     def restore(self, layer: nn.Module) -> None:
         for block, (original, _) in self.replays.items():
-            _set_module(layer, block, original)
+            set_module(layer, block, original)
         self.replays.clear()
         self.kept.clear()
 
@@ -213,11 +208,6 @@ class _Replay(nn.Module):
         return (y, None) if self.returns_tuple else y
 
 
-def _set_module(parent: nn.Module, path: str, module: nn.Module) -> None:
-    owner, _, name = path.rpartition(".")
-    setattr(parent.get_submodule(owner) if owner else parent, name, module)
-
-
 @torch.no_grad()
 def _dense_inputs(model: nn.Module, adapter: Adapter, batches: list[CalibrationBatch], device) -> list[LayerInputs]:
     """Per-channel statistics of every layer's o_proj / down_proj inputs on the dense model."""
@@ -237,11 +227,8 @@ def _dense_inputs(model: nn.Module, adapter: Adapter, batches: list[CalibrationB
             )
     try:
         for b in batches:
-            mask[0] = b.attention_mask.to(device).bool() if adapter.kind == "encoder" else None
-            inputs = {"input_ids": b.input_ids.to(device), "attention_mask": b.attention_mask.to(device)}
-            if b.token_type_ids is not None:
-                inputs["token_type_ids"] = b.token_type_ids.to(device)
-            model.base_model(**inputs)
+            mask[0] = b.token_mask(adapter.kind, device)
+            model.base_model(**b.model_inputs(adapter.kind, device))
     finally:
         for h in handles:
             h.remove()

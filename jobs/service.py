@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy import select, update
 
-from jobs.db import Artifact, Job, JobLog, Status, connect, utcnow
+from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, utcnow
 from jobs.settings import Settings
 
 
@@ -198,6 +198,14 @@ class JobService:
             "finished_at": iso(job.finished_at),
             "elapsed_s": (end - job.started_at).total_seconds() if job.started_at and end else None,
         }
+
+    def metrics(self, job_ids: list[int]) -> dict[int, dict[str, float]]:
+        """Metrics of many jobs in one query: {job id: {name: value}}."""
+        out: dict[int, dict[str, float]] = {i: {} for i in job_ids}
+        with self.sessions() as s:
+            for m in s.scalars(select(Metric).where(Metric.job_id.in_(job_ids))):
+                out[m.job_id][m.name] = m.value
+        return out
 
     def artifact(self, job_id: int, kind: str = "archive") -> Path:
         with self.sessions() as s:

@@ -126,15 +126,14 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
         hf_logging.disable_progress_bar()
 
         result = prune(recipe, progress=progress)
-        metrics = dict(result.summary())
         for ev in evaluations:
             progress("evaluate", 0, 1)
-            metrics.update(_evaluate(result, ev))
+            result.metrics.update(_evaluate(result, ev))
+        metrics = result.summary()
         progress("export", 0, 1)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         out_dir.mkdir(parents=True)
-        result.metrics.update({k: v for k, v in metrics.items() if k not in result.summary()})
         checkpoint = result.save(out_dir / "checkpoint")
         size, sha = _archive(checkpoint, out_dir / f"liar-job-{job_id}.tar.gz")
         with sf.begin() as s:

@@ -107,7 +107,8 @@ def head_geometry(config) -> tuple[int, int, int]:
     return n_heads, n_kv, head_dim
 
 
-def _set_linear(parent: nn.Module, path: str, new: nn.Linear) -> None:
+def set_module(parent: nn.Module, path: str, new: nn.Module) -> None:
+    """Replace the submodule at dotted ``path`` of ``parent``."""
     owner, _, name = path.rpartition(".")
     setattr(parent.get_submodule(owner) if owner else parent, name, new)
 
@@ -242,8 +243,8 @@ def prune_neurons_(layer: nn.Module, family: Family, neurons: int | list[int] | 
     if neurons == list(range(n_cur)):
         return
     for path in family.ffn_in:
-        _set_linear(layer, path, _slice_linear(layer.get_submodule(path), neurons, None))
-    _set_linear(layer, family.ffn_out, _slice_linear(layer.get_submodule(family.ffn_out), None, neurons))
+        set_module(layer, path, _slice_linear(layer.get_submodule(path), neurons, None))
+    set_module(layer, family.ffn_out, _slice_linear(layer.get_submodule(family.ffn_out), None, neurons))
 
 
 def prune_heads_(
@@ -267,9 +268,9 @@ def prune_heads_(
     kv_rows = None if kv_heads == cur_kv else _channels([cur_kv.index(h) for h in kv_heads], head_dim)
     for path, rows in ((family.q, q_rows), (family.k, kv_rows), (family.v, kv_rows)):
         if rows is not None:
-            _set_linear(layer, path, _slice_linear(layer.get_submodule(path), rows, None))
+            set_module(layer, path, _slice_linear(layer.get_submodule(path), rows, None))
     if q_rows is not None:
-        _set_linear(layer, family.o, _slice_linear(layer.get_submodule(family.o), None, q_rows))
+        set_module(layer, family.o, _slice_linear(layer.get_submodule(family.o), None, q_rows))
 
     attn.liar_heads, attn.liar_kv_heads = heads, kv_heads
     if family.gqa:
