@@ -5,7 +5,8 @@ against the number of calibration samples {128, 256, 512, 1024} × 128 tokens, w
 reconstruction solves alone, beside the paper's A100 table for LLaMA-7B/13B/30B; includes the GPU run
 of ``bench/gpu_liar.py`` when its results exist. Writes docs/results/time.md + time.json.
 
-``latency`` — dense vs pruned (ratios 0.2 and 0.5, LIAR) SmolLM2: prefill tokens/s (batch 1 and 8,
+``latency`` — dense vs pruned (ratios 0.2 and 0.5, LIAR; each with exact kept widths and with FFN
+widths rounded to multiples of 64, ``--round-neurons``) SmolLM2: prefill tokens/s (batch 1 and 8,
 prompts of 128 and 512 tokens), greedy decoding with the KV cache (batch 1, 64 new tokens): decode
 tokens/s and per-token latency, and ``model.generate`` end to end. Warm-up runs, then the median of
 repeats. Writes docs/results/latency.md + latency.json.
@@ -14,7 +15,7 @@ Each measured configuration runs in its own process (peak memory is that run's).
 something only on an otherwise idle machine.
 
     make bench-time        # python bench/speed.py time    [--samples 128 256 512 1024] [--threads N]
-    make bench-latency     # python bench/speed.py latency [--ratios 0.2 0.5] [--threads N]
+    make bench-latency     # python bench/speed.py latency [--ratios 0.2 0.5] [--round-neurons 64] [--threads N]
     python bench/speed.py time --quick       # smoke test: one small point, results to a temp folder
     python bench/speed.py latency --quick
 """
@@ -350,9 +351,12 @@ def latency_one(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     _quiet_transformers()
-    ratio = float(args.one)
+    ratio, _, rounding = args.one.partition(":")
+    ratio, round_neurons = float(ratio), int(rounding or 1)
     if ratio > 0:
-        result = prune(_recipe(args.prune_samples, 128, ratio, 16))
+        recipe = _recipe(args.prune_samples, 128, ratio, 16)
+        recipe["round_to"] = {"neurons": round_neurons}
+        result = prune(recipe)
         model, tok = result.model, result.tokenizer
         achieved = result.achieved_ratio
     else:
@@ -364,6 +368,7 @@ def latency_one(args: argparse.Namespace) -> dict[str, Any]:
     stream = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
     row: dict[str, Any] = {
         "ratio": ratio,
+        "round_neurons": round_neurons,
         "achieved_ratio": achieved,
         "params": sum(p.numel() for p in model.parameters()),
         **_structure(model),
@@ -440,7 +445,10 @@ def latency_one(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _label(r: dict[str, Any]) -> str:
-    return "dense" if r["ratio"] == 0 else f"pruned {r['ratio']:.0%} ({r['achieved_ratio']:.1%} removed)"
+    if r["ratio"] == 0:
+        return "dense"
+    rounded = f", FFN widths ×{r['round_neurons']}" if r.get("round_neurons", 1) > 1 else ""
+    return f"pruned {r['ratio']:.0%}{rounded} ({r['achieved_ratio']:.1%} removed)"
 
 
 def write_latency(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[str, Any]) -> Path:
@@ -459,7 +467,8 @@ def write_latency(rows: list[dict[str, Any]], args: argparse.Namespace, mach: di
         f"magnitude criterion, heads + neurons, uniform allocation, {args.prune_samples} calibration windows — the",
         "widths, and so the speed, do not depend on the number of windows). Layers whose kept query heads no",
         "longer form equal key/value groups gather their key/value heads through a per-layer index (counted",
-        "below). Each model is measured in its own process:",
+        "below). Rows marked `FFN widths ×N` were pruned with `round_to: {neurons: N}` (kept FFN widths",
+        "rounded to multiples of N, the budget held). Each model is measured in its own process:",
         f"{args.warmup} warm-up run(s), then the median of {args.repeats} repeats, `torch.inference_mode()`.",
         "",
         "- Prefill: one forward pass over the prompt building the KV cache; tokens/s = batch × prompt / time.",
@@ -528,8 +537,9 @@ def cmd_latency(args: argparse.Namespace) -> None:
     mach = machine(args.threads)
     print(f"machine: {_machine_line(mach)}")
     rows = []
-    for ratio in [0.0, *args.ratios]:
-        extra = ["--one", str(ratio), "--decode-prompt", str(args.decode_prompt), "--new-tokens", str(args.new_tokens)]
+    models = ["0"] + [f"{r}:{n}" for r in args.ratios for n in dict.fromkeys([1, args.round_neurons])]
+    for spec in models:
+        extra = ["--one", spec, "--decode-prompt", str(args.decode_prompt), "--new-tokens", str(args.new_tokens)]
         extra += [
             "--warmup",
             str(args.warmup),
@@ -573,6 +583,12 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument("--one", type=int, help=argparse.SUPPRESS)
         else:
             p.add_argument("--ratios", type=float, nargs="+", default=[0.2, 0.5])
+            p.add_argument(
+                "--round-neurons",
+                type=int,
+                default=64,
+                help="also measure each ratio with kept FFN widths rounded to this multiple (1: exact widths only)",
+            )
             p.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="prefill batch sizes")
             p.add_argument("--prompts", type=int, nargs="+", default=[128, 512], help="prefill prompt lengths")
             p.add_argument("--decode-prompt", type=int, default=128, help="prompt length before decoding")
