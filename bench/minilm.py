@@ -55,9 +55,10 @@ def _setup(name: str, args) -> dict[str, Any]:
     return base
 
 
-def _key(name: str, setup: dict[str, Any], ratio: float, method: str) -> str:
+def _key(name: str, setup: dict[str, Any], ratio: float, method: str, positions: str = "all") -> str:
     opts = json.dumps(setup["options"], sort_keys=True) if setup["options"] else ""
-    return f"{name}{opts}|{setup['modules']}|{setup['allocation']}|{ratio}|{method}"
+    key = f"{name}{opts}|{setup['modules']}|{setup['allocation']}|{ratio}|{method}"
+    return key if positions == "all" else f"{key}|{positions}"
 
 
 def _mean(xs: list[float]) -> float:
@@ -129,7 +130,7 @@ def run(args) -> dict:
         scores = None
         for ratio in (float(r) for r in _csv(args.ratios)):
             for method in _csv(args.methods):
-                key = _key(name, setup, ratio, method)
+                key = _key(name, setup, ratio, method, args.positions)
                 if key in state["cells"]:
                     print(f"{key}: done before ({state['cells'][key]['accuracy']:.4f})", flush=True)
                     continue
@@ -141,7 +142,7 @@ def run(args) -> dict:
                     "modules": setup["modules"],
                     "allocation": setup["allocation"],
                     "criterion": {"name": name, "options": setup["options"]},
-                    "reconstruction": {"method": method, "damp": args.damp},
+                    "reconstruction": {"method": method, "damp": args.damp, "positions": args.positions},
                     "dtype": "float32",
                     "device": "cpu",
                     "calibration": {
@@ -167,6 +168,7 @@ def run(args) -> dict:
                     "allocation": setup["allocation"],
                     "ratio": ratio,
                     "method": method,
+                    "positions": args.positions,
                     "accuracy": acc,
                     "relative": acc / dense_acc,
                     "achieved_ratio": result.achieved_ratio,
@@ -198,7 +200,8 @@ def write_report(state: dict, out: Path) -> str:
     groups: dict[tuple, dict[str, dict]] = {}
     for c in cells:
         label = c["criterion"] + (f" {json.dumps(c['options'], sort_keys=True)}" if c["options"] else "")
-        groups.setdefault((label, c["modules"], c["allocation"], c["ratio"]), {})[c["method"]] = c
+        fit = "[CLS] only" if c.get("positions", "all") == "first" else "all tokens"
+        groups.setdefault((label, c["modules"], c["allocation"], fit, c["ratio"]), {})[c["method"]] = c
     dense = state["dense"]["accuracy"]
     ft = state.get("finetune", {})
     st = state["settings"]
@@ -220,17 +223,23 @@ def write_report(state: dict, out: Path) -> str:
         f"damping {st['damp']}.",
         f"- Evaluation: accuracy on the {st['test_examples']} test snippets (disjoint from train); each cell "
         "shows accuracy and, in brackets, accuracy relative to the dense model.",
+        "- `fit on`: the token positions the reconstruction fits (`reconstruction.positions`): every real "
+        "token, or only each snippet's [CLS] token, the one the classifier pools (`--positions first`).",
         "- `target` is the fraction of the transformer blocks' parameters removed; `removed` is what was "
         "achieved (bias vectors added by bias/liar/ls counted).",
         "",
-        "| criterion | modules | allocation | target | removed | " + " | ".join(methods) + " |",
-        "|---|---|---|---|---|" + "---|" * len(methods),
+        "| criterion | modules | allocation | fit on | target | removed | " + " | ".join(methods) + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(methods),
     ]
-    for (label, modules, allocation, ratio), row in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][3])):
+    for (label, modules, allocation, fit, ratio), row in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][4], kv[0][3])
+    ):
         achieved = sorted(c["achieved_ratio"] for c in row.values())
         removed = f"{achieved[0]:.1%}" + (f"–{achieved[-1]:.1%}" if achieved[-1] - achieved[0] >= 5e-4 else "")
         shown = [f"{row[m]['accuracy']:.4f} ({row[m]['relative']:.1%})" if m in row else "–" for m in methods]
-        lines.append(f"| {label} | {modules} | {allocation} | {ratio:.0%} | {removed} | " + " | ".join(shown) + " |")
+        lines.append(
+            f"| {label} | {modules} | {allocation} | {fit} | {ratio:.0%} | {removed} | " + " | ".join(shown) + " |"
+        )
     lines += [
         "",
         "Per-layer relative output errors (mean over layers, held-aside calibration samples, before → after "
@@ -255,6 +264,12 @@ def main() -> None:
     p.add_argument("--holdout", type=int, default=32)
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--damp", type=float, default=1e-3)
+    p.add_argument(
+        "--positions",
+        choices=["all", "first"],
+        default="all",
+        help="token positions the reconstruction fits (reconstruction.positions): all, or the [CLS] token only",
+    )
     p.add_argument("--test-limit", type=int, help="evaluate on the first N test snippets only (smoke runs)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--fresh", action="store_true", help="ignore cells measured before")

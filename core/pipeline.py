@@ -118,9 +118,13 @@ def _as_recipe(recipe: Recipe | dict | str | Path) -> Recipe:
 class _Runner:
     """Runs blocks on stored inputs; ``hidden[i]`` / ``extra[i]`` are batch i's block inputs."""
 
-    def __init__(self, model: nn.Module, adapter: Adapter, batches: list[CalibrationBatch], device):
+    def __init__(
+        self, model: nn.Module, adapter: Adapter, batches: list[CalibrationBatch], device, positions: str = "all"
+    ):
         self.model, self.adapter, self.device = model, adapter, device
         self.masks = [b.token_mask(adapter.kind, device) for b in batches]
+        if positions == "first":  # statistics of each sequence's first token only
+            self.masks = [_first_only(m) for m in self.masks]
         self.hidden: list[torch.Tensor] = []
         self.extra: list[tuple[tuple, dict]] = []
         self.kept: dict[str, list[torch.Tensor]] = {}
@@ -195,6 +199,12 @@ class _Runner:
 
     def advance(self, layer: nn.Module) -> None:
         self.hidden = [self.run(layer, i).detach() for i in range(len(self.hidden))]
+
+
+def _first_only(mask: torch.Tensor) -> torch.Tensor:
+    first = torch.zeros_like(mask)
+    first[:, 0] = mask[:, 0]
+    return first
 
 
 class _Replay(nn.Module):
@@ -321,6 +331,11 @@ def prune(
         raise ValueError(
             f"max_seq_length {recipe.calibration.max_seq_length} exceeds the model's limit of {limit} positions"
         )
+    if recipe.reconstruction.positions == "first" and adapter.kind != "encoder":
+        raise ValueError(
+            "reconstruction.positions 'first' fits only each sequence's first ([CLS]) token, which is meant for "
+            f"encoder classifiers; {adapter.name} is a decoder scored at every position: use 'all'"
+        )
     if getattr(model.config, "liar_layout", None) is not None:
         raise ValueError("this model is already pruned; prune the original model with a larger ratio instead")
     report("load", 1, 1)
@@ -357,7 +372,7 @@ def prune(
 
     bs = recipe.calibration.batch_size
     n_fit = len(_split(fit, bs))
-    runner = _Runner(model, adapter, _split(fit, bs) + _split(held, bs), device)
+    runner = _Runner(model, adapter, _split(fit, bs) + _split(held, bs), device, recipe.reconstruction.positions)
     stats_dtype = getattr(torch, recipe.stats_dtype)
     method, damp = recipe.reconstruction.method, recipe.reconstruction.damp
     fam = adapter.family

@@ -52,6 +52,11 @@ class CriterionConfig(_Strict):
 class ReconstructionConfig(_Strict):
     method: str = Field("liar", description="none | bias | mask_tuning | liar | ls")
     damp: float = Field(1e-3, ge=0.0, description="ridge damping, a fraction of mean(diag G)")
+    positions: Literal["all", "first"] = Field(
+        "all",
+        description="token positions the reconstruction fits: every real token, or (encoders) only each "
+        "sequence's first token, the [CLS] position a BERT sequence classifier pools",
+    )
 
     @field_validator("method")
     @classmethod

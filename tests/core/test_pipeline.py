@@ -16,8 +16,9 @@ from core.reconstruct import METHODS, reconstruct_linear
 from tests.conftest import recipe_for
 
 
-def _capture(model, module, batch, kind):
-    """Raw inputs of ``module`` for the whole calibration batch, padding removed, in one forward pass."""
+def _capture(model, module, batch, kind, positions="all"):
+    """Raw inputs of ``module`` for the whole calibration batch, padding removed, in one forward pass
+    (with ``positions="first"``: only each sequence's first token)."""
     store = []
 
     def hook(_m, args):
@@ -32,6 +33,8 @@ def _capture(model, module, batch, kind):
     finally:
         h.remove()
     x = store[0]
+    if positions == "first":
+        return x[:, 0]
     return x[batch.attention_mask.bool()] if kind == "encoder" else x.reshape(-1, x.shape[-1])
 
 
@@ -55,7 +58,7 @@ def slow_reference(recipe: Recipe):
 
     def step(layer, path, keep, group, shrink):
         lin = layer.get_submodule(path)
-        x = _capture(model, lin, fit, adapter.kind).double()
+        x = _capture(model, lin, fit, adapter.kind, recipe.reconstruction.positions).double()
         b = None if lin.bias is None else lin.bias.double()
         nw, nb = reconstruct_linear(method, x, lin.weight.double(), b, keep, damp, group_size=group)
         shrink()
@@ -115,6 +118,44 @@ def test_pipeline_equals_slow_reference(name, method, model_dirs, corpus):
     with torch.no_grad():
         got, expected = _logits(result.model, result.tokenizer, kind), _logits(ref, result.tokenizer, kind)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["bias", "liar", "ls", "mask_tuning"])
+def test_first_position_reconstruction_equals_slow_reference(method, model_dirs, corpus):
+    """``positions: first`` fits the [CLS] token of every calibration text and nothing else."""
+    recipe = Recipe.model_validate(
+        recipe_for(
+            model_dirs["bert"],
+            corpus,
+            reconstruction={"method": method, "damp": 1e-2, "positions": "first"},
+            calibration={"holdout_samples": 0},
+            stats_dtype="float64",  # few fitting rows: compare positions, not float32 rounding
+        )
+    )
+    result = prune(recipe)
+    ref, _ = slow_reference(recipe)
+    with torch.no_grad():
+        got, expected = _logits(result.model, result.tokenizer, "encoder"), _logits(ref, result.tokenizer, "encoder")
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    # the first block's FFN output projection equals the reference and differs from an all-token fit
+    all_tokens = recipe.reconstruction.model_copy(update={"positions": "all"})
+    everywhere = prune(recipe.model_copy(update={"reconstruction": all_tokens}))
+    path = result.adapter.family.ffn_out
+
+    def params(model):
+        lin = result.adapter.layers(model)[0].get_submodule(path)
+        return torch.cat([lin.weight.detach().flatten(), lin.bias.detach().flatten()]).float()
+
+    torch.testing.assert_close(params(result.model), params(ref), rtol=1e-4, atol=1e-5)
+    assert (params(result.model) - params(everywhere.model)).abs().max() > 1e-3
+
+
+def test_first_position_is_refused_for_decoders(llama_dir, corpus):
+    recipe = recipe_for(llama_dir, corpus, reconstruction={"method": "liar", "positions": "first"})
+    with pytest.raises(ValueError, match="first.*decoder"):
+        prune(recipe)
+    with pytest.raises(ValueError, match="positions"):
+        Recipe.model_validate(recipe_for(llama_dir, corpus, reconstruction={"method": "liar", "positions": "cls"}))
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "bert"])
