@@ -103,8 +103,11 @@ def describe_model(model: str | None) -> tuple[str | None, str]:
     )
 
 
+ROUND_CHOICES = [1, 8, 16, 32, 64, 128]
+
+
 def build_recipe(
-    model, modules, ratio, allocation, criterion, damp, calibration, upload, samples, seq_len, seed
+    model, modules, ratio, allocation, round_neurons, criterion, damp, calibration, upload, samples, seq_len, seed
 ) -> dict[str, Any]:
     if not model or not str(model).strip():
         raise SubmitError("choose a model: a Hugging Face id or a local directory")
@@ -115,11 +118,19 @@ def build_recipe(
         size = Path(upload).stat().st_size
         if size > MAX_UPLOAD_MB * 2**20:
             raise SubmitError(f"the uploaded file is {size / 2**20:.0f} MB; the limit is {MAX_UPLOAD_MB} MB")
+    try:
+        multiple = 1 if round_neurons in (None, "") else int(round_neurons)
+    except (TypeError, ValueError):
+        multiple = 0
+    if multiple < 1:
+        raise SubmitError(f"FFN width multiple must be a whole number ≥ 1, got {round_neurons!r}")
+    rounding = {"round_to": {"neurons": multiple}} if multiple > 1 else {}
     return {
         "model": str(model).strip(),
         "modules": modules,
         "ratio": float(ratio),
         "allocation": allocation,
+        **rounding,
         "criterion": {"name": criterion},
         "reconstruction": {"method": "liar", "damp": float(damp)},
         "calibration": {
@@ -339,6 +350,12 @@ def build_app(
                     with gr.Row():
                         modules = gr.Radio(["both", "heads", "neurons"], value="both", label="Prune")
                         allocation = gr.Radio(["uniform", "global"], value="uniform", label="Allocation")
+                        round_neurons = gr.Dropdown(
+                            ROUND_CHOICES,
+                            value=1,
+                            label="FFN width multiple",
+                            info="kept neurons per layer rounded to a multiple (64: faster kernels); 1 = exact",
+                        )
                     ratio = gr.Slider(
                         0.05,
                         0.9,
@@ -383,6 +400,7 @@ def build_app(
                 modules,
                 ratio,
                 allocation,
+                round_neurons,
                 criterion,
                 damp,
                 calibration,

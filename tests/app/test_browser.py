@@ -83,10 +83,14 @@ def test_submit_watch_dashboard_download(page, app_server, tmp_path):
     _fill(page, "Samples", "8")
     _fill(page, "Sequence length", "32")
     page.get_by_label("ls", exact=True).check()  # liar + ls: a two-job sweep
+    width = page.get_by_label("FFN width multiple", exact=True)
+    width.click()
+    page.get_by_role("option", name="8", exact=True).click()
     page.locator("#model-info").get_by_text(re.compile("decoder · llama")).wait_for()
     page.get_by_role("button", name="Validate").click()
     page.locator("#submit-status").get_by_text("valid").wait_for()
     page.locator("#recipe-file a").first.wait_for()  # the recipe offered as a download
+    assert "neurons: 8" in page.locator(".cm-content").first.inner_text()  # the form's rounding, in the YAML
     page.get_by_role("button", name="Submit", exact=True).click()
     page.locator("#submit-status").get_by_text(re.compile("submitted sweep")).wait_for()
     page.screenshot(path=str(SHOTS / "new-run.png"), full_page=True)

@@ -58,7 +58,6 @@ def _reference_mask_grads(model, adapter, fit):
                 def pre(_m, a, key=(li, kind), store=store):
                     store[key] = a[0]  # part of the graph (the weights require grad): ∂L/∂x is total
 
-
                 hooks.append(layer.get_submodule(path).register_forward_pre_hook(pre))
         with torch.enable_grad():
             loss = _per_sample_loss(model, adapter, fit.slice(i, i + 1), "cpu").sum()
