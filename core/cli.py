@@ -51,6 +51,8 @@ def _recipe_from_args(args: argparse.Namespace):
         data["calibration"] = {}
     if args.criterion:
         data["criterion"] = {"name": args.criterion}
+    if args.round_neurons is not None:
+        data.setdefault("round_to", {})["neurons"] = args.round_neurons
     recon = data.setdefault("reconstruction", {})
     if args.reconstruction:
         recon["method"] = args.reconstruction
@@ -310,7 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modules", choices=["heads", "neurons", "both"])
     p.add_argument("--ratio", type=float, help="fraction of transformer-block parameters to remove, in (0, 1)")
     p.add_argument("--allocation", choices=["uniform", "global"])
-    p.add_argument("--criterion", help="pruning criterion (magnitude, random, flap)")
+    p.add_argument(
+        "--round-neurons", type=int, help="kept FFN neurons per layer a multiple of this (round_to.neurons; e.g. 64)"
+    )
+    p.add_argument("--criterion", help="pruning criterion: magnitude, random, flap, snip, kwon, taylor, kcm")
     p.add_argument("--reconstruction", help="none | bias | mask_tuning | liar | ls")
     p.add_argument("--damp", type=float, help="ridge damping as a fraction of mean(diag G)")
     p.add_argument("--calibration", help="named set (wikitext2, c4, alpaca) or a .txt/.jsonl file")

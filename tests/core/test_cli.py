@@ -7,6 +7,7 @@ import re
 import pytest
 
 from core.cli import main
+from core.recipe import Recipe
 
 
 @pytest.fixture()
@@ -57,10 +58,14 @@ def test_prune_from_recipe_file_with_override(llama_dir, calib_file, tmp_path, c
         f"calibration: {{dataset: {calib_file}, num_calibration_samples: 8, max_seq_length: 32}}\n"
     )
     out = tmp_path / "pruned"
-    assert main(["prune", str(recipe), "--ratio", "0.2", "--output", str(out), "--quiet", "--json"]) == 0
+    flags = ["--ratio", "0.2", "--round-neurons", "8", "--output", str(out), "--quiet", "--json"]
+    assert main(["prune", str(recipe), *flags]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["target_ratio"] == 0.2
-    assert "method: ls" in (out / "recipe.yaml").read_text()
+    saved = Recipe.load(out / "recipe.yaml")
+    assert saved.reconstruction.method == "ls" and saved.round_to.neurons == 8
+    widths = [layer["neurons"] for layer in json.loads((out / "config.json").read_text())["liar_layout"]]
+    assert all(w % 8 == 0 for w in widths)
 
 
 @pytest.mark.parametrize(
@@ -70,6 +75,7 @@ def test_prune_from_recipe_file_with_override(llama_dir, calib_file, tmp_path, c
         (["--ratio", "0.3", "--reconstruction", "magic"], "unknown reconstruction method 'magic'"),
         (["--ratio", "0.3", "--seq-len", "4096"], "exceeds the model's limit"),
         (["--ratio", "0.3", "--model", "./missing-model"], "does not exist"),
+        (["--ratio", "0.3", "--round-neurons", "0"], "round_to.neurons"),
     ],
 )
 def test_bad_input_fails_cleanly_and_writes_nothing(flags, message, llama_dir, calib_file, tmp_path, capsys):
