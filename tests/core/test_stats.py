@@ -36,3 +36,21 @@ def test_half_precision_inputs_accumulate_in_float64():
     stats = InputStats.from_tensor(x)
     ref = x.double()
     torch.testing.assert_close(stats.gram, ref.T @ ref)
+
+
+@pytest.mark.parametrize(("c_in", "min_block"), [(17, 3), (700, 256), (9, 4)])
+def test_block_triangular_gram_equals_full_product_when_read_between_batches(monkeypatch, c_in, min_block):
+    """G is accumulated by upper column blocks and mirrored on read; reading it mid-stream and then
+    adding more batches must still give the full two-pass XᵀX, exactly symmetric."""
+    import core.stats
+
+    monkeypatch.setattr(core.stats, "MIN_BLOCK", min_block)
+    gen = torch.Generator().manual_seed(1)
+    batches = [torch.randn(6, c_in, generator=gen, dtype=torch.float64) + 0.5 for _ in range(3)]
+    stats = InputStats(c_in, dtype=torch.float64)
+    assert len(stats._edges) > 2  # several blocks, uneven where c_in is not a multiple
+    for i, x in enumerate(batches):
+        stats.add_batch(x)
+        seen = torch.cat(batches[: i + 1])
+        torch.testing.assert_close(stats.gram, seen.T @ seen, rtol=1e-12, atol=1e-12)
+        assert torch.equal(stats.gram, stats.gram.T)
