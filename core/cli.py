@@ -91,6 +91,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         return _fail(str(exc))
     if args.dry_run:
+        from core.pipeline import preflight
+
+        try:
+            preflight(recipe)
+        except ValueError as exc:
+            return _fail(str(exc))
         print(recipe.to_yaml(), end="")
         return 0
 

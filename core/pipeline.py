@@ -290,6 +290,46 @@ def _split(batch: CalibrationBatch, size: int) -> list[CalibrationBatch]:
     return [batch.slice(i, i + size) for i in range(0, len(batch), size)]
 
 
+def check_model_fit(recipe: Recipe, config: Any, adapter: Adapter | None = None) -> None:
+    """The recipe checks that need the model's config (``ValueError`` with the reason): sequence length
+    within the model's positions, ``positions: first`` only for encoders, not an already pruned model.
+    :func:`prune` runs them after loading; :func:`preflight` before a job is queued."""
+    if getattr(config, "liar_layout", None) is not None or str(getattr(config, "model_type", "")).startswith("liar_"):
+        raise ValueError("this model is already pruned; prune the original model with a larger ratio instead")
+    if adapter is None:
+        from core.adapters import adapter_for
+
+        adapter = adapter_for(config)
+    limit = max_positions(config)
+    if limit is not None and recipe.calibration.max_seq_length > limit:
+        raise ValueError(
+            f"max_seq_length {recipe.calibration.max_seq_length} exceeds the model's limit of {limit} positions"
+        )
+    if recipe.reconstruction.positions == "first" and adapter.kind != "encoder":
+        raise ValueError(
+            "reconstruction.positions 'first' fits only each sequence's first ([CLS]) token, which is meant for "
+            f"encoder classifiers; {adapter.name} is a decoder scored at every position: use 'all'"
+        )
+
+
+def preflight(recipe: Recipe | dict | str | Path) -> None:
+    """:func:`check_model_fit` with the model's config, when it can be read without downloading (a local
+    directory, or a hub id already in the local cache); otherwise nothing — :func:`prune` checks again."""
+    import json
+
+    from transformers import AutoConfig
+
+    recipe = _as_recipe(recipe)
+    local = Path(recipe.model).expanduser() / "config.json"
+    if local.is_file() and json.loads(local.read_text()).get("model_type", "").startswith("liar_"):
+        raise ValueError("this model is already pruned; prune the original model with a larger ratio instead")
+    try:
+        config = AutoConfig.from_pretrained(recipe.model, local_files_only=True)
+    except Exception:  # not readable offline: the worker loads it and checks then
+        return
+    check_model_fit(recipe, config)
+
+
 @torch.no_grad()
 def prune(
     recipe: Recipe | dict | str | Path,
@@ -326,18 +366,7 @@ def prune(
     if tokenizer is not None and tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     device = next(model.parameters()).device
-    limit = max_positions(model.config)
-    if limit is not None and recipe.calibration.max_seq_length > limit:
-        raise ValueError(
-            f"max_seq_length {recipe.calibration.max_seq_length} exceeds the model's limit of {limit} positions"
-        )
-    if recipe.reconstruction.positions == "first" and adapter.kind != "encoder":
-        raise ValueError(
-            "reconstruction.positions 'first' fits only each sequence's first ([CLS]) token, which is meant for "
-            f"encoder classifiers; {adapter.name} is a decoder scored at every position: use 'all'"
-        )
-    if getattr(model.config, "liar_layout", None) is not None:
-        raise ValueError("this model is already pruned; prune the original model with a larger ratio instead")
+    check_model_fit(recipe, model.config, adapter)
     report("load", 1, 1)
 
     report("calibration", 0, 1)

@@ -62,6 +62,7 @@ class JobService:
 
     # --- submission -----------------------------------------------------------------------
     def validate(self, recipe: dict | str | Path, evaluations: list[dict] | None = None) -> tuple[dict, list[dict]]:
+        from core.pipeline import preflight
         from core.recipe import Recipe
 
         try:
@@ -72,6 +73,7 @@ class JobService:
             else:
                 parsed = Recipe.model_validate(recipe)
             evals = [Evaluation.model_validate(e).model_dump() for e in evaluations or []]
+            preflight(parsed)  # what the model's config can tell before anything is queued
         except ValidationError as exc:
             raise SubmitError(f"invalid recipe: {_recipe_errors(exc)}") from None
         except (ValueError, FileNotFoundError) as exc:

@@ -210,3 +210,13 @@ def test_eval_limit_must_be_positive(llama_dir, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["eval", str(llama_dir), "--tasks", "rt_sentiment", "--limit", "0"])
     assert exc.value.code == 2 and "--limit: must be positive" in capsys.readouterr().err
+
+
+def test_dry_run_checks_what_the_model_config_tells(llama_dir, calib_file, tmp_path, capsys):
+    base = ["prune", "--model", str(llama_dir), "--ratio", "0.3", "--calibration", str(calib_file)]
+    out = ["--output", str(tmp_path / "never"), "--dry-run"]
+    assert main([*base, "--seq-len", "100000", *out]) == 2
+    assert "exceeds the model's limit" in capsys.readouterr().err
+    assert main([*base, "--seq-len", "32", *out]) == 0
+    assert "max_seq_length: 32" in capsys.readouterr().out
+    assert not (tmp_path / "never").exists()

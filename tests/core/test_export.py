@@ -126,3 +126,15 @@ def test_save_refuses_non_empty_directory_and_leaves_it_alone(llama_dir, corpus,
     result.save(out, overwrite=True)
     assert not (out / "keep.txt").exists() and (out / "config.json").exists()
     assert not list(tmp_path.glob(".ckpt.tmp-*"))
+
+
+def test_pruning_a_pruned_checkpoint_is_refused_before_and_at_run_time(llama_dir, corpus, tmp_path):
+    from core.pipeline import preflight
+
+    out = prune(recipe_for(llama_dir, corpus)).save(tmp_path / "ckpt")
+    again = recipe_for(out, corpus)
+    with pytest.raises(ValueError, match="already pruned"):
+        preflight(again)
+    with pytest.raises(ValueError, match="already pruned"):
+        prune(again)
+    preflight(recipe_for(llama_dir, corpus))  # the original passes

@@ -159,3 +159,15 @@ def test_queued_jobs_survive_losing_the_broker(stack, job_models):
     assert service.queued_in_broker() == set()
     stack.start_worker()
     wait_for(lambda: all(_status(service, i) == "SUCCEEDED" for i in ids), timeout=120, what="re-sent jobs")
+
+
+def test_model_dependent_errors_are_caught_at_submission(stack, job_models):
+    """What the model's config can tell (sequence length, positions on a decoder) fails the submission,
+    not a queued job."""
+    service = stack.service()
+    with pytest.raises(SubmitError, match="exceeds the model's limit"):
+        service.submit(recipe(job_models, calibration={"dataset": str(job_models["calib"]), "max_seq_length": 100000}))
+    with pytest.raises(SubmitError, match="decoder"):
+        service.submit(recipe(job_models, reconstruction={"method": "bias", "positions": "first"}))
+    with service.sessions() as s:
+        assert s.scalar(select(func.count(Job.id))) == 0
