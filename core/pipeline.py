@@ -315,18 +315,16 @@ def check_model_fit(recipe: Recipe, config: Any, adapter: Adapter | None = None)
 def preflight(recipe: Recipe | dict | str | Path) -> None:
     """:func:`check_model_fit` with the model's config, when it can be read without downloading (a local
     directory, or a hub id already in the local cache); otherwise nothing — :func:`prune` checks again."""
-    import json
-
-    from transformers import AutoConfig
+    from transformers import AutoConfig, PretrainedConfig
 
     recipe = _as_recipe(recipe)
     local = Path(recipe.model).expanduser() / "config.json"
-    if local.is_file() and json.loads(local.read_text()).get("model_type", "").startswith("liar_"):
-        raise ValueError("this model is already pruned; prune the original model with a larger ratio instead")
     try:
         config = AutoConfig.from_pretrained(recipe.model, local_files_only=True)
-    except Exception:  # not readable offline: the worker loads it and checks then
-        return
+    except Exception:  # a pruned (liar_) or unknown local type still has its fields; else the worker checks
+        if not local.is_file():
+            return
+        config = PretrainedConfig.from_json_file(local)
     check_model_fit(recipe, config)
 
 
