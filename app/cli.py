@@ -14,7 +14,7 @@ from jobs.cli import build_full_parser
 
 def bundled_assets(data_dir: Path) -> tuple[list[str], list[str], list[str]]:
     """A tiny demo model and text (made on first start), plus real assets if the benchmarks cached them."""
-    from core.tiny import tiny_corpus, tiny_decoder
+    from core.models.tiny import tiny_corpus, tiny_decoder
 
     models_dir, texts_dir = data_dir / "models", data_dir / "texts"
     texts_dir.mkdir(parents=True, exist_ok=True)

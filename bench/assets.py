@@ -187,7 +187,7 @@ def lm_eval_task_dir(seed: int = 0, max_cloze_items: int = 1000) -> Path:
     from the train split); ``wiki_cloze`` has one item per paragraph of the evaluation Wikipedia
     articles (up to ``max_cloze_items``), context up to 64 words, four distractors.
     """
-    from core.lmeval import cloze_items, write_cloze_task, write_rt_sentiment_task
+    from core.evaluation.lmeval import cloze_items, write_cloze_task, write_rt_sentiment_task
 
     out = CACHE / f"lm-eval-tasks-s{seed}"
     if (out / "rt_sentiment.yaml").exists() and (out / "wiki_cloze.yaml").exists():

@@ -51,7 +51,7 @@ def run_criterion(name: str, cells: list[tuple[str, float]], eval_windows: int, 
 
     from bench.assets import smollm2_dir, smollm2_recipe, wikipedia_split
     from core import perplexity, prune
-    from core.adapters import load_model
+    from core.models.loading import load_model
 
     _, crit, modules, allocation = SETUPS[name]
     model_dir = smollm2_dir()
@@ -84,7 +84,7 @@ def run_criterion(name: str, cells: list[tuple[str, float]], eval_windows: int, 
 def dense_row(eval_windows: int) -> dict:
     from bench.assets import smollm2_dir, wikipedia_split
     from core import perplexity
-    from core.adapters import load_model
+    from core.models.loading import load_model
 
     model, tok, _ = load_model(str(smollm2_dir()), "float32", "cpu")
     ppl = perplexity(model, tok, str(wikipedia_split()[1]), seq_len=512, batch_size=4, max_windows=eval_windows)

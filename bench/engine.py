@@ -33,7 +33,7 @@ def one_run(args) -> dict:
     import torch
 
     from core import perplexity, prune
-    from core.adapters import load_model
+    from core.models.loading import load_model
 
     torch.manual_seed(0)
     model_dir = smollm2_dir()

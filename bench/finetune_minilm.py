@@ -66,7 +66,7 @@ def finetune(
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from core.tasks import evaluate_classifier
+    from core.evaluation.encoder import evaluate_classifier
 
     if threads:
         torch.set_num_threads(threads)

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core import prune  # noqa: E402
-from core.calibration import CalibrationBatch  # noqa: E402
+from core.data.calibration import CalibrationBatch  # noqa: E402
 
 SHAPES = {
     "7b": dict(

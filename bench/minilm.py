@@ -85,8 +85,8 @@ def run(args) -> dict:
 
     from bench.assets import minilm_sentiment_dir, read_jsonl
     from core import prune
-    from core.adapters import load_model
-    from core.tasks import evaluate_classifier
+    from core.evaluation.encoder import evaluate_classifier
+    from core.models.loading import load_model
 
     torch.set_num_threads(args.threads)
     model_dir = minilm_sentiment_dir()
@@ -254,7 +254,7 @@ def write_report(state: dict, out: Path) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--criteria", default="magnitude", help="comma-separated criterion names (core.criteria)")
+    p.add_argument("--criteria", default="magnitude", help="comma-separated criterion names (core.criteria.base)")
     p.add_argument("--ratios", default="0.3,0.5")
     p.add_argument("--methods", default=",".join(METHODS), help="reconstructions, comma-separated")
     p.add_argument("--modules", choices=["heads", "neurons", "both"], help="override every criterion's modules")

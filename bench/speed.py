@@ -139,8 +139,8 @@ def time_one(args: argparse.Namespace) -> dict[str, Any]:
     """One point: load SmolLM2, then time ``core.prune`` with the model already in memory."""
     import torch
 
-    import core.pipeline as pipeline
-    from core.adapters import load_model
+    import core.pipeline.sequential as pipeline
+    from core.models.loading import load_model
 
     torch.set_num_threads(args.threads)
     _quiet_transformers()
@@ -346,8 +346,8 @@ def latency_one(args: argparse.Namespace) -> dict[str, Any]:
     """One model (dense, or pruned in memory at ``--ratio``): prefill, decode and generate timings."""
     import torch
 
-    from core.adapters import load_model
-    from core.pipeline import prune
+    from core.models.loading import load_model
+    from core.pipeline.sequential import prune
 
     torch.set_num_threads(args.threads)
     _quiet_transformers()

@@ -12,14 +12,16 @@ Names are imported on first use, so ``import core`` (and the CLI's ``--help``) d
 from importlib import import_module
 
 _EXPORTS = {
-    "METHODS": "core.reconstruct",
-    "reconstruct_linear": "core.reconstruct",
-    "LayerReport": "core.pipeline",
-    "PruneResult": "core.pipeline",
-    "prune": "core.pipeline",
-    "Recipe": "core.recipe",
-    "load_pruned": "core.export",
-    "perplexity": "core.evaluate",
+    "METHODS": "core.stats.reconstruct",
+    "reconstruct_linear": "core.stats.reconstruct",
+    "LayerReport": "core.pipeline.result",
+    "PruneResult": "core.pipeline.result",
+    "prune": "core.pipeline.sequential",
+    "preflight": "core.pipeline.preflight",
+    "Recipe": "core.spec.recipe",
+    "load_model": "core.models.loading",
+    "load_pruned": "core.models.loading",
+    "perplexity": "core.evaluation.perplexity",
 }
 
 __all__ = sorted(_EXPORTS)

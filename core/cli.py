@@ -27,7 +27,7 @@ def _fail(message: str) -> int:
 
 
 def _recipe_from_args(args: argparse.Namespace):
-    from core.recipe import Recipe
+    from core.spec.recipe import Recipe
 
     flags = {
         "model": args.model,
@@ -77,7 +77,7 @@ def _recipe_from_args(args: argparse.Namespace):
 def cmd_prune(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from core.export import check_output_dir
+    from core.models.export import check_output_dir
 
     try:
         recipe = _recipe_from_args(args)
@@ -91,7 +91,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         return _fail(str(exc))
     if args.dry_run:
-        from core.pipeline import preflight
+        from core.pipeline.preflight import preflight
 
         try:
             preflight(recipe)
@@ -100,14 +100,14 @@ def cmd_prune(args: argparse.Namespace) -> int:
         print(recipe.to_yaml(), end="")
         return 0
 
-    from core.pipeline import prune
+    from core.pipeline.sequential import prune
 
     try:
         result = prune(recipe, show_progress=not args.quiet)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         return _fail(str(exc))
     if args.ppl:
-        from core.evaluate import perplexity
+        from core.evaluation.perplexity import perplexity
 
         result.metrics.update(
             perplexity(
@@ -142,7 +142,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Perplexity (``--ppl``) and/or lm-eval tasks (``--tasks``) of a model or pruned checkpoint."""
-    from core.adapters import load_model
+    from core.models.loading import load_model
 
     tasks = None
     if args.task_dir is not None and args.tasks is None:
@@ -150,7 +150,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.ppl is None and args.tasks is None:
         return _fail("nothing to evaluate: pass --ppl FILE_OR_NAMED_SET and/or --tasks NAME[,NAME...]")
     if args.tasks is not None:  # resolve names before loading the model: a typo fails in a second
-        from core.lmeval import select_tasks
+        from core.evaluation.lmeval import select_tasks
 
         try:
             tasks = select_tasks(args.tasks, args.task_dir)
@@ -164,7 +164,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             what = "perplexity" if args.ppl is not None else "lm-eval tasks"
             return _fail(f"{what} needs a causal language model (decoder)")
         if args.ppl is not None:
-            from core.evaluate import perplexity
+            from core.evaluation.perplexity import perplexity
 
             result.update(
                 perplexity(
@@ -178,7 +178,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 )
             )
         if tasks is not None:
-            from core.lmeval import evaluate_lm_eval
+            from core.evaluation.lmeval import evaluate_lm_eval
 
             harness = _run_quietly(
                 quiet,
@@ -235,9 +235,9 @@ def _run_quietly(quiet: bool, fn, *args, **kwargs):
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Prune a tiny random Llama end to end and evaluate it: proof that the install works."""
-    from core.evaluate import perplexity
-    from core.pipeline import prune
-    from core.tiny import tiny_corpus, tiny_decoder
+    from core.evaluation.perplexity import perplexity
+    from core.models.tiny import tiny_corpus, tiny_decoder
+    from core.pipeline.sequential import prune
 
     work = Path(args.output or tempfile.mkdtemp(prefix="liar-demo-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -266,7 +266,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Run a grid of pruning runs (resumable) and write results.jsonl / .csv / .md and plots."""
-    from core.sweep import GridError, load_grid, run_sweep, write_reports
+    from core.sweep.run import GridError, load_grid, run_sweep, write_reports
 
     try:
         sweep = load_grid(args.grid)
@@ -352,7 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated lm-eval tasks: local ones in --task-dir (rt_sentiment, wiki_cloze) or registry "
         "names (boolq, piqa, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa: need the Hub)",
     )
-    e.add_argument("--task-dir", help="directory of local task YAMLs (see core.lmeval; bench.assets builds one)")
+    e.add_argument(
+        "--task-dir", help="directory of local task YAMLs (see core.evaluation.lmeval; bench.assets builds one)"
+    )
     e.add_argument("--limit", type=_limit, help="examples per task: a count, or a fraction below 1")
     e.add_argument("--num-fewshot", type=int, help="few-shot examples per prompt (default: the task's, else 0)")
     e.add_argument("--results", help="also write lm-eval's whole results object to this JSON file")

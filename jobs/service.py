@@ -62,8 +62,8 @@ class JobService:
 
     # --- submission -----------------------------------------------------------------------
     def validate(self, recipe: dict | str | Path, evaluations: list[dict] | None = None) -> tuple[dict, list[dict]]:
-        from core.pipeline import preflight
-        from core.recipe import Recipe
+        from core.pipeline.preflight import preflight
+        from core.spec.recipe import Recipe
 
         try:
             if isinstance(recipe, (str, Path)) and Path(recipe).suffix in (".yaml", ".yml", ".json"):

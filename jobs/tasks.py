@@ -121,7 +121,7 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
         _log(sf, job_id, f"started on {worker}")
         from transformers.utils import logging as hf_logging
 
-        from core.pipeline import prune  # imported in the child only (see jobs.celery_app)
+        from core.pipeline.sequential import prune  # imported in the child only (see jobs.celery_app)
 
         hf_logging.disable_progress_bar()
 
@@ -205,7 +205,7 @@ def _empty_cuda_cache() -> None:
 def _evaluate(result, ev: dict[str, Any]) -> dict[str, float]:
     kind = ev.get("type")
     if kind == "perplexity":
-        from core.evaluate import perplexity
+        from core.evaluation.perplexity import perplexity
 
         out = perplexity(
             result.model,

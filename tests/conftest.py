@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from core.tiny import tiny_bert, tiny_corpus, tiny_decoder  # noqa: E402
+from core.models.tiny import tiny_bert, tiny_corpus, tiny_decoder  # noqa: E402
 
 hf_logging.disable_progress_bar()
 hf_logging.set_verbosity_error()

@@ -65,7 +65,7 @@ def stop_app(proc) -> None:
 
 @pytest.fixture(scope="session")
 def app_server(tmp_path_factory):
-    from core.tiny import tiny_bert
+    from core.models.tiny import tiny_bert
 
     data = tmp_path_factory.mktemp("app") / "data"
     tiny_bert(data / "models" / "tiny-bert")  # an encoder to pick in the form

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.main import build_recipe
-from core.recipe import Recipe
+from core.spec.recipe import Recipe
 from jobs.service import SubmitError
 
 

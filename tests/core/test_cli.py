@@ -7,7 +7,7 @@ import re
 import pytest
 
 from core.cli import main
-from core.recipe import Recipe
+from core.spec.recipe import Recipe
 
 
 @pytest.fixture()
@@ -150,7 +150,7 @@ def test_demo_runs(tmp_path, capsys):
 
 @pytest.fixture()
 def lm_task_dir(tmp_path, corpus):
-    from core.lmeval import write_rt_sentiment_task, write_wiki_cloze_task
+    from core.evaluation.lmeval import write_rt_sentiment_task, write_wiki_cloze_task
 
     d = tmp_path / "tasks"
     reviews = [{"text": t, "label": i % 2} for i, t in enumerate(["good fun film", "bad dull plot", "great story"])]
@@ -161,8 +161,8 @@ def lm_task_dir(tmp_path, corpus):
 
 def test_eval_tasks_on_saved_pruned_checkpoint(llama_dir, corpus, lm_task_dir, calib_file, tmp_path, capsys):
     from core import prune
-    from core.adapters import load_model
-    from core.lmeval import evaluate_lm_eval
+    from core.evaluation.lmeval import evaluate_lm_eval
+    from core.models.loading import load_model
     from tests.conftest import recipe_for
 
     ckpt = prune(recipe_for(llama_dir, corpus, ratio=0.5)).save(tmp_path / "pruned")

@@ -5,12 +5,13 @@ import torch
 from pydantic import ValidationError
 
 from core import prune
-from core.adapters import load_model
-from core.calibration import decoder_windows, encoder_samples, load_texts
-from core.criteria import ChannelStats, flap, magnitude
-from core.pipeline import _dense_inputs, _split
-from core.recipe import Recipe
-from core.reconstruct import METHODS
+from core.criteria import score_layer
+from core.data.calibration import decoder_windows, encoder_samples, load_texts
+from core.models.loading import load_model
+from core.pipeline.scoring import dense_inputs, split_batches
+from core.spec.recipe import Recipe
+from core.stats.accumulate import ChannelStats
+from core.stats.reconstruct import METHODS
 from tests.conftest import recipe_for
 
 
@@ -58,7 +59,7 @@ def test_flap_scores_match_hand_computation(name, metric, model_dirs, corpus):
     model, tok, adapter = load_model(recipe.model, "float32", "cpu")
     cal = recipe.calibration
     fit, _ = (decoder_windows if adapter.kind == "decoder" else encoder_samples)(load_texts(cal), tok, cal)
-    inputs = _dense_inputs(model, adapter, _split(fit, 5), torch.device("cpu"))  # streamed in batches
+    inputs = dense_inputs(model, adapter, split_batches(fit, 5), torch.device("cpu"))  # streamed in batches
     raw = _raw_inputs(model, adapter, fit)  # one pass, all tokens in memory
     fam = adapter.family
     for i, layer in enumerate(adapter.layers(model)):
@@ -73,10 +74,10 @@ def test_flap_scores_match_hand_computation(name, metric, model_dirs, corpus):
 
         a = ref(raw[(i, "attn")], layer.get_submodule(fam.o).weight) ** 2
         f = ref(raw[(i, "ffn")], layer.get_submodule(fam.ffn_out).weight)
-        got = flap(layer, adapter, i, {"metric": metric}, inputs[i])
+        got = score_layer("flap", layer, adapter, i, {"metric": metric}, inputs[i])
         torch.testing.assert_close(got.heads.double(), a.reshape(adapter.n_heads, -1).sum(1), rtol=1e-4, atol=1e-8)
         torch.testing.assert_close(got.neurons.double(), f, rtol=1e-4, atol=1e-8)
-        adaptive = flap(layer, adapter, i, {"metric": metric, "structure": "AL-AM"}, inputs[i])
+        adaptive = score_layer("flap", layer, adapter, i, {"metric": metric, "structure": "AL-AM"}, inputs[i])
         za = (a - a.mean()) / a.std()
         torch.testing.assert_close(
             adaptive.heads.double(), za.reshape(adapter.n_heads, -1).mean(1), rtol=1e-4, atol=1e-6
@@ -88,7 +89,7 @@ def test_flap_scores_match_hand_computation(name, metric, model_dirs, corpus):
 def test_magnitude_matches_appendix_formula(llama_dir):
     model, _, adapter = load_model(str(llama_dir), "float32", "cpu")
     layer = adapter.layers(model)[0]
-    s = magnitude(layer, adapter, 0, {})
+    s = score_layer("magnitude", layer, adapter, 0, {})
     w_down = layer.mlp.down_proj.weight.T  # paper layout (C_in, C_out): s_k = Σ_i W_{k,i}²
     torch.testing.assert_close(s.neurons, (w_down**2).sum(1))
     w_o = layer.self_attn.o_proj.weight.T

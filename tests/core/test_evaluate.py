@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.adapters import load_model
-from core.evaluate import perplexity
+from core.evaluation.perplexity import perplexity
+from core.models.loading import load_model
 
 
 def test_perplexity_matches_manual_computation(llama_dir, corpus):

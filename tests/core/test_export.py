@@ -102,7 +102,7 @@ def test_reload_without_project_gives_same_logits(case, request, corpus, tmp_pat
 
 
 def test_metrics_and_recipe_round_trip(llama_dir, corpus, tmp_path):
-    from core.recipe import Recipe
+    from core.spec.recipe import Recipe
 
     result = prune(recipe_for(llama_dir, corpus))
     out = result.save(tmp_path / "ckpt")
@@ -129,7 +129,7 @@ def test_save_refuses_non_empty_directory_and_leaves_it_alone(llama_dir, corpus,
 
 
 def test_pruning_a_pruned_checkpoint_is_refused_before_and_at_run_time(llama_dir, corpus, tmp_path):
-    from core.pipeline import preflight
+    from core.pipeline.preflight import preflight
 
     out = prune(recipe_for(llama_dir, corpus)).save(tmp_path / "ckpt")
     again = recipe_for(out, corpus)

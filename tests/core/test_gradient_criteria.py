@@ -9,14 +9,17 @@ import torch
 from pydantic import ValidationError
 
 from core import prune
-from core.adapters import load_model, unit_costs
-from core.allocation import _kwon_search, allocate, greedy_rearrange
-from core.calibration import decoder_windows, encoder_samples, load_labels, load_texts
-from core.criteria import ChannelStats, LayerInputs, Scores, kcm, kcm_r2, taylor
-from core.gradients import _per_sample_loss, mask_gradients, weight_gradients
-from core.pipeline import _split
-from core.recipe import Recipe
-from core.reconstruct import METHODS
+from core.allocation.plan import _kwon_search, allocate, greedy_rearrange
+from core.criteria import LayerInputs, Scores, score_layer
+from core.criteria.gradients import _per_sample_loss, mask_gradients, weight_gradients
+from core.criteria.kcm import kcm_r2
+from core.data.calibration import decoder_windows, encoder_samples, load_labels, load_texts
+from core.models.adapter import unit_costs
+from core.models.loading import load_model
+from core.pipeline.scoring import split_batches
+from core.spec.recipe import Recipe
+from core.stats.accumulate import ChannelStats
+from core.stats.reconstruct import METHODS
 from tests.conftest import recipe_for
 
 
@@ -76,7 +79,7 @@ def _reference_mask_grads(model, adapter, fit):
 @pytest.mark.parametrize("name", ["llama", "bert"])
 def test_mask_gradients_match_input_gradient_reference(name, model_dirs, corpus, labelled):
     model, adapter, fit = _setup(model_dirs[name], corpus, labelled if name == "bert" else None)
-    got = mask_gradients(model, adapter, _split(fit, 4), keep_samples=True)
+    got = mask_gradients(model, adapter, split_batches(fit, 4), keep_samples=True)
     ref = _reference_mask_grads(model, adapter, fit)
     for li, g in enumerate(got):
         torch.testing.assert_close(g.heads_samples.double(), ref[(li, 0)], rtol=1e-4, atol=1e-6)
@@ -84,7 +87,7 @@ def test_mask_gradients_match_input_gradient_reference(name, model_dirs, corpus,
         torch.testing.assert_close(g.heads_sum.double(), ref[(li, 0)].sum(0), rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(g.neurons_sq.double(), ref[(li, 1)].pow(2).sum(0), rtol=1e-4, atol=1e-8)
     # checkpointing recomputes blocks but must not change a single gradient
-    again = mask_gradients(model, adapter, _split(fit, 4), keep_samples=False, checkpointing=True)
+    again = mask_gradients(model, adapter, split_batches(fit, 4), keep_samples=False, checkpointing=True)
     torch.testing.assert_close(again[0].heads_sum, got[0].heads_sum)
     assert again[0].heads_samples is None
 
@@ -112,11 +115,11 @@ def test_mask_gradient_equals_finite_difference(llama_dir, corpus):
 def test_snip_scores_are_normalised_sensitivities(llama_dir, corpus):
     model, adapter, fit = _setup(llama_dir, corpus)
     ref = _reference_mask_grads(model, adapter, fit)
-    from core.criteria import FINALIZE, snip
+    from core import criteria
 
-    grads = mask_gradients(model, adapter, _split(fit, 4), keep_samples=False)
-    scores = FINALIZE["snip"](
-        [snip(layer, adapter, i, {}, grads[i]) for i, layer in enumerate(adapter.layers(model))], {}
+    grads = mask_gradients(model, adapter, split_batches(fit, 4), keep_samples=False)
+    scores = criteria.get("snip").finalize(
+        [score_layer("snip", layer, adapter, i, {}, grads[i]) for i, layer in enumerate(adapter.layers(model))], {}
     )
     total_h = sum(ref[(li, 0)].sum(0).abs().sum() for li in range(adapter.n_layers))
     total_n = sum(ref[(li, 1)].sum(0).abs().sum() for li in range(adapter.n_layers))
@@ -152,12 +155,12 @@ def _reference_weight_grads(model, adapter, fit, second_order):
 def test_taylor_scores_match_loop_reference(mode, aggregation, llama_dir, corpus):
     model, adapter, fit = _setup(llama_dir, corpus)
     second = mode in ("param_second", "param_mix")
-    grads = weight_gradients(model, adapter, _split(fit, 4), second_order=second)
+    grads = weight_gradients(model, adapter, split_batches(fit, 4), second_order=second)
     ref_g, ref_sq = _reference_weight_grads(model, adapter, fit, second)
     li, d, n_rep = 1, adapter.head_dim, adapter.n_rep
     prefix = f"model.layers.{li}."
     layer = adapter.layers(model)[li]
-    got = taylor(layer, adapter, li, {"taylor": mode, "aggregation": aggregation}, grads[li])
+    got = score_layer("taylor", layer, adapter, li, {"taylor": mode, "aggregation": aggregation}, grads[li])
 
     def sal(name):
         w, g, h = (
@@ -222,7 +225,7 @@ def test_kcm_matches_numpy_reference(llama_dir):
     acts = torch.randn(3, 10, adapter.n_neurons, generator=gen) + torch.linspace(-1, 1, adapter.n_neurons)
     stats = ChannelStats(adapter.n_neurons)
     stats.add_batch(acts)
-    got = kcm(layer, adapter, 0, {}, LayerInputs(ChannelStats(adapter.hidden), stats))
+    got = score_layer("kcm", layer, adapter, 0, {}, LayerInputs(ChannelStats(adapter.hidden), stats))
     mean = acts.reshape(-1, adapter.n_neurons).double().mean(0).numpy()
     z = (mean - mean.mean()) / mean.std(ddof=1)
     r2 = _numpy_r2(w.T.numpy(), 1.0, 0.01)
@@ -257,10 +260,7 @@ def test_kwon_search_maximises_kept_importance_against_brute_force(llama_dir):
     layers = adapter.layers(model)
     costs = [unit_costs(layer, adapter) for layer in layers]
     gen = torch.Generator().manual_seed(3)
-    scores = [
-        Scores(heads=torch.rand(8, generator=gen), neurons=torch.rand(48, generator=gen) * 0.3, search="kwon")
-        for _ in layers
-    ]
+    scores = [Scores(heads=torch.rand(8, generator=gen), neurons=torch.rand(48, generator=gen) * 0.3) for _ in layers]
     full = sum(8 * c["head"] + 4 * c["kv"] + 48 * c["neuron"] for c in costs)
     target = round(0.4 * full)
     plans = _kwon_search(scores, adapter, costs, target, "both")

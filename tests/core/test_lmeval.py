@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from core import prune
-from core.adapters import load_model
-from core.lmeval import (
+from core.evaluation.lmeval import (
     LOCAL_TASKS,
     PAPER_TASKS,
     cloze_items,
@@ -18,6 +17,7 @@ from core.lmeval import (
     write_rt_sentiment_task,
     write_wiki_cloze_task,
 )
+from core.models.loading import load_model
 from tests.conftest import recipe_for
 
 REVIEWS = [

@@ -6,13 +6,14 @@ import pytest
 import torch
 
 from core import prune
-from core.adapters import block_parameters, load_model, unit_costs
 from core.allocation import allocate
-from core.calibration import decoder_windows, encoder_samples, load_texts
-from core.criteria import CRITERIA
-from core.modeling.modeling_liar import ensure_bias, prune_layer_
-from core.recipe import Recipe
-from core.reconstruct import METHODS, reconstruct_linear
+from core.criteria import score_layer
+from core.data.calibration import decoder_windows, encoder_samples, load_texts
+from core.models.adapter import block_parameters, unit_costs
+from core.models.loading import load_model
+from core.models.modeling_liar import ensure_bias, prune_layer_
+from core.spec.recipe import Recipe
+from core.stats.reconstruct import METHODS, reconstruct_linear
 from tests.conftest import recipe_for
 
 
@@ -44,7 +45,9 @@ def slow_reference(recipe: Recipe):
     cfg = recipe.calibration
     fit, _ = (decoder_windows if adapter.kind == "decoder" else encoder_samples)(load_texts(cfg), tok, cfg)
     layers = adapter.layers(model)
-    scores = [CRITERIA[recipe.criterion.name](ly, adapter, i, recipe.criterion.options) for i, ly in enumerate(layers)]
+    scores = [
+        score_layer(recipe.criterion.name, ly, adapter, i, recipe.criterion.options) for i, ly in enumerate(layers)
+    ]
     plan = allocate(
         scores,
         adapter,
@@ -259,7 +262,7 @@ def test_half_precision_model_reconstructs_with_fp32_statistics(dtype, llama_dir
 
 
 def test_pretokenised_calibration_override(llama_dir, corpus):
-    from core.calibration import CalibrationBatch
+    from core.data.calibration import CalibrationBatch
 
     model, tok, _ = load_model(str(llama_dir), "float32", "cpu")
     ids = torch.randint(5, 40, (6, 16), generator=torch.Generator().manual_seed(0))

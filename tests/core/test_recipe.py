@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from core import prune
-from core.recipe import Recipe
+from core.spec.recipe import Recipe
 from tests.conftest import recipe_for
 
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from core.reconstruct import (
+from core.stats.accumulate import InputStats
+from core.stats.reconstruct import (
     METHODS,
     project_rows,
     reconstruct_from_stats,
@@ -12,7 +13,6 @@ from core.reconstruct import (
     relative_output_error,
     solve_spd,
 )
-from core.stats import InputStats
 
 RTOL = 1e-6
 

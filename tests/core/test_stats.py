@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from core.stats import InputStats
+from core.stats.accumulate import InputStats
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -42,9 +42,9 @@ def test_half_precision_inputs_accumulate_in_float64():
 def test_block_triangular_gram_equals_full_product_when_read_between_batches(monkeypatch, c_in, min_block):
     """G is accumulated by upper column blocks and mirrored on read; reading it mid-stream and then
     adding more batches must still give the full two-pass XᵀX, exactly symmetric."""
-    import core.stats
+    import core.stats.accumulate
 
-    monkeypatch.setattr(core.stats, "MIN_BLOCK", min_block)
+    monkeypatch.setattr(core.stats.accumulate, "MIN_BLOCK", min_block)
     gen = torch.Generator().manual_seed(1)
     batches = [torch.randn(6, c_in, generator=gen, dtype=torch.float64) + 0.5 for _ in range(3)]
     stats = InputStats(c_in, dtype=torch.float64)

@@ -5,8 +5,9 @@ import copy
 import pytest
 import torch
 
-from core.adapters import adapter_for, load_model
-from core.modeling.modeling_liar import prune_layer_
+from core.models.adapter import adapter_for
+from core.models.loading import load_model
+from core.models.modeling_liar import prune_layer_
 
 
 def _inputs(adapter, seed=0):

@@ -14,11 +14,11 @@ import pytest
 import torch
 import yaml
 
-from core import pipeline
+import core.pipeline.sequential as pipeline
 from core.cli import main as cli_main
-from core.plots import PNG_SIGNATURE, is_png
-from core.sweep import GridError, load_grid, read_records, run_sweep
-from core.tiny import tiny_corpus
+from core.models.tiny import tiny_corpus
+from core.sweep.plots import PNG_SIGNATURE, is_png
+from core.sweep.run import GridError, load_grid, read_records, run_sweep
 from tests.conftest import recipe_for
 
 
@@ -70,7 +70,7 @@ def write_grid(path: Path, data: dict) -> Path:
 
 @pytest.fixture
 def count_prunes(monkeypatch):
-    """Counts calls of core.pipeline.prune (the sweep calls it through the module)."""
+    """Counts calls of core.pipeline.sequential.prune (the sweep calls it through the module)."""
     calls: list[float] = []
     real = pipeline.prune
 

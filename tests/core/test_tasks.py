@@ -6,8 +6,7 @@ import math
 import pytest
 import torch
 
-from core.adapters import load_model
-from core.tasks import (
+from core.evaluation.encoder import (
     accuracy,
     average_ranks,
     evaluate_classifier,
@@ -22,7 +21,8 @@ from core.tasks import (
     squad_scores,
     token_f1,
 )
-from core.tiny import tiny_bert
+from core.models.loading import load_model
+from core.models.tiny import tiny_bert
 
 # --- metrics ------------------------------------------------------------------------------------
 

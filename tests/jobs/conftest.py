@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from core.tiny import tiny_corpus, tiny_decoder
+from core.models.tiny import tiny_corpus, tiny_decoder
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 REDIS = "redis://127.0.0.1:6379"

@@ -51,12 +51,12 @@ def test_failed_job_records_error_and_traceback(service, job_models):
 
 
 def test_transient_error_requeues_then_fails(service, job_models, monkeypatch):
-    import core.pipeline
+    import core.pipeline.sequential
 
     def flaky(*a, **k):
         raise ConnectionError("hub unreachable")
 
-    monkeypatch.setattr(core.pipeline, "prune", flaky)
+    monkeypatch.setattr(core.pipeline.sequential, "prune", flaky)
     job_id = service.submit(recipe(job_models))
     with pytest.raises(ConnectionError):
         execute(job_id, service.settings)

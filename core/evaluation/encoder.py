@@ -19,8 +19,6 @@ classification ``{"text", "text_pair" (optional), "label"}``, QA ``{"id", "quest
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import re
 import string
@@ -31,7 +29,7 @@ from typing import Any
 
 import torch
 
-from core.calibration import parse_jsonl
+from core.data.texts import read_rows
 
 # --------------------------------------------------------------------------------------------
 # Metrics
@@ -206,30 +204,6 @@ def load_squad(version: int = 1, split: str = "validation") -> list[dict[str, An
     ]
 
 
-def _read_rows(path: str | Path) -> tuple[Path, list[Any]]:
-    """Raw rows of a CSV (dicts of strings), JSONL or JSON (a list, or ``{"data": [...]}``) file."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
-    suffix = path.suffix.lower()
-    text = path.read_text(encoding="utf-8")
-    if suffix in (".csv", ".tsv"):
-        return path, list(csv.DictReader(text.splitlines(), delimiter="\t" if suffix == ".tsv" else ","))
-    if suffix == ".jsonl":
-        return path, parse_jsonl(path, text)
-    if suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        if isinstance(data, dict) and "data" in data:
-            data = data["data"]
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON list of records (or {{'data': [...]}})")
-        return path, data
-    raise ValueError(f"{path}: unsupported file type {suffix!r}; use .csv, .tsv, .jsonl or .json")
-
-
 def _get(rec: Any, key: str, path: Path, index: int) -> Any:
     if not isinstance(rec, Mapping):
         raise ValueError(f"{path}: record {index} is not an object")
@@ -263,7 +237,7 @@ def read_classification_file(
     (numbers parsed; names such as ``positive`` are kept and mapped through the model's
     ``label2id`` at evaluation). Missing fields raise a ``ValueError`` naming file, record and field.
     """
-    path, rows = _read_rows(path)
+    path, rows = read_rows(path)
     records = []
     for i, row in enumerate(rows, 1):
         rec = {"text": str(_get(row, text_field, path, i))}
@@ -307,7 +281,7 @@ def read_qa_file(
     Records without ``id_field`` are numbered; an empty answer list (or SQuAD's ``is_impossible``)
     marks an unanswerable question.
     """
-    path, rows = _read_rows(path)
+    path, rows = read_rows(path)
     if rows and isinstance(rows[0], Mapping) and "paragraphs" in rows[0]:  # official SQuAD layout
         flat = []
         for article in rows:

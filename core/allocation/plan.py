@@ -1,7 +1,7 @@
 """Spreading a parameter budget over layers: which heads and neurons each layer keeps.
 
 The budget is ``ratio`` × (parameters of the transformer blocks). Units and what removing them saves
-(``core.adapters.unit_costs``): a query head (its q rows and o columns; for BERT also k and v rows),
+(``core.models.adapter.unit_costs``): a query head (its q rows and o columns; for BERT also k and v rows),
 a key/value group (k and v rows — removed when none of its query heads is kept), an FFN neuron.
 
 - ``uniform``: every layer loses the same fraction. With ``modules=both`` each layer prunes
@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from core.adapters import Adapter
-from core.criteria import Scores
+from core.criteria.base import Scores
+from core.models.adapter import Adapter
 
 
 @dataclass
@@ -111,7 +111,11 @@ def allocate(
     modules: str,
     allocation: str,
     round_to: tuple[int, int] = (1, 1),
+    global_search: str = "threshold",
 ) -> Plan:
+    """Keep-sets per layer removing ``ratio`` of the block parameters. ``global_search`` is the
+    criterion's way to spend a global budget: ``"threshold"`` (one ranking over all units) or
+    ``"fisher"`` (Kwon et al.'s mask search)."""
     block_params = sum(layer_params)
     reachable = max_ratio(adapter, modules, costs, block_params, scores)
     if ratio > reachable:
@@ -133,7 +137,7 @@ def allocate(
             for s, c, p in zip(scores, costs, layer_params)
         ]
     elif allocation == "global":
-        if all(s.search == "kwon" for s in scores):
+        if global_search == "fisher":
             layers = _kwon_search(scores, adapter, costs, target, modules)
         else:
             layers = _global(scores, adapter, costs, target, modules)

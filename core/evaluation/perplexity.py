@@ -14,37 +14,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from core.calibration import load_named, read_records
-from core.recipe import NAMED_DATASETS
-
-_EVAL_SPLITS = {"wikitext2": "test"}
-
-
-def eval_texts(source: str | Path | list[str], text_field: str = "text") -> list[str]:
-    """Documents from a named set (its evaluation split where it has one), a file, or strings."""
-    if isinstance(source, list):
-        texts = [t for t in source if t.strip()]
-    elif str(source) in NAMED_DATASETS:
-        if str(source) == "wikitext2":
-            import datasets
-
-            try:
-                ds = datasets.load_dataset("wikitext", "wikitext-2-raw-v1", split=_EVAL_SPLITS["wikitext2"])
-            except Exception as exc:
-                raise RuntimeError(
-                    f"could not load wikitext2 through `datasets` ({exc}); pass a local text file instead"
-                ) from exc
-            texts = ["\n".join(ds["text"])]
-        else:
-            texts = load_named(str(source))
-    else:
-        path = Path(source).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"evaluation text {str(source)!r} is neither a named set nor a file")
-        texts = [t if isinstance(t, str) else "\n".join(t) for t in read_records(path, text_field)]
-    if not texts:
-        raise ValueError("the evaluation text is empty")
-    return texts
+from core.data.texts import eval_texts
 
 
 @torch.no_grad()

@@ -28,7 +28,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from core.spec.criteria import CRITERIA, parse_options
+
 NAMED_DATASETS = ("wikitext2", "c4", "alpaca")
+# reconstruction methods (implemented in core.stats.reconstruct, which checks it matches this list)
+METHODS = ("none", "bias", "mask_tuning", "liar", "ls")
 
 
 class _Strict(BaseModel):
@@ -36,14 +40,12 @@ class _Strict(BaseModel):
 
 
 class CriterionConfig(_Strict):
-    name: str = Field("magnitude", description="pruning criterion (see core.criteria.CRITERIA)")
+    name: str = Field("magnitude", description="pruning criterion (see core.criteria.base.CRITERIA)")
     options: dict[str, Any] = Field(default_factory=dict, description="criterion-specific options")
 
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        from core.criteria import CRITERIA
-
         if v not in CRITERIA:
             raise ValueError(f"unknown criterion {v!r}; choose one of {sorted(CRITERIA)}")
         return v
@@ -61,8 +63,6 @@ class ReconstructionConfig(_Strict):
     @field_validator("method")
     @classmethod
     def _known(cls, v: str) -> str:
-        from core.reconstruct import METHODS
-
         if v not in METHODS:
             raise ValueError(f"unknown reconstruction method {v!r}; choose one of {sorted(METHODS)}")
         return v
@@ -130,11 +130,7 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _criterion_fits(self) -> Recipe:
-        from core.criteria import CHECKS
-
-        check = CHECKS.get(self.criterion.name)
-        if check is not None:
-            check(self.criterion.options, self.modules, self.allocation)
+        parse_options(self.criterion.name, self.criterion.options, self.modules, self.allocation)
         return self
 
     @field_validator("ratio")

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from core.adapters import Adapter
-from core.calibration import CalibrationBatch
+from core.data.calibration import CalibrationBatch
+from core.models.adapter import Adapter
 
 
 @dataclass

@@ -21,18 +21,16 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
 from torch import nn
 
-from core.modeling import modeling_liar
-from core.modeling.modeling_liar import CLASSES, FAMILIES, ensure_bias, get_layers
-
-if TYPE_CHECKING:
-    from core.pipeline import PruneResult
+from core.models import modeling_liar
+from core.models.liar_families import FAMILIES
+from core.models.modeling_liar import CLASSES, ensure_bias, get_layers
 
 MODELING_FILE = Path(modeling_liar.__file__)
+FAMILIES_FILE = MODELING_FILE.with_name("liar_families.py")  # imported by the modeling file
 _AUTO_FOR_SUFFIX = {
     "ForCausalLM": "AutoModelForCausalLM",
     "ForSequenceClassification": "AutoModelForSequenceClassification",
@@ -120,7 +118,7 @@ def _config_dict(model: nn.Module, family_name: str, layout: list[dict]) -> tupl
     return cfg, False
 
 
-def model_card(result: PruneResult, stock: bool) -> str:
+def model_card(result, stock: bool) -> str:
     r = result.recipe
     load = ('from transformers import {auto}\nmodel = {auto}.from_pretrained("PATH"{trust})').format(
         auto=_auto_name(result.model),
@@ -177,9 +175,7 @@ def _auto_name(model: nn.Module) -> str:
     return "AutoModel"
 
 
-def save_pruned(result: PruneResult, output_dir: str | Path, overwrite: bool = False) -> Path:
-    from core.pipeline import report_rows
-
+def save_pruned(result, output_dir: str | Path, overwrite: bool = False) -> Path:
     out = check_output_dir(output_dir, overwrite)
     layout = result.model.config.liar_layout
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -190,11 +186,12 @@ def save_pruned(result: PruneResult, output_dir: str | Path, overwrite: bool = F
         result.model.save_pretrained(tmp, safe_serialization=True, max_shard_size="2GB")
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         if not stock:
-            shutil.copyfile(MODELING_FILE, tmp / "modeling_liar.py")
+            shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
+            shutil.copyfile(FAMILIES_FILE, tmp / FAMILIES_FILE.name)
         if result.tokenizer is not None:
             result.tokenizer.save_pretrained(tmp)
         (tmp / "recipe.yaml").write_text(result.recipe.to_yaml())
-        metrics = {**result.summary(), "stock_architecture": stock, "layers": report_rows(result)}
+        metrics = {**result.summary(), "stock_architecture": stock, "layers": result.layer_rows()}
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         (tmp / "README.md").write_text(model_card(result, stock))
         if out.exists():
@@ -204,41 +201,3 @@ def save_pruned(result: PruneResult, output_dir: str | Path, overwrite: bool = F
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def load_pruned(path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
-    """Load a checkpoint written by :func:`save_pruned` (either form) → ``(model, tokenizer)``."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from core.adapters import MODEL_TYPES, _model_class
-
-    path = Path(path).expanduser()
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise FileNotFoundError(f"{str(path)!r} is not a model directory (no config.json)")
-    raw = json.loads(cfg_file.read_text())
-    kwargs = {} if dtype is None else {"dtype": dtype}
-    mt = raw.get("model_type", "")
-    if mt.startswith("liar_"):
-        if raw.get("liar_family") not in CLASSES:
-            raise ValueError(f"unknown pruned model family {raw.get('liar_family')!r} in {cfg_file}")
-        classes = CLASSES[raw["liar_family"]]
-        arch = (raw.get("architectures") or [""])[0]
-        cls = next((c for k, c in classes.items() if k != "config" and c.__name__ == arch), None)
-        if cls is None:
-            raise ValueError(f"unknown pruned architecture {arch!r} in {cfg_file}")
-        model = cls.from_pretrained(path, **kwargs)
-    else:
-        config = AutoConfig.from_pretrained(path)
-        if config.model_type not in MODEL_TYPES:
-            raise ValueError(f"model type {config.model_type!r} in {cfg_file} is not supported")
-        model = _model_class(config, MODEL_TYPES[config.model_type][1]).from_pretrained(path, **kwargs)
-    model = model.to(device).eval()
-    tokenizer = None
-    if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
-        # pass the loaded config: AutoTokenizer would otherwise re-read config.json and ask whether to
-        # trust the bundled code, which this project's own copy makes unnecessary
-        tokenizer = AutoTokenizer.from_pretrained(path, config=model.config)
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer

@@ -89,3 +89,34 @@ class InputStats:
 
     def free(self) -> None:
         self._gram = self.sum = None
+
+
+class ChannelStats:
+    """Per-channel count, sum and sum of squares of a projection's input, streamed in float64."""
+
+    def __init__(self, c_in: int, device="cpu"):
+        self.count = 0
+        self.sum = torch.zeros(c_in, dtype=torch.float64, device=device)
+        self.sumsq = torch.zeros(c_in, dtype=torch.float64, device=device)
+
+    def add_batch(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        x = x.reshape(-1, x.shape[-1])
+        if mask is not None:
+            x = x[mask.reshape(-1).to(x.device)]
+        x = x.to(torch.float64)
+        self.count += x.shape[0]
+        self.sum += x.sum(0)
+        self.sumsq += (x * x).sum(0)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.sum / self.count
+
+    @property
+    def variance(self) -> torch.Tensor:
+        """Unbiased sample variance (n − 1)."""
+        return ((self.sumsq - self.count * self.mean**2) / max(self.count - 1, 1)).clamp_min(0)
+
+    @property
+    def mean_square(self) -> torch.Tensor:
+        return self.sumsq / self.count

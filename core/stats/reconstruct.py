@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from core.stats import InputStats
+from core.stats.accumulate import InputStats
 
 SOLVE_PRECISION = torch.float64
 MASK_TUNING_RANGE = (-10.0, 10.0)  # acceptable range of tuned scales, as in Kwon et al.

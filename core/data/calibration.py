@@ -8,13 +8,13 @@ sample per text (or text pair), truncated and padded to ``L`` with an attention 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from core.recipe import NAMED_DATASETS, CalibrationConfig
+from core.data.texts import load_named, read_records, read_rows
+from core.spec.recipe import NAMED_DATASETS, CalibrationConfig
 
 
 @dataclass
@@ -58,94 +58,13 @@ class CalibrationBatch:
         return CalibrationBatch(self.input_ids[start:stop], self.attention_mask[start:stop], tt, labels)
 
 
-# Named sets load through `datasets` (needs the Hugging Face Hub). Each entry: args, kwargs, text fields.
-_NAMED = {
-    "wikitext2": (("wikitext", "wikitext-2-raw-v1"), {"split": "train"}, ("text",)),
-    "c4": (
-        ("allenai/c4",),
-        {"data_files": {"train": "en/c4-train.00000-of-01024.json.gz"}, "split": "train"},
-        ("text",),
-    ),
-    "alpaca": (("tatsu-lab/alpaca",), {"split": "train"}, ("text",)),
-}
-
-
-def load_named(name: str) -> list[str]:
-    """Documents of a named calibration set, through ``datasets`` (requires network access)."""
-    if name not in _NAMED:
-        raise ValueError(f"unknown named dataset {name!r}; choose one of {NAMED_DATASETS}")
-    args, kwargs, fields = _NAMED[name]
-    try:
-        import datasets
-
-        ds = datasets.load_dataset(*args, **kwargs)
-    except Exception as exc:  # network, auth, missing package: say what to do instead
-        raise RuntimeError(
-            f"could not load the named calibration set {name!r} through `datasets` ({type(exc).__name__}: "
-            f"{exc}). Without access to the Hugging Face Hub, pass a local .txt or .jsonl file instead."
-        ) from exc
-    if name == "wikitext2":  # WikiText is one line per record; rejoin as one document
-        return ["\n".join(r["text"] for r in ds)]
-    return [" ".join(str(r[f]) for f in fields) for r in ds]
-
-
-def parse_jsonl(path: Path, text: str) -> list:
-    """One JSON value per non-blank line; errors name the file and line."""
-    rows = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
-    return rows
-
-
-def read_records(path: str | Path, text_field: str | list[str]) -> list[str | tuple[str, str]]:
-    """Texts from a .txt file (blank-line separated documents) or a .jsonl / .json file of records."""
-    path = Path(path).expanduser()
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".txt":
-        docs = [d.strip() for d in text.split("\n\n")]
-        return [d for d in docs if d]
-    if path.suffix.lower() == ".jsonl":
-        records = parse_jsonl(path, text)
-    else:
-        records = json.loads(text)
-        if isinstance(records, dict) and "data" in records:
-            records = records["data"]
-        if not isinstance(records, list):
-            raise ValueError(f"{path}: expected a JSON list of records")
-    fields = [text_field] if isinstance(text_field, str) else list(text_field)
-    out: list[str | tuple[str, str]] = []
-    for i, rec in enumerate(records, 1):
-        if not isinstance(rec, dict):
-            raise ValueError(f"{path}: record {i} is not an object")
-        missing = [f for f in fields if f not in rec]
-        if missing:
-            raise ValueError(f"{path}: record {i} has no field {missing[0]!r} (fields: {sorted(rec)})")
-        vals = [str(rec[f]) for f in fields]
-        out.append(vals[0] if len(vals) == 1 else tuple(vals[:2]))
-    if not out:
-        raise ValueError(f"{path} holds no records")
-    return out
-
-
-def _records(path: Path) -> list:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".jsonl":
-        return parse_jsonl(path, text)
-    records = json.loads(text)
-    return records["data"] if isinstance(records, dict) and "data" in records else records
-
-
 def load_labels(cfg: CalibrationConfig) -> torch.Tensor | None:
     """Numeric task labels (``calibration.label_field``) aligned with :func:`load_texts`, or None."""
     if cfg.label_field is None:
         return None
     path = Path(cfg.dataset).expanduser()
     values = []
-    for i, rec in enumerate(_records(path), 1):
+    for i, rec in enumerate(read_rows(path)[1], 1):
         if cfg.label_field not in rec:
             raise ValueError(f"{path}: record {i} has no label field {cfg.label_field!r} (fields: {sorted(rec)})")
         v = rec[cfg.label_field]
@@ -246,3 +165,13 @@ def encoder_samples(
         return CalibrationBatch(enc["input_ids"], enc["attention_mask"], enc.get("token_type_ids"), chosen_labels)
 
     return encode(fit_idx), encode(hold_idx)
+
+
+def calibration_batches(cfg: CalibrationConfig, tokenizer, kind: str) -> tuple[CalibrationBatch, CalibrationBatch]:
+    """``(fit, held_aside)`` batches of the recipe's calibration source for a ``kind`` of model."""
+    texts = load_texts(cfg)
+    if kind == "decoder":
+        if cfg.label_field is not None:
+            raise ValueError("calibration.label_field applies to encoder models; decoders use the language-model loss")
+        return decoder_windows(texts, tokenizer, cfg)
+    return encoder_samples(texts, tokenizer, cfg, load_labels(cfg))

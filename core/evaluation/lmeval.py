@@ -2,7 +2,7 @@
 
 ``evaluate_lm_eval`` runs harness tasks on a model object held in memory — including pruned models
 whose layers have different widths, which are plain ``nn.Module`` trees the harness cannot rebuild
-from a config — or on a checkpoint directory loaded through :func:`core.adapters.load_model`.
+from a config — or on a checkpoint directory loaded through :func:`core.models.adapter.load_model`.
 
 Two kinds of task are supported:
 
@@ -38,6 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from core.models.adapter import adapter_for
+from core.models.loading import ensure_pad_token, load_model, resolve_device
 
 PAPER_TASKS: tuple[str, ...] = (
     "boolq",
@@ -340,7 +343,8 @@ def _unknown_message(unknown: list[str], task_dir: Path | None, local: set[str])
         if n in LOCAL_TASKS:
             where = f"in {str(task_dir)!r}" if task_dir is not None else "(no --task-dir given)"
             hints.append(
-                f"{n!r} is a local task but no {n}.yaml was found {where}; build it with core.lmeval.{_BUILDERS[n]} "
+                f"{n!r} is a local task but no {n}.yaml was found {where}; build it with "
+                f"core.evaluation.lmeval.{_BUILDERS[n]} "
                 "(bench.assets.lm_eval_task_dir() builds both from the bundled data)"
             )
         else:
@@ -424,21 +428,16 @@ def evaluate_lm_eval(
     """
     selection = tasks if isinstance(tasks, TaskSelection) else select_tasks(tasks, task_dir)
     if isinstance(model, (str, Path)):
-        from core.adapters import load_model
-
         model, tokenizer, adapter = load_model(str(model), dtype, device or "auto")
     else:
-        from core.adapters import adapter_for, resolve_device
-
         adapter = adapter_for(model)
         if tokenizer is None:
             raise ValueError("a tokenizer is needed when a model object is passed")
         if device is not None:
             model = model.to(resolve_device(device))
     if adapter.kind != "decoder":
-        raise ValueError("lm-eval tasks need a causal language model; evaluate encoders with core.tasks")
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+        raise ValueError("lm-eval tasks need a causal language model; evaluate encoders with core.evaluation.encoder")
+    ensure_pad_token(tokenizer)
     specs = _load_tasks(selection)
 
     from lm_eval import simple_evaluate

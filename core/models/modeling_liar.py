@@ -20,79 +20,13 @@ explicit per-layer index map (``kv_index``) whenever the kept heads no longer fo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+import transformers
 from torch import nn
-from transformers import (
-    BertConfig,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    LlamaModel,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
 
-
-@dataclass(frozen=True)
-class Family:
-    """Where the prunable pieces of one transformer block live (paths relative to the block)."""
-
-    layers: str  # path from ``model.base_model`` to the ModuleList of blocks
-    attn: str  # attention module whose head-count attributes change
-    q: str
-    k: str
-    v: str
-    o: str  # attention output projection: its *input* channels are pruned
-    ffn_in: tuple[str, ...]  # FFN projections whose *output* rows are pruned
-    ffn_out: str  # FFN output projection: its *input* channels are pruned
-    ffn_block: str  # module computing the FFN (``ffn_out`` included or not)
-    gqa: bool  # key/value heads may be fewer than query heads (LLaMA family)
-    # Stock-config flags that switch a bias on for the attention / FFN projections, when the
-    # architecture has them; None means an added bias cannot be expressed in the stock config.
-    attn_bias_flag: str | None = None
-    mlp_bias_flag: str | None = None
-    head_dim_in_config: bool = True  # False for BERT: head size is hidden_size / num_heads
-
-
-_DECODER = dict(
-    layers="layers",
-    attn="self_attn",
-    q="self_attn.q_proj",
-    k="self_attn.k_proj",
-    v="self_attn.v_proj",
-    o="self_attn.o_proj",
-    ffn_in=("mlp.gate_proj", "mlp.up_proj"),
-    ffn_out="mlp.down_proj",
-    ffn_block="mlp",
-    gqa=True,
-)
-
-FAMILIES: dict[str, Family] = {
-    "llama": Family(**_DECODER, attn_bias_flag="attention_bias", mlp_bias_flag="mlp_bias"),
-    "mistral": Family(**_DECODER),
-    "qwen2": Family(**_DECODER),
-    "bert": Family(
-        layers="encoder.layer",
-        attn="attention.self",
-        q="attention.self.query",
-        k="attention.self.key",
-        v="attention.self.value",
-        o="attention.output.dense",
-        ffn_in=("intermediate.dense",),
-        ffn_out="output.dense",
-        ffn_block="intermediate",
-        gqa=False,
-        head_dim_in_config=False,
-    ),
-}
+from .liar_families import FAMILIES, Family
 
 
 def get_layers(model: nn.Module, family: Family) -> nn.ModuleList:
@@ -332,29 +266,16 @@ def _liar_classes(family_name: str, config_base: type, model_bases: dict[str, ty
     return out
 
 
-_LLAMA = _liar_classes("llama", LlamaConfig, {"AutoModelForCausalLM": LlamaForCausalLM, "AutoModel": LlamaModel})
-_MISTRAL = _liar_classes("mistral", MistralConfig, {"AutoModelForCausalLM": MistralForCausalLM})
-_QWEN2 = _liar_classes("qwen2", Qwen2Config, {"AutoModelForCausalLM": Qwen2ForCausalLM})
-_BERT = _liar_classes(
-    "bert",
-    BertConfig,
-    {
-        "AutoModel": BertModel,
-        "AutoModelForSequenceClassification": BertForSequenceClassification,
-        "AutoModelForQuestionAnswering": BertForQuestionAnswering,
-    },
-)
+def _build_classes() -> dict[str, dict[str, type]]:
+    """``{family: {"config": LiarXConfig, auto_name: LiarX…}}`` for every family, also bound as module
+    names (``auto_map`` in a checkpoint's config names them)."""
+    out = {}
+    for name, fam in FAMILIES.items():
+        bases = {auto: getattr(transformers, cls) for auto, cls in fam.model_classes.items()}
+        out[name] = _liar_classes(name, getattr(transformers, fam.config_class), bases)
+        for cls in out[name].values():
+            globals()[cls.__name__] = cls
+    return out
 
-LiarLlamaConfig = _LLAMA["config"]
-LiarLlamaForCausalLM = _LLAMA["AutoModelForCausalLM"]
-LiarLlamaModel = _LLAMA["AutoModel"]
-LiarMistralConfig = _MISTRAL["config"]
-LiarMistralForCausalLM = _MISTRAL["AutoModelForCausalLM"]
-LiarQwen2Config = _QWEN2["config"]
-LiarQwen2ForCausalLM = _QWEN2["AutoModelForCausalLM"]
-LiarBertConfig = _BERT["config"]
-LiarBertModel = _BERT["AutoModel"]
-LiarBertForSequenceClassification = _BERT["AutoModelForSequenceClassification"]
-LiarBertForQuestionAnswering = _BERT["AutoModelForQuestionAnswering"]
 
-CLASSES = {"llama": _LLAMA, "mistral": _MISTRAL, "qwen2": _QWEN2, "bert": _BERT}
+CLASSES = _build_classes()

@@ -24,7 +24,7 @@ Axes left out of ``grid`` take the base recipe's value. Relative paths are relat
 directory, as for ``liar prune``.
 
 Every cell (one model × criterion × reconstruction × ratio, or one dense baseline) is a resolved
-:class:`~core.recipe.Recipe` plus the evaluation; its id is a hash of those (recipe fields left at their
+:class:`~core.spec.recipe.Recipe` plus the evaluation; its id is a hash of those (recipe fields left at their
 default values do not enter it), prefixed with readable labels. Each finished cell is appended at once
 as one JSON line to ``<out>/results.jsonl`` — its metrics, summary and per-layer errors from
 ``PruneResult.report`` — so re-running the same command skips finished cells: an interrupted sweep
@@ -65,7 +65,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from core.recipe import NAMED_DATASETS, Recipe
+from core.spec.recipe import NAMED_DATASETS, Recipe
 
 AXES = ("model", "criterion", "reconstruction", "ratio")
 TOP_KEYS = ("name", "base", "grid", "evaluation", "dense", "plots")
@@ -464,7 +464,7 @@ def _now() -> str:
 
 def evaluate_model(model, tokenizer, spec: EvaluationSpec) -> dict[str, Any]:
     """Perplexity (if configured) and every metric callable, merged into one flat dict."""
-    from core.evaluate import perplexity
+    from core.evaluation.perplexity import perplexity
 
     metrics: dict[str, Any] = {}
     if spec.perplexity is not None:
@@ -501,16 +501,15 @@ def run_cell(cell: Cell, evaluation: EvaluationSpec) -> dict[str, Any]:
 
     ``KeyboardInterrupt`` (and other ``BaseException``) propagate: an interrupted cell leaves no record.
     """
-    from core import adapters, pipeline
+    import core.models.loading as loading
+    import core.pipeline.sequential as pipeline
 
     started, t0 = _now(), time.perf_counter()
     record: dict[str, Any] = {"id": cell.id, "kind": cell.kind, "params": cell.params(), "recipe": cell.recipe}
     model = tokenizer = result = None
     try:
         if cell.kind == "dense":
-            model, tokenizer, _ = adapters.load_model(cell.model, cell.dtype, cell.device)
-            if tokenizer is not None and tokenizer.pad_token is None:
-                tokenizer.pad_token = tokenizer.eos_token
+            model, tokenizer, _ = loading.load_model(cell.model, cell.dtype, cell.device)
             n = sum(p.numel() for p in model.parameters())
             summary: dict[str, Any] = {"params_before": n, "params_after": n, "achieved_ratio": 0.0}
             layers: list[dict[str, Any]] = []
@@ -581,7 +580,10 @@ def _run_isolated(cell: Cell, evaluation: EvaluationSpec, out: Path) -> dict[str
         started, t0 = _now(), time.perf_counter()
         with log_path.open("w") as log:
             proc = subprocess.run(
-                [sys.executable, "-m", "core.sweep", str(job), str(rec)], stdout=log, stderr=subprocess.STDOUT, env=env
+                [sys.executable, "-m", "core.sweep.run", str(job), str(rec)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
             )
         if proc.returncode == 0 and rec.is_file():
             return json.loads(rec.read_text())
@@ -847,7 +849,7 @@ def _write_markdown(
 
 
 def _write_plots(sweep: Sweep, records: dict[str, dict[str, Any]], metric: str | None, folder: Path) -> list[Path]:
-    from core import plots
+    from core.sweep import plots
 
     files: list[Path] = []
     ok = {c.id: records[c.id] for c in sweep.cells if c.id in records and records[c.id]["status"] == "ok"}
@@ -908,7 +910,7 @@ def _error_series(cells: list[Cell], ok: dict[str, dict[str, Any]]) -> dict[str,
 
 
 def _child_main(job_path: str, record_path: str) -> int:
-    """Entry point of an isolated cell: ``python -m core.sweep CELL.json RECORD.json``."""
+    """Entry point of an isolated cell: ``python -m core.sweep.run CELL.json RECORD.json``."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

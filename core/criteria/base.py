@@ -1,0 +1,91 @@
+"""Pruning criteria: what a criterion is, and the registry the pipeline finds them in.
+
+A criterion scores every attention head and FFN neuron of each layer (higher = keep); scores index
+the layer's *original* query heads and neurons. Each criterion is one module of this package with a
+:class:`Criterion` subclass declaring what it needs from the pipeline:
+
+- ``needs = "weights"``: nothing but the layer (magnitude, random);
+- ``needs = "inputs"``: per-channel statistics of the dense model's o_proj / down_proj inputs
+  (:class:`LayerInputs`; FLAP, KCM);
+- ``needs = "gradients"``: gradients of the calibration loss, of the structure masks
+  (``gradients = "mask"``: SNIP, Kwon) or of the prunable weights (``"weight"``: Taylor).
+
+Its options are validated by the schema named in ``core.spec.criteria`` (torch-free). A new
+criterion is a module here with a registered subclass, plus its options model there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from core.models.adapter import Adapter
+from core.spec.criteria import CRITERION_OPTIONS, CriterionOptions
+from core.stats.accumulate import ChannelStats
+
+
+@dataclass
+class Scores:
+    heads: torch.Tensor  # (n_heads,)
+    neurons: torch.Tensor  # (n_neurons,)
+    # True when scores are comparable across layers and between heads and neurons (standardised):
+    # global allocation then ranks by score, weighting units by their parameters (FLAP's AL-AM);
+    # otherwise it ranks by score per parameter removed.
+    comparable: bool = False
+    # False: this layer's heads / neurons are never pruned (e.g. LLM-Pruner's layer ranges)
+    prunable_heads: bool = True
+    prunable_neurons: bool = True
+    # per-sample mask gradients for Kwon et al.'s per-layer mask rearrangement
+    head_samples: torch.Tensor | None = None  # (n_samples, n_heads)
+    neuron_samples: torch.Tensor | None = None  # (n_samples, n_neurons)
+
+
+@dataclass
+class LayerInputs:
+    attn: ChannelStats  # inputs of the attention output projection
+    ffn: ChannelStats  # inputs of the FFN output projection
+
+
+class Criterion:
+    """One pruning criterion. Subclasses set the class attributes and implement :meth:`score`."""
+
+    name: ClassVar[str]
+    needs: ClassVar[str] = "weights"  # "weights" | "inputs" | "gradients"
+    gradients: ClassVar[str | None] = None  # "mask" | "weight" when needs == "gradients"
+    # how ``allocation: global`` spends the budget: one threshold over all units, or (Kwon et al.)
+    # a search maximising the kept Fisher importance
+    global_search: ClassVar[str] = "threshold"
+
+    @property
+    def options(self) -> type[CriterionOptions]:
+        return CRITERION_OPTIONS[self.name]
+
+    def gradient_flag(self, opts: Any) -> bool:
+        """Mask gradients: keep per-sample rows; weight gradients: also second-order terms."""
+        return False
+
+    def score(self, layer: nn.Module, adapter: Adapter, layer_idx: int, opts: Any, data: Any = None) -> Scores:
+        raise NotImplementedError
+
+    def finalize(self, scores: list[Scores], opts: Any) -> list[Scores]:
+        """Whole-model post-processing of the per-layer scores (default: none)."""
+        return scores
+
+
+REGISTRY: dict[str, Criterion] = {}
+
+
+def register(cls: type[Criterion]) -> type[Criterion]:
+    if cls.name not in CRITERION_OPTIONS:
+        raise ValueError(f"criterion {cls.name!r} has no options schema in core.spec.criteria")
+    REGISTRY[cls.name] = cls()
+    return cls
+
+
+def needs_data(data: Any, name: str) -> Any:
+    if data is None:
+        raise ValueError(f"the {name} criterion needs calibration data (none was collected)")
+    return data

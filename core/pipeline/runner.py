@@ -1,0 +1,127 @@
+"""Running one block at a time on stored inputs, with hooks that stream a projection's inputs.
+
+``BlockRunner`` keeps the hidden states entering the current block for every calibration batch,
+runs the block on them, streams the inputs of one projection into statistics (stopping the forward
+pass there), and can stand a pruned sub-module in by a replay of its output from stored inputs
+(see ``docs/design.md``, "Fewer passes per block").
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from core.data.calibration import CalibrationBatch
+from core.models.adapter import Adapter
+from core.models.modeling_liar import set_module
+from core.stats.accumulate import InputStats
+
+
+class _Stop(Exception):
+    """Raised from a hook to skip the rest of a forward pass."""
+
+
+class BlockRunner:
+    """Runs blocks on stored inputs; ``hidden[i]`` / ``extra[i]`` are batch i's block inputs."""
+
+    def __init__(
+        self, model: nn.Module, adapter: Adapter, batches: list[CalibrationBatch], device, positions: str = "all"
+    ):
+        self.model, self.adapter, self.device = model, adapter, device
+        self.masks = [b.token_mask(adapter.kind, device) for b in batches]
+        if positions == "first":  # statistics of each sequence's first token only
+            self.masks = [_first_only(m) for m in self.masks]
+        self.hidden: list[torch.Tensor] = []
+        self.extra: list[tuple[tuple, dict]] = []
+        self.kept: dict[str, list[torch.Tensor]] = {}
+        self.replays: dict[str, tuple[nn.Module, nn.Module]] = {}
+        self.batch = 0
+        layer0 = adapter.layers(model)[0]
+
+        def grab(_mod, args, kwargs):
+            kwargs = dict(kwargs)
+            hs = args[0] if args else kwargs.pop("hidden_states")
+            self.hidden.append(hs.detach())
+            self.extra.append((tuple(args[1:]), kwargs))
+            raise _Stop
+
+        handle = layer0.register_forward_pre_hook(grab, with_kwargs=True)
+        try:
+            for b in batches:
+                try:
+                    model.base_model(**b.model_inputs(adapter.kind, device))
+                except _Stop:
+                    pass
+        finally:
+            handle.remove()
+
+    def run(self, layer: nn.Module, i: int) -> torch.Tensor:
+        self.batch = i
+        args, kwargs = self.extra[i]
+        out = layer(self.hidden[i], *args, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    def collect(self, layer: nn.Module, path: str, sinks: list[InputStats], keep_inputs: bool = False) -> None:
+        """Stream the inputs of ``layer.<path>`` into ``sinks[i]`` for each batch i, then stop the block.
+
+        With ``keep_inputs`` the inputs are also kept (model dtype) so that :meth:`replay` can stand in
+        for the module computing them instead of recomputing it.
+        """
+        current: list[int] = [0]
+        kept: list[torch.Tensor] = []
+
+        def hook(_mod, args):
+            sinks[current[0]].add_batch(args[0], self.masks[current[0]])
+            if keep_inputs:
+                kept.append(args[0].detach())
+            raise _Stop
+
+        handle = layer.get_submodule(path).register_forward_pre_hook(hook)
+        try:
+            for i in range(len(self.hidden)):
+                current[0] = i
+                try:
+                    self.run(layer, i)
+                except _Stop:
+                    pass
+        finally:
+            handle.remove()
+        if keep_inputs:
+            self.kept[path] = kept
+
+    def replay(self, layer: nn.Module, block: str, path: str, keep: torch.Tensor, returns_tuple: bool) -> None:
+        """Replace ``layer.<block>`` by a module replaying its (pruned) output from the kept inputs of
+        ``path``: ``path(X[..., keep])`` if the projection lives inside the block, else ``X[..., keep]``."""
+        inputs = self.kept[path]
+        proj = layer.get_submodule(path) if path.startswith(block + ".") else None
+        self.replays[block] = (layer.get_submodule(block), _Replay(inputs, keep, proj, returns_tuple, self))
+        set_module(layer, block, self.replays[block][1])
+
+    def restore(self, layer: nn.Module) -> None:
+        for block, (original, _) in self.replays.items():
+            set_module(layer, block, original)
+        self.replays.clear()
+        self.kept.clear()
+
+    def advance(self, layer: nn.Module) -> None:
+        self.hidden = [self.run(layer, i).detach() for i in range(len(self.hidden))]
+
+
+def _first_only(mask: torch.Tensor) -> torch.Tensor:
+    first = torch.zeros_like(mask)
+    first[:, 0] = mask[:, 0]
+    return first
+
+
+class _Replay(nn.Module):
+    """Stands in for a block whose output is a function of stored projection inputs."""
+
+    def __init__(self, inputs, keep, proj, returns_tuple: bool, runner: BlockRunner):
+        super().__init__()
+        self.inputs, self.proj, self.returns_tuple, self.runner = inputs, proj, returns_tuple, [runner]
+        self.keep = keep.nonzero().squeeze(1).to(inputs[0].device)
+
+    def forward(self, *args, **kwargs):
+        x = self.inputs[self.runner[0].batch].index_select(-1, self.keep)
+        y = self.proj(x) if self.proj is not None else x
+        return (y, None) if self.returns_tuple else y

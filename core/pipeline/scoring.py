@@ -1,0 +1,77 @@
+"""Criterion scores for every layer, with the data each criterion declares it needs collected on
+the dense model (per-channel input statistics, or gradients of the calibration loss)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from core import criteria
+from core.criteria import LayerInputs
+from core.criteria.gradients import check_loss_data, mask_gradients, weight_gradients
+from core.data.calibration import CalibrationBatch
+from core.models.adapter import Adapter
+from core.spec.criteria import parse_options
+from core.spec.recipe import Recipe
+from core.stats.accumulate import ChannelStats
+
+
+@torch.no_grad()
+def dense_inputs(model: nn.Module, adapter: Adapter, batches: list[CalibrationBatch], device) -> list[LayerInputs]:
+    """Per-channel statistics of every layer's o_proj / down_proj inputs on the dense model."""
+    fam = adapter.family
+    stats, handles, mask = [], [], [None]
+    for layer in adapter.layers(model):
+        entry = LayerInputs(
+            ChannelStats(layer.get_submodule(fam.o).in_features, device),
+            ChannelStats(layer.get_submodule(fam.ffn_out).in_features, device),
+        )
+        stats.append(entry)
+        for path, sink in ((fam.o, entry.attn), (fam.ffn_out, entry.ffn)):
+            handles.append(
+                layer.get_submodule(path).register_forward_pre_hook(
+                    lambda _m, a, sink=sink: sink.add_batch(a[0], mask[0])
+                )
+            )
+    try:
+        for b in batches:
+            mask[0] = b.token_mask(adapter.kind, device)
+            model.base_model(**b.model_inputs(adapter.kind, device))
+    finally:
+        for h in handles:
+            h.remove()
+    return stats
+
+
+def score_layers(model: nn.Module, adapter: Adapter, recipe: Recipe, batches: list[CalibrationBatch], device) -> list:
+    """Every layer's criterion scores, with the data the criterion needs collected on the dense model."""
+    name = recipe.criterion.name
+    criterion, opts = criteria.get(name), parse_options(name, recipe.criterion.options)
+    layers = adapter.layers(model)
+    data: list[Any] = [None] * len(layers)
+    if criterion.needs == "inputs":
+        data = dense_inputs(model, adapter, batches, device)
+    elif criterion.needs == "gradients":
+        flag = criterion.gradient_flag(opts)
+        available = sum(len(b) for b in batches)
+        wanted = opts.samples or available
+        if wanted > available:
+            raise ValueError(
+                f"{name}: samples={wanted} but the calibration has {available}; raise "
+                "calibration.num_calibration_samples or lower samples"
+            )
+        chosen = split_batches(CalibrationBatch.concat(batches).slice(0, wanted), recipe.calibration.batch_size)
+        check_loss_data(model, adapter, chosen[0], name)
+        ckpt = opts.checkpointing
+        if criterion.gradients == "mask":
+            data = mask_gradients(model, adapter, chosen, keep_samples=flag, checkpointing=ckpt)
+        else:
+            data = weight_gradients(model, adapter, chosen, second_order=flag, checkpointing=ckpt)
+    scores = [criterion.score(layer, adapter, i, opts, data[i]) for i, layer in enumerate(layers)]
+    return criterion.finalize(scores, opts)
+
+
+def split_batches(batch: CalibrationBatch, size: int) -> list[CalibrationBatch]:
+    return [batch.slice(i, i + size) for i in range(0, len(batch), size)]

@@ -1,0 +1,275 @@
+"""The sequential pruning pipeline (the paper's Algorithm 1, generalised).
+
+    load model → calibration windows → criterion scores → plan (keep-sets per layer)
+    → for each block ℓ, on the *pruned* model's own inputs to ℓ:
+          attention:  stream the inputs of the output projection (o_proj) into G, s, n
+                      → surgery (drop heads) → reconstruct o_proj from the statistics
+          FFN:        stream the inputs of the FFN output projection (down_proj) on the block
+                      whose attention is already pruned → surgery (drop neurons) → reconstruct
+          outputs:    run the pruned block → inputs of block ℓ+1
+    → PruneResult (the pruned model in memory, the plan, a per-layer report; ``.save(dir)``)
+
+Only two kinds of tensors are ever kept: the hidden states entering the current block (n × L × d in
+the model's dtype) and the statistics of one projection (C_in² in float32/float64).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from core import criteria
+from core.allocation import Plan, allocate
+from core.criteria import Scores
+from core.data.calibration import CalibrationBatch, calibration_batches
+from core.models.adapter import Adapter, adapter_for, block_parameters, unit_costs
+from core.models.loading import ensure_pad_token, load_model
+from core.models.modeling_liar import ensure_bias, prune_heads_, prune_neurons_
+from core.pipeline.preflight import as_recipe, check_model_fit
+from core.pipeline.result import LayerReport, PruneResult
+from core.pipeline.runner import BlockRunner
+from core.pipeline.scoring import score_layers, split_batches
+from core.spec.recipe import Recipe
+from core.stats.accumulate import InputStats
+from core.stats.reconstruct import reconstruct_from_stats, relative_output_errors
+
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``; raising from it aborts the run (cooperative cancellation)."""
+
+
+def _no_progress(stage: str, done: int, total: int) -> None:
+    pass
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (KiB on Linux)
+
+
+@dataclass
+class _Unit:
+    """One pruned projection of a block: what to keep, and the surgery that removes the rest."""
+
+    module: str  # "attention" | "ffn"
+    path: str  # the projection whose input channels are pruned and which is reconstructed
+    keep: torch.Tensor  # (C_in,) bool over the projection's input channels
+    group: int  # channels per unit (head_dim for heads, 1 for neurons)
+    shrink: Callable[[], None]  # surgery on the block
+    kept: int
+    total: int
+
+
+class _LayerFitter:
+    """Streams a projection's inputs, applies the surgery and writes the reconstructed weights."""
+
+    def __init__(self, runner: BlockRunner, recipe: Recipe, n_fit: int, has_held: bool, device: torch.device):
+        self.runner, self.n_fit, self.has_held, self.device = runner, n_fit, has_held, device
+        self.stats_dtype = getattr(torch, recipe.stats_dtype)
+        self.method, self.damp = recipe.reconstruction.method, recipe.reconstruction.damp
+        self.reports: list[LayerReport] = []
+
+    def fit(self, layer: nn.Module, li: int, unit: _Unit, added: list[str]) -> None:
+        t0 = time.perf_counter()
+        lin = layer.get_submodule(unit.path)
+        fit_stats = InputStats(lin.in_features, self.stats_dtype, self.device)
+        held_stats = InputStats(lin.in_features, self.stats_dtype, self.device) if self.has_held else fit_stats
+        n_held = len(self.runner.hidden) - self.n_fit
+        self.runner.collect(layer, unit.path, [fit_stats] * self.n_fit + [held_stats] * n_held, keep_inputs=True)
+        w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
+        keep = unit.keep.to(w.device)
+        new_w, new_b = reconstruct_from_stats(self.method, w, b, keep, fit_stats, self.damp, unit.group)
+        naive_w, naive_b = reconstruct_from_stats("none", w, b, keep, fit_stats)
+        err_before, err_after = relative_output_errors(w, b, keep, [(naive_w, naive_b), (new_w, new_b)], held_stats)
+        del fit_stats, held_stats
+        unit.shrink()
+        lin = layer.get_submodule(unit.path)
+        lin.weight.copy_(new_w.to(lin.weight.dtype))
+        if new_b is not None:
+            if lin.bias is None:
+                ensure_bias(lin)
+                added.append(unit.path)
+            lin.bias.copy_(new_b.to(lin.bias.dtype))
+        self.reports.append(
+            LayerReport(
+                layer=li,
+                module=unit.module,
+                kept=unit.kept,
+                total=unit.total,
+                error_before=err_before,
+                error_after=err_after,
+                measured_on="held-aside" if self.has_held else "calibration",
+                seconds=time.perf_counter() - t0,
+                peak_memory_mb=peak_memory_mb(self.device),
+            )
+        )
+
+
+def _keep_mask(kept: list[int], total: int, width: int = 1) -> torch.Tensor:
+    keep = torch.zeros(total, dtype=torch.bool)
+    keep[kept] = True
+    return keep.repeat_interleave(width) if width > 1 else keep
+
+
+def _reconstruct_blocks(
+    model: nn.Module,
+    adapter: Adapter,
+    recipe: Recipe,
+    plan: Plan,
+    fit: CalibrationBatch,
+    held: CalibrationBatch,
+    report: Progress,
+    show_progress: bool,
+) -> tuple[list[LayerReport], list[dict[str, Any]]]:
+    """The block loop: prune and reconstruct each block on the pruned model's own inputs."""
+    device = next(model.parameters()).device
+    bs = recipe.calibration.batch_size
+    fit_batches = split_batches(fit, bs)
+    runner = BlockRunner(model, adapter, fit_batches + split_batches(held, bs), device, recipe.reconstruction.positions)
+    fitter = _LayerFitter(runner, recipe, len(fit_batches), len(held) > 0, device)
+    fam, layers = adapter.family, adapter.layers(model)
+    layout: list[dict[str, Any]] = []
+    bar = tqdm(total=len(layers), desc=f"prune+{recipe.reconstruction.method}", unit="layer", disable=not show_progress)
+    pruned = [
+        i for i, lp in enumerate(plan.layers) if len(lp.heads) < adapter.n_heads or len(lp.neurons) < adapter.n_neurons
+    ]
+    last_pruned = max(pruned, default=-1)
+    for li, layer in enumerate(layers):
+        report("reconstruct", li, len(layers))
+        lp = plan.layers[li]
+        added: list[str] = []
+        if len(lp.heads) < adapter.n_heads:
+            keep = _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
+            shrink = partial(prune_heads_, layer, fam, model.config, lp.heads, lp.kv_heads)
+            fitter.fit(
+                layer,
+                li,
+                _Unit("attention", fam.o, keep, adapter.head_dim, shrink, len(lp.heads), adapter.n_heads),
+                added,
+            )
+            # later passes over this block replay the pruned attention instead of recomputing it
+            runner.replay(layer, fam.attn, fam.o, keep, returns_tuple=True)
+        if len(lp.neurons) < adapter.n_neurons:
+            keep = _keep_mask(lp.neurons, adapter.n_neurons)
+            shrink = partial(prune_neurons_, layer, fam, lp.neurons)
+            fitter.fit(layer, li, _Unit("ffn", fam.ffn_out, keep, 1, shrink, len(lp.neurons), adapter.n_neurons), added)
+            runner.replay(layer, fam.ffn_block, fam.ffn_out, keep, returns_tuple=False)
+        if li < last_pruned:  # the next block still has something to prune: feed it
+            runner.advance(layer)
+        runner.restore(layer)
+        layout.append({"heads": lp.heads, "kv_heads": lp.kv_heads, "neurons": len(lp.neurons), "bias": added})
+        bar.update(1)
+        if show_progress:
+            errs = [r for r in fitter.reports if r.layer == li]
+            bar.set_postfix_str(" ".join(f"{r.module[:4]} err {r.error_before:.3f}→{r.error_after:.3f}" for r in errs))
+    bar.close()
+    runner.hidden, runner.extra = [], []  # free the stored activations
+    report("reconstruct", len(layers), len(layers))
+    return fitter.reports, layout
+
+
+def _plan(model: nn.Module, adapter: Adapter, recipe: Recipe, scores: list[Scores]) -> Plan:
+    layers = adapter.layers(model)
+    return allocate(
+        scores,
+        adapter,
+        [unit_costs(layer, adapter) for layer in layers],
+        [sum(p.numel() for p in layer.parameters()) for layer in layers],
+        recipe.ratio,
+        recipe.modules,
+        recipe.allocation,
+        round_to=(recipe.round_to.heads, recipe.round_to.neurons),
+        global_search=criteria.get(recipe.criterion.name).global_search,
+    )
+
+
+def _model_and_tokenizer(recipe: Recipe, model, tokenizer, calibration) -> tuple[nn.Module, Any, Adapter]:
+    if model is None:
+        model, tokenizer, adapter = load_model(recipe.model, recipe.dtype, recipe.device)
+    else:
+        adapter = adapter_for(model)
+        model.eval()
+    if tokenizer is None and calibration is None:
+        raise ValueError("a tokenizer is needed when a model object is passed")
+    ensure_pad_token(tokenizer)
+    check_model_fit(recipe, model.config)
+    return model, tokenizer, adapter
+
+
+@torch.no_grad()
+def prune(
+    recipe: Recipe | dict | str | Path,
+    *,
+    model: nn.Module | None = None,
+    tokenizer: Any = None,
+    calibration: tuple[CalibrationBatch, CalibrationBatch] | None = None,
+    scores: list[Scores] | None = None,
+    progress: Progress | None = None,
+    show_progress: bool = False,
+) -> PruneResult:
+    """Prune and reconstruct a model as the recipe says; returns the pruned model in memory.
+
+    ``model`` / ``tokenizer`` may be passed to skip loading ``recipe.model``; ``calibration`` —
+    pre-tokenised ``(fit, held_aside)`` batches — to skip the recipe's calibration source; ``scores`` —
+    the :attr:`PruneResult.scores` of an earlier run of the same model and criterion — to skip scoring
+    (criteria do not depend on the ratio or the reconstruction method, so sweeps score once).
+    ``progress(stage, i, n)`` is called at every stage and after every block.
+    """
+    recipe = as_recipe(recipe)
+    report = progress or _no_progress
+    t_start = time.perf_counter()
+
+    report("load", 0, 1)
+    model, tokenizer, adapter = _model_and_tokenizer(recipe, model, tokenizer, calibration)
+    device = next(model.parameters()).device
+    report("load", 1, 1)
+
+    report("calibration", 0, 1)
+    fit, held = (
+        calibration if calibration is not None else calibration_batches(recipe.calibration, tokenizer, adapter.kind)
+    )
+    report("calibration", 1, 1)
+
+    n_layers = adapter.n_layers
+    report("scoring", 0, n_layers)
+    if scores is None:
+        scores = score_layers(model, adapter, recipe, split_batches(fit, recipe.calibration.batch_size), device)
+    elif len(scores) != n_layers:
+        raise ValueError(f"scores cover {len(scores)} layers but the model has {n_layers}")
+    plan = _plan(model, adapter, recipe, scores)
+    report("scoring", n_layers, n_layers)
+
+    params_before = sum(p.numel() for p in model.parameters())
+    block_before = block_parameters(model, adapter)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    reports, layout = _reconstruct_blocks(model, adapter, recipe, plan, fit, held, report, show_progress)
+
+    model.config.liar_layout = layout
+    model.config.liar_family = adapter.name
+    result = PruneResult(
+        model=model,
+        tokenizer=tokenizer,
+        recipe=recipe,
+        adapter=adapter,
+        plan=plan,
+        report=reports,
+        params_before=params_before,
+        params_after=sum(p.numel() for p in model.parameters()),
+        block_params_before=block_before,
+        block_params_after=block_parameters(model, adapter),
+        seconds=time.perf_counter() - t_start,
+        peak_memory_mb=peak_memory_mb(device),
+        scores=scores,
+    )
+    report("done", 1, 1)
+    return result
