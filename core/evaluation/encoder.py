@@ -1,318 +1,17 @@
-"""Task metrics for encoders: sequence classification, STS-style regression and extractive QA.
+"""Evaluating encoders on their tasks: sequence classification, STS-style regression and extractive QA.
 
-Metrics (all fractions in [0, 1], or correlations in [-1, 1], never percentages):
-
-- classification: ``accuracy``;
-- regression (a model with one output, e.g. STS-B): ``spearman`` — the Pearson correlation of the
-  ranks, ties given their average rank — and ``pearson``, both computed here in plain Python;
-- extractive QA: SQuAD ``exact_match`` and ``f1`` with the official answer normalisation (lower
-  case, punctuation removed, articles *a/an/the* removed, whitespace collapsed), each the maximum
-  over the gold answers. SQuAD v2 adds unanswerable questions: their only gold answer is the empty
-  string, so an empty prediction scores 1 on both metrics and anything else 0.
-
-Data: GLUE and SQuAD through ``datasets`` when the Hugging Face Hub is reachable
-(:func:`load_glue`, :func:`load_squad`), or local CSV / JSONL / JSON files
-(:func:`read_classification_file`, :func:`read_qa_file`). Records are plain dicts:
-classification ``{"text", "text_pair" (optional), "label"}``, QA ``{"id", "question", "context",
-"answers": [str, ...]}`` (an empty list marks an unanswerable question).
+Metrics are in :mod:`core.evaluation.metrics`, task data loaders in :mod:`core.evaluation.task_data`.
 """
 
 from __future__ import annotations
 
 import math
-import re
-import string
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from core.data.texts import read_rows
-
-# --------------------------------------------------------------------------------------------
-# Metrics
-# --------------------------------------------------------------------------------------------
-
-
-def accuracy(predictions: Sequence[Any], labels: Sequence[Any]) -> float:
-    """Fraction of positions where the prediction equals the label."""
-    if len(predictions) != len(labels):
-        raise ValueError(f"{len(predictions)} predictions for {len(labels)} labels")
-    if not labels:
-        raise ValueError("accuracy of an empty set")
-    return sum(p == y for p, y in zip(predictions, labels)) / len(labels)
-
-
-def average_ranks(values: Sequence[float]) -> list[float]:
-    """Ranks 1..n of ``values``; a group of equal values shares the mean of the ranks it spans."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        stop = start
-        while stop + 1 < len(order) and values[order[stop + 1]] == values[order[start]]:
-            stop += 1
-        shared = (start + stop) / 2 + 1  # mean of the 1-based ranks start+1 .. stop+1
-        for k in range(start, stop + 1):
-            ranks[order[k]] = shared
-        start = stop + 1
-    return ranks
-
-
-def pearson(x: Sequence[float], y: Sequence[float]) -> float:
-    """Pearson correlation; NaN when either side is constant (the correlation is undefined)."""
-    if len(x) != len(y):
-        raise ValueError(f"{len(x)} values against {len(y)}")
-    if len(x) < 2:
-        raise ValueError("a correlation needs at least two points")
-    mx, my = math.fsum(x) / len(x), math.fsum(y) / len(y)
-    sxy = math.fsum((a - mx) * (b - my) for a, b in zip(x, y))
-    sxx = math.fsum((a - mx) ** 2 for a in x)
-    syy = math.fsum((b - my) ** 2 for b in y)
-    if sxx == 0 or syy == 0:
-        return float("nan")
-    return sxy / math.sqrt(sxx * syy)
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation: Pearson on average ranks (the tie-correct definition)."""
-    return pearson(average_ranks(x), average_ranks(y))
-
-
-_PUNCTUATION = set(string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD answer normalisation: lower case, drop punctuation, drop a/an/the, collapse whitespace."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
-    return " ".join(_ARTICLES.sub(" ", text).split())
-
-
-def exact_match(prediction: str, gold: str) -> float:
-    """1.0 when the normalised strings are equal, else 0.0."""
-    return float(normalize_answer(prediction) == normalize_answer(gold))
-
-
-def token_f1(prediction: str, gold: str) -> float:
-    """Bag-of-tokens F1 of the normalised strings; if either is empty, 1.0 only when both are."""
-    pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
-    if not pred or not ref:
-        return float(pred == ref)
-    same = sum((Counter(pred) & Counter(ref)).values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(pred), same / len(ref)
-    return 2 * precision * recall / (precision + recall)
-
-
-def squad_scores(prediction: str, answers: Sequence[str]) -> tuple[float, float]:
-    """``(exact_match, f1)`` of one prediction: the best over the gold answers ([] → unanswerable)."""
-    golds = [a for a in answers if normalize_answer(a)] or [""]
-    return max(exact_match(prediction, g) for g in golds), max(token_f1(prediction, g) for g in golds)
-
-
-def squad_metrics(predictions: Mapping[str, str], records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """Mean ``exact_match`` / ``f1`` over ``records`` (``{"id", "answers"}``), split by answerability.
-
-    With unanswerable questions present, also ``has_answer_*`` and ``no_answer_*`` (the latter's
-    exact match is the fraction of unanswerable questions answered with the empty string).
-    """
-    rows: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
-    for i, rec in enumerate(records, 1):
-        qid = str(rec["id"])
-        if qid not in predictions:
-            raise ValueError(f"no prediction for question {qid!r} (record {i})")
-        answerable = any(normalize_answer(a) for a in rec["answers"])
-        rows[answerable].append(squad_scores(predictions[qid], rec["answers"]))
-    every = rows[True] + rows[False]
-    if not every:
-        raise ValueError("no QA records to score")
-    out = {
-        "exact_match": math.fsum(e for e, _ in every) / len(every),
-        "f1": math.fsum(f for _, f in every) / len(every),
-        "n": len(every),
-    }
-    if rows[False]:
-        for key, part in (("has_answer", rows[True]), ("no_answer", rows[False])):
-            out[f"{key}_n"] = len(part)
-            if part:
-                out[f"{key}_exact_match"] = math.fsum(e for e, _ in part) / len(part)
-                out[f"{key}_f1"] = math.fsum(f for _, f in part) / len(part)
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# Data: GLUE / SQuAD through `datasets`, or local files
-# --------------------------------------------------------------------------------------------
-
-GLUE_FIELDS: dict[str, tuple[str, str | None]] = {
-    "cola": ("sentence", None),
-    "sst2": ("sentence", None),
-    "mrpc": ("sentence1", "sentence2"),
-    "qqp": ("question1", "question2"),
-    "stsb": ("sentence1", "sentence2"),
-    "mnli": ("premise", "hypothesis"),
-    "qnli": ("question", "sentence"),
-    "rte": ("sentence1", "sentence2"),
-    "wnli": ("sentence1", "sentence2"),
-}
-"""GLUE task → (text field, pair field) in the ``glue`` dataset; STS-B's label is a float score."""
-
-
-def _load_dataset(*args: Any, **kwargs: Any):
-    try:
-        import datasets
-
-        return datasets.load_dataset(*args, **kwargs)
-    except Exception as exc:
-        raise RuntimeError(
-            f"could not load {args[0]!r} through `datasets` ({type(exc).__name__}: {exc}). Without access to the "
-            "Hugging Face Hub, pass a local CSV / JSONL / JSON file instead."
-        ) from exc
-
-
-def load_glue(task: str, split: str = "validation") -> list[dict[str, Any]]:
-    """GLUE records ``{"text", "text_pair"?, "label"}`` (MNLI's ``validation`` is ``validation_matched``)."""
-    if task not in GLUE_FIELDS:
-        raise ValueError(f"unknown GLUE task {task!r}; choose one of {sorted(GLUE_FIELDS)}")
-    if task == "mnli" and split == "validation":
-        split = "validation_matched"
-    ds = _load_dataset("nyu-mll/glue", task, split=split)
-    text, pair = GLUE_FIELDS[task]
-    records = []
-    for row in ds:
-        if row["label"] == -1:
-            raise ValueError(f"GLUE {task} split {split!r} has hidden labels; evaluate on a validation split")
-        rec = {"text": row[text], "label": row["label"]}
-        if pair:
-            rec["text_pair"] = row[pair]
-        records.append(rec)
-    return records
-
-
-def load_squad(version: int = 1, split: str = "validation") -> list[dict[str, Any]]:
-    """SQuAD v1.1 or v2.0 records ``{"id", "question", "context", "answers"}`` through ``datasets``."""
-    if version not in (1, 2):
-        raise ValueError(f"SQuAD version must be 1 or 2, got {version!r}")
-    ds = _load_dataset("rajpurkar/squad" if version == 1 else "rajpurkar/squad_v2", split=split)
-    return [
-        {"id": r["id"], "question": r["question"], "context": r["context"], "answers": list(r["answers"]["text"])}
-        for r in ds
-    ]
-
-
-def _get(rec: Any, key: str, path: Path, index: int) -> Any:
-    if not isinstance(rec, Mapping):
-        raise ValueError(f"{path}: record {index} is not an object")
-    if key not in rec or rec[key] is None:
-        raise ValueError(f"{path}: record {index} has no field {key!r} (fields: {sorted(rec)})")
-    return rec[key]
-
-
-def _parse_label(value: Any) -> Any:
-    """CSV labels arrive as strings: integers and floats are turned back into numbers."""
-    if isinstance(value, str):
-        v = value.strip()
-        for cast in (int, float):
-            try:
-                return cast(v)
-            except ValueError:
-                pass
-        return v
-    return value
-
-
-def read_classification_file(
-    path: str | Path,
-    text_field: str = "text",
-    text_pair_field: str | None = None,
-    label_field: str = "label",
-) -> list[dict[str, Any]]:
-    """Classification records from a local CSV / TSV / JSONL / JSON file.
-
-    Each record gets ``text`` (and ``text_pair`` when ``text_pair_field`` is set) and ``label``
-    (numbers parsed; names such as ``positive`` are kept and mapped through the model's
-    ``label2id`` at evaluation). Missing fields raise a ``ValueError`` naming file, record and field.
-    """
-    path, rows = read_rows(path)
-    records = []
-    for i, row in enumerate(rows, 1):
-        rec = {"text": str(_get(row, text_field, path, i))}
-        if text_pair_field:
-            rec["text_pair"] = str(_get(row, text_pair_field, path, i))
-        rec["label"] = _parse_label(_get(row, label_field, path, i))
-        records.append(rec)
-    if not records:
-        raise ValueError(f"{path} holds no records")
-    return records
-
-
-def _answer_texts(value: Any, path: Path, index: int) -> list[str]:
-    """Answers as a list of strings from the common layouts (list of str / of dicts, HF dict, str)."""
-    if isinstance(value, str):
-        return [value] if value else []
-    if isinstance(value, Mapping) and "text" in value:
-        return _answer_texts(value["text"], path, index)
-    if isinstance(value, list):
-        out = []
-        for a in value:
-            if isinstance(a, Mapping) and "text" in a:
-                out.append(str(a["text"]))
-            elif isinstance(a, str):
-                out.append(a)
-            else:
-                raise ValueError(f"{path}: record {index}: an answer must be a string or {{'text': ...}}, got {a!r}")
-        return out
-    raise ValueError(f"{path}: record {index}: 'answers' must be a list, a string or {{'text': [...]}}")
-
-
-def read_qa_file(
-    path: str | Path,
-    question_field: str = "question",
-    context_field: str = "context",
-    answers_field: str = "answers",
-    id_field: str = "id",
-) -> list[dict[str, Any]]:
-    """QA records from JSONL / JSON records, or from an official SQuAD ``{"data": [articles]}`` file.
-
-    Records without ``id_field`` are numbered; an empty answer list (or SQuAD's ``is_impossible``)
-    marks an unanswerable question.
-    """
-    path, rows = read_rows(path)
-    if rows and isinstance(rows[0], Mapping) and "paragraphs" in rows[0]:  # official SQuAD layout
-        flat = []
-        for article in rows:
-            for para in article["paragraphs"]:
-                for qa in para["qas"]:
-                    answers = [] if qa.get("is_impossible") else qa.get("answers", [])
-                    row = {id_field: qa["id"], question_field: qa["question"], context_field: para["context"]}
-                    flat.append({**row, answers_field: answers})
-        rows = flat
-    records = []
-    for i, row in enumerate(rows, 1):
-        records.append(
-            {
-                "id": str(row[id_field]) if isinstance(row, Mapping) and id_field in row else str(i),
-                "question": str(_get(row, question_field, path, i)),
-                "context": str(_get(row, context_field, path, i)),
-                "answers": _answer_texts(_get(row, answers_field, path, i), path, i),
-            }
-        )
-    if not records:
-        raise ValueError(f"{path} holds no records")
-    ids = [r["id"] for r in records]
-    if len(set(ids)) != len(ids):
-        dup = next(x for x, c in Counter(ids).items() if c > 1)
-        raise ValueError(f"{path}: question id {dup!r} occurs more than once")
-    return records
-
-
-# --------------------------------------------------------------------------------------------
-# Evaluation
-# --------------------------------------------------------------------------------------------
+from core.evaluation.metrics import accuracy, normalize_answer, pearson, spearman, squad_metrics
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
@@ -424,6 +123,24 @@ def _best_span(
 
 
 @torch.no_grad()
+def _best_spans(enc, tokenizer, start_all, end_all, context_seq: int, n_best: int, max_answer_length: int):
+    """Per example: the best span over its windows ``(score, feature, start, end)`` and the minimum
+    null ([CLS]) score over its windows."""
+    best: dict[int, tuple[float, int, int, int]] = {}  # example → (score, feature, start, end)
+    null: dict[int, float] = {}
+    for f in range(len(enc["input_ids"])):
+        ex = enc["overflow_to_sample_mapping"][f]
+        seq_ids = enc.sequence_ids(f)
+        offsets = [o if seq_ids[k] == context_seq else None for k, o in enumerate(enc["offset_mapping"][f])]
+        ids = enc["input_ids"][f]
+        cls = ids.index(tokenizer.cls_token_id) if tokenizer.cls_token_id in ids else 0
+        null[ex] = min(null.get(ex, math.inf), start_all[f][cls] + end_all[f][cls])
+        span = _best_span(start_all[f], end_all[f], offsets, n_best, max_answer_length)
+        if span is not None and (ex not in best or span[0] > best[ex][0]):
+            best[ex] = (span[0], f, span[1], span[2])
+    return best, null
+
+
 def evaluate_qa(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -474,7 +191,6 @@ def evaluate_qa(
         padding="longest",
     )
     n_features = len(enc["input_ids"])
-    context_seq = 1 if pad_right else 0
     model.eval()
     device = _device_of(model)
     start_all: list[list[float]] = []
@@ -483,19 +199,7 @@ def evaluate_qa(
         out = model(**_model_inputs(enc, slice(lo, lo + batch_size), device))
         start_all.extend(out.start_logits.float().tolist())
         end_all.extend(out.end_logits.float().tolist())
-    best: dict[int, tuple[float, int, int, int]] = {}  # example → (score, feature, start, end)
-    null: dict[int, float] = {}
-    for f in range(n_features):
-        ex = enc["overflow_to_sample_mapping"][f]
-        seq_ids = enc.sequence_ids(f)
-        offsets = [o if seq_ids[k] == context_seq else None for k, o in enumerate(enc["offset_mapping"][f])]
-        ids = enc["input_ids"][f]
-        cls = ids.index(tokenizer.cls_token_id) if tokenizer.cls_token_id in ids else 0
-        null_score = start_all[f][cls] + end_all[f][cls]
-        null[ex] = min(null.get(ex, math.inf), null_score)
-        span = _best_span(start_all[f], end_all[f], offsets, n_best, max_answer_length)
-        if span is not None and (ex not in best or span[0] > best[ex][0]):
-            best[ex] = (span[0], f, span[1], span[2])
+    best, null = _best_spans(enc, tokenizer, start_all, end_all, 1 if pad_right else 0, n_best, max_answer_length)
     predictions: dict[str, str] = {}
     for ex, rec in enumerate(records):
         text = ""

@@ -6,7 +6,9 @@ service and the web form run them at submit time without loading the engine.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from core.models.liar_families import PRUNED_PREFIX, family_of, supported_model_types
@@ -43,17 +45,31 @@ def check_model_fit(recipe: Recipe, config: Any) -> None:
         )
 
 
+def _cached_config(model: str) -> dict[str, Any] | None:
+    """The raw ``config.json`` of a local directory or of a hub id already in the local cache, or None."""
+    local = Path(model).expanduser() / "config.json"
+    path: Any = local if local.is_file() else None
+    if path is None:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            path = try_to_load_from_cache(model, "config.json")
+        except Exception:  # not a valid repo id, or no cache: the worker checks after loading
+            return None
+    if not isinstance(path, (str, Path)) or not Path(path).is_file():
+        return None
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
 def preflight(recipe: Recipe | dict | str | Path) -> None:
     """:func:`check_model_fit` with the model's config, when it can be read without downloading (a local
-    directory, or a hub id already in the local cache); otherwise nothing — :func:`prune` checks again."""
-    from transformers import AutoConfig, PretrainedConfig
-
+    directory, or a hub id already in the local cache); otherwise nothing — :func:`prune` checks again.
+    Reads the config as JSON: no torch, no transformers, so a form check in the web process stays fast."""
     recipe = as_recipe(recipe)
-    local = Path(recipe.model).expanduser() / "config.json"
-    try:
-        config = AutoConfig.from_pretrained(recipe.model, local_files_only=True)
-    except Exception:  # a pruned (liar_) or unknown local type still has its fields; else the worker checks
-        if not local.is_file():
-            return
-        config = PretrainedConfig.from_json_file(local)
-    check_model_fit(recipe, config)
+    raw = _cached_config(recipe.model)
+    if raw is not None:
+        check_model_fit(recipe, SimpleNamespace(**raw))

@@ -6,21 +6,19 @@ import math
 import pytest
 import torch
 
-from core.evaluation.encoder import (
+from core.evaluation.encoder import evaluate_classifier, evaluate_qa
+from core.evaluation.metrics import (
     accuracy,
     average_ranks,
-    evaluate_classifier,
-    evaluate_qa,
     exact_match,
     normalize_answer,
     pearson,
-    read_classification_file,
-    read_qa_file,
     spearman,
     squad_metrics,
     squad_scores,
     token_f1,
 )
+from core.evaluation.task_data import read_classification_file, read_qa_file
 from core.models.loading import load_model
 from core.models.tiny import tiny_bert
 
