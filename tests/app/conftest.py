@@ -72,3 +72,15 @@ def app_server(tmp_path_factory):
     proc, url = start_app(data)
     yield {"url": url, "data": data}
     stop_app(proc)
+
+
+@pytest.fixture()
+def job_service(tmp_path):
+    """A JobService on SQLite and the filesystem broker under ``tmp_path`` (jobs queue; no worker runs them)."""
+    from jobs.service import JobService
+    from jobs.settings import Settings
+
+    data = tmp_path / "data"
+    settings = Settings(data_dir=data, database_url=f"sqlite:///{data / 'liar.db'}", broker_url="filesystem://")
+    settings.ensure_dirs()
+    return JobService(settings)

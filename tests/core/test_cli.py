@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from core.cli import main
+from app.cli import main
 from core.spec.recipe import Recipe
 
 

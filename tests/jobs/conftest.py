@@ -66,7 +66,7 @@ class Stack:
     def start_worker(self) -> subprocess.Popen:
         log = open(self.data_dir / f"worker-{len(self.workers)}.log", "w")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jobs.cli", "worker", "--loglevel", "INFO"],
+            [sys.executable, "-m", "app.cli", "worker", "--loglevel", "INFO"],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,

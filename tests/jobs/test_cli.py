@@ -6,7 +6,7 @@ import json
 
 import yaml
 
-from jobs.cli import main
+from app.cli import main
 from tests.jobs.conftest import recipe
 
 

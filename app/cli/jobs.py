@@ -1,4 +1,4 @@
-"""The ``liar`` command: the engine's verbs (``core.cli``) plus ``worker`` and ``jobs``.
+"""``liar worker`` and ``liar jobs submit|list|show|cancel``: the job runner from the shell.
 
 liar worker [--gpu 0]
 liar jobs submit RECIPE.yaml [--user NAME] [--ppl FILE] [--sweep-ratios 0.2 0.5 --sweep-methods liar ls]
@@ -9,14 +9,34 @@ liar jobs cancel ID
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 
-from core.cli import _fail, build_parser
+from app.cli.common import fail
+
+SHOWN_FIELDS = (
+    "id",
+    "status",
+    "stage",
+    "layer",
+    "n_layers",
+    "progress",
+    "model",
+    "ratio",
+    "method",
+    "criterion",
+    "submitted_by",
+    "worker",
+    "attempts",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "error",
+)
 
 
-def cmd_worker(args) -> int:
+def cmd_worker(args: argparse.Namespace) -> int:
     from jobs.worker import run_worker
 
     run_worker(gpu=args.gpu, name=args.name, loglevel=args.loglevel)
@@ -29,7 +49,7 @@ def _service():
     return JobService()
 
 
-def cmd_submit(args) -> int:
+def cmd_submit(args: argparse.Namespace) -> int:
     from jobs.service import SubmitError
 
     evaluations = [{"type": "perplexity", "dataset": args.ppl, "seq_len": args.ppl_seq_len}] if args.ppl else None
@@ -49,14 +69,12 @@ def cmd_submit(args) -> int:
         else:
             job_id = service.submit(args.recipe, submitted_by=user, evaluations=evaluations)
             print(json.dumps({"id": job_id}) if args.json else job_id)
-    except SubmitError as exc:
-        return _fail(str(exc))
-    except RuntimeError as exc:
-        return _fail(str(exc))
+    except (SubmitError, RuntimeError) as exc:
+        return fail(str(exc))
     return 0
 
 
-def cmd_list(args) -> int:
+def cmd_list(args: argparse.Namespace) -> int:
     rows = _service().list(status=args.status, group_id=args.group, submitted_by=args.user, limit=args.limit)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -71,33 +89,15 @@ def cmd_list(args) -> int:
     return 0
 
 
-def cmd_show(args) -> int:
+def cmd_show(args: argparse.Namespace) -> int:
     try:
         info = _service().show(args.id)
     except KeyError as exc:
-        return _fail(str(exc.args[0]))
+        return fail(str(exc.args[0]))
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    for key in (
-        "id",
-        "status",
-        "stage",
-        "layer",
-        "n_layers",
-        "progress",
-        "model",
-        "ratio",
-        "method",
-        "criterion",
-        "submitted_by",
-        "worker",
-        "attempts",
-        "created_at",
-        "started_at",
-        "finished_at",
-        "error",
-    ):
+    for key in SHOWN_FIELDS:
         print(f"{key:>13}: {info[key]}")
     for name, value in sorted(info["metrics"].items()):
         print(f"{'metric':>13}: {name} = {value:g}")
@@ -106,19 +106,17 @@ def cmd_show(args) -> int:
     return 0
 
 
-def cmd_cancel(args) -> int:
+def cmd_cancel(args: argparse.Namespace) -> int:
     try:
         status = _service().cancel(args.id)
     except KeyError as exc:
-        return _fail(str(exc.args[0]))
+        return fail(str(exc.args[0]))
     print(f"job {args.id}: {status if status != 'RUNNING' else 'cancel requested (stops at the next layer)'}")
     return 0
 
 
-def build_full_parser():
-    parser = build_parser()
-    sub = next(a for a in parser._actions if a.dest == "command")
-
+def register(sub) -> None:
+    """Add ``worker`` and ``jobs`` (with its own subcommands) to the ``liar`` subcommands."""
     w = sub.add_parser("worker", help="run a job worker (one job at a time, fresh process per job)")
     w.add_argument("--gpu", help="GPU index for this worker (sets CUDA_VISIBLE_DEVICES)")
     w.add_argument("--name", help="worker name (default liar-gpuN-PID@host)")
@@ -151,14 +149,3 @@ def build_full_parser():
     c = jsub.add_parser("cancel", help="cancel a queued or running job")
     c.add_argument("id", type=int)
     c.set_defaults(func=cmd_cancel)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    from core.cli import main as core_main
-
-    return core_main(argv, parser=build_full_parser())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,15 +1,14 @@
-"""``liar app``: the web app with an embedded worker, on top of the ``jobs`` and ``core`` verbs."""
+"""``liar app``: the web app, with an embedded worker unless ``--no-worker``."""
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-
-from jobs.cli import build_full_parser
 
 
 def bundled_assets(data_dir: Path) -> tuple[list[str], list[str], list[str]]:
@@ -36,7 +35,7 @@ def bundled_assets(data_dir: Path) -> tuple[list[str], list[str], list[str]]:
     return models, texts, evals
 
 
-def cmd_app(args) -> int:
+def cmd_app(args: argparse.Namespace) -> int:
     from jobs.settings import Settings
 
     settings = Settings.from_env()
@@ -54,7 +53,7 @@ def cmd_app(args) -> int:
         signal.signal(signal.SIGTERM, on_term)
         print(f"embedded worker started (pid {worker.pid})", flush=True)
     models, texts, evals = bundled_assets(settings.data_dir)
-    from app.main import launch
+    from app.web import launch
 
     launch(host=args.host, port=args.port, default_models=models, default_texts=texts, eval_texts=evals)
     return 0
@@ -70,23 +69,10 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
-def build_app_parser():
-    parser = build_full_parser()
-    sub = next(a for a in parser._actions if a.dest == "command")
+def register(sub) -> None:
+    """Add ``app`` to the ``liar`` subcommands."""
     a = sub.add_parser("app", help="run the web app (with an embedded worker unless --no-worker)")
     a.add_argument("--host", default=os.environ.get("LIAR_APP_HOST", "127.0.0.1"))
     a.add_argument("--port", type=int, default=int(os.environ.get("LIAR_APP_PORT", 7860)))
     a.add_argument("--no-worker", action="store_true", help="do not start a worker (use separate `liar worker`s)")
     a.set_defaults(func=cmd_app)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    from core.cli import main as core_main
-
-    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    return core_main(argv, parser=build_app_parser())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

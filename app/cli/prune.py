@@ -1,4 +1,4 @@
-"""Command line: ``liar prune``, ``liar eval``, ``liar demo``.
+"""``liar prune``, ``liar eval``, ``liar demo``: the engine's verbs on one model.
 
     liar prune RECIPE.yaml --output DIR
     liar prune --model M --criterion magnitude --ratio 0.5 --reconstruction liar \\
@@ -6,27 +6,22 @@
     liar eval DIR --ppl FILE --seq-len 128 --json
     liar eval DIR --tasks rt_sentiment,wiki_cloze --task-dir TASKS --limit 200 --json
     liar demo                       # prune a tiny random model end to end (no downloads)
-    liar sweep GRID.yaml --out DIR [--isolate]   # a resumable grid of runs → tables and plots
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import tempfile
 from pathlib import Path
 
-EXIT_USAGE = 2
+from app.cli.common import fail, run_quietly
+
+DTYPES = ["auto", "float32", "float16", "bfloat16"]
 
 
-def _fail(message: str) -> int:
-    print(f"liar: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def _recipe_from_args(args: argparse.Namespace):
+def recipe_from_args(args: argparse.Namespace):
+    """The recipe file (if any) with the flags laid over it, validated."""
     from core.spec.recipe import Recipe
 
     flags = {
@@ -78,25 +73,22 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from core.models.export import check_output_dir
+    from core.spec.errors import validation_lines
 
     try:
-        recipe = _recipe_from_args(args)
+        recipe = recipe_from_args(args)
         out = check_output_dir(args.output, args.overwrite)
     except ValidationError as exc:
-        lines = [
-            f"  {'.'.join(map(str, e['loc'])) or 'recipe'}: {e['msg'].removeprefix('Value error, ')}"
-            for e in exc.errors()
-        ]
-        return _fail("invalid recipe:\n" + "\n".join(lines))
+        return fail("invalid recipe:\n" + "\n".join(validation_lines(exc, prefix="  ")))
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     if args.dry_run:
         from core.pipeline.preflight import preflight
 
         try:
             preflight(recipe)
         except ValueError as exc:
-            return _fail(str(exc))
+            return fail(str(exc))
         print(recipe.to_yaml(), end="")
         return 0
 
@@ -105,7 +97,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     try:
         result = prune(recipe, show_progress=not args.quiet)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     if args.ppl:
         from core.evaluation.perplexity import perplexity
 
@@ -123,21 +115,25 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**summary, "output": str(path)}, indent=2))
     else:
-        print(
-            f"pruned {recipe.model}: {summary['achieved_ratio']:.1%} of block parameters removed "
-            f"(target {recipe.ratio:.1%}), {summary['params_before']:,} → {summary['params_after']:,} "
-            f"parameters in {summary['prune_seconds']:.1f} s"
-        )
-        if abs(summary["ratio_deviation"]) > 0.01:
-            print(
-                f"note: {abs(summary['ratio_deviation']):.1%} "
-                f"{'over' if summary['ratio_deviation'] > 0 else 'under'} the target ratio — the kept-width "
-                "rounding (round_to) or the one-head/one-neuron-per-layer minimum prevents a closer fit"
-            )
-        if "perplexity" in summary:
-            print(f"perplexity: {summary['perplexity']:.3f}")
-        print(f"saved to {path}")
+        _print_prune_summary(recipe, summary, path)
     return 0
+
+
+def _print_prune_summary(recipe, summary: dict, path: Path) -> None:
+    print(
+        f"pruned {recipe.model}: {summary['achieved_ratio']:.1%} of block parameters removed "
+        f"(target {recipe.ratio:.1%}), {summary['params_before']:,} → {summary['params_after']:,} "
+        f"parameters in {summary['prune_seconds']:.1f} s"
+    )
+    if abs(summary["ratio_deviation"]) > 0.01:
+        print(
+            f"note: {abs(summary['ratio_deviation']):.1%} "
+            f"{'over' if summary['ratio_deviation'] > 0 else 'under'} the target ratio — the kept-width "
+            "rounding (round_to) or the one-head/one-neuron-per-layer minimum prevents a closer fit"
+        )
+    if "perplexity" in summary:
+        print(f"perplexity: {summary['perplexity']:.3f}")
+    print(f"saved to {path}")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -146,23 +142,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     tasks = None
     if args.task_dir is not None and args.tasks is None:
-        return _fail("--task-dir needs --tasks")
+        return fail("--task-dir needs --tasks")
     if args.ppl is None and args.tasks is None:
-        return _fail("nothing to evaluate: pass --ppl FILE_OR_NAMED_SET and/or --tasks NAME[,NAME...]")
+        return fail("nothing to evaluate: pass --ppl FILE_OR_NAMED_SET and/or --tasks NAME[,NAME...]")
     if args.tasks is not None:  # resolve names before loading the model: a typo fails in a second
         from core.evaluation.lmeval import select_tasks
 
         try:
             tasks = select_tasks(args.tasks, args.task_dir)
         except (ValueError, FileNotFoundError) as exc:
-            return _fail(str(exc))
+            return fail(str(exc))
     quiet = args.json or args.quiet
     result: dict = {}
     try:
         model, tokenizer, adapter = load_model(args.model, args.dtype, args.device)
         if adapter.kind != "decoder":
             what = "perplexity" if args.ppl is not None else "lm-eval tasks"
-            return _fail(f"{what} needs a causal language model (decoder)")
+            return fail(f"{what} needs a causal language model (decoder)")
         if args.ppl is not None:
             from core.evaluation.perplexity import perplexity
 
@@ -178,33 +174,42 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 )
             )
         if tasks is not None:
-            from core.evaluation.lmeval import evaluate_lm_eval
-
-            harness = _run_quietly(
-                quiet,
-                evaluate_lm_eval,
-                model,
-                tokenizer,
-                tasks,
-                batch_size=args.batch_size,
-                limit=args.limit,
-                num_fewshot=args.num_fewshot,
-            )
-            result["tasks"] = harness["summary"]
-            result["lm_eval_seconds"] = harness["seconds"]
-            if args.results:
-                Path(args.results).expanduser().write_text(json.dumps(harness["raw"], indent=2))
+            result.update(_run_tasks(args, model, tokenizer, tasks, quiet))
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     result["model"] = args.model
     result["parameters"] = sum(p.numel() for p in model.parameters())
     if args.json:
         print(json.dumps(result, indent=2))
-        return 0
+    else:
+        _print_eval(result, args.seq_len)
+    return 0
+
+
+def _run_tasks(args: argparse.Namespace, model, tokenizer, tasks, quiet: bool) -> dict:
+    """lm-eval on ``tasks``: their summary and time (and the raw results in ``--results``)."""
+    from core.evaluation.lmeval import evaluate_lm_eval
+
+    harness = run_quietly(
+        quiet,
+        evaluate_lm_eval,
+        model,
+        tokenizer,
+        tasks,
+        batch_size=args.batch_size,
+        limit=args.limit,
+        num_fewshot=args.num_fewshot,
+    )
+    if args.results:
+        Path(args.results).expanduser().write_text(json.dumps(harness["raw"], indent=2))
+    return {"tasks": harness["summary"], "lm_eval_seconds": harness["seconds"]}
+
+
+def _print_eval(result: dict, seq_len: int) -> None:
     if "perplexity" in result:
         print(
             f"perplexity {result['perplexity']:.4f} over {result['tokens']:,} tokens "
-            f"({result['windows']} windows of {args.seq_len})"
+            f"({result['windows']} windows of {seq_len})"
         )
     for task, metrics in result.get("tasks", {}).items():
         shown = ", ".join(
@@ -213,24 +218,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
             if not k.endswith("_stderr")
         )
         print(f"{task}: {shown}")
-    return 0
-
-
-def _run_quietly(quiet: bool, fn, *args, **kwargs):
-    """Call ``fn``; when ``quiet``, the harness's progress bars and log lines go nowhere (stdout stays JSON)."""
-    if not quiet:
-        return fn(*args, **kwargs)
-    import contextlib
-    import logging
-
-    logger = logging.getLogger("lm_eval")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            return fn(*args, **kwargs)
-    finally:
-        logger.setLevel(level)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -264,33 +251,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    """Run a grid of pruning runs (resumable) and write results.jsonl / .csv / .md and plots."""
-    from core.sweep.run import GridError, load_grid, run_sweep, write_reports
-
-    try:
-        sweep = load_grid(args.grid)
-    except GridError as exc:
-        return _fail(str(exc))
-    if args.dry_run:
-        for cell in sweep.cells:
-            print(f"{cell.id}  {cell.describe()}")
-        print(f"{len(sweep.cells)} cells; the grid is valid")
-        return 0
-    if args.report_only:
-        for path in write_reports(sweep, args.out):
-            print(f"wrote {path}")
-        return 0
-    try:
-        outcome = run_sweep(args.grid, args.out, isolate=args.isolate)
-    except RuntimeError as exc:
-        return _fail(str(exc))
-    if outcome.failed:
-        print(f"liar: {outcome.failed} cell(s) failed; run the same command again to retry them", file=sys.stderr)
-        return 1
-    return 0
-
-
 def _limit(value: str) -> int | float:
     """``--limit``: a positive count of examples, or a fraction in (0, 1)."""
     try:
@@ -306,12 +266,16 @@ def _limit(value: str) -> int | float:
     return int(number)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="liar", description="Retraining-free structured pruning with least-squares reconstruction."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+def register(sub) -> None:
+    """Add ``prune``, ``eval`` and ``demo`` to the ``liar`` subcommands."""
+    _register_prune(sub)
+    _register_eval(sub)
+    d = sub.add_parser("demo", help="prune a tiny random model end to end (no downloads)")
+    d.add_argument("--output", help="working directory (default: a new temporary one)")
+    d.set_defaults(func=cmd_demo)
 
+
+def _register_prune(sub) -> None:
     p = sub.add_parser("prune", help="prune a model and save the pruned checkpoint")
     p.add_argument("recipe", nargs="?", help="recipe YAML (flags below override its fields)")
     p.add_argument("--model", help="Hugging Face id or local directory")
@@ -330,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--holdout", type=int, help="extra samples held aside for the error report")
     p.add_argument("--seed", type=int)
     p.add_argument("--batch-size", type=int)
-    p.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--dtype", choices=DTYPES)
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--output", "-o", required=True, help="directory for the pruned checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
@@ -341,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=cmd_prune)
 
+
+def _register_eval(sub) -> None:
     e = sub.add_parser("eval", help="evaluate a model or pruned checkpoint (perplexity, lm-eval tasks)")
     e.add_argument("model", help="checkpoint directory or Hugging Face id")
     e.add_argument("--ppl", help="named set (wikitext2) or a .txt/.jsonl file")
@@ -358,37 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--limit", type=_limit, help="examples per task: a count, or a fraction below 1")
     e.add_argument("--num-fewshot", type=int, help="few-shot examples per prompt (default: the task's, else 0)")
     e.add_argument("--results", help="also write lm-eval's whole results object to this JSON file")
-    e.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    e.add_argument("--dtype", default="auto", choices=DTYPES)
     e.add_argument("--device", default="auto")
     e.add_argument("--json", action="store_true", help="print a JSON object")
     e.add_argument("--quiet", "-q", action="store_true")
     e.set_defaults(func=cmd_eval)
-
-    d = sub.add_parser("demo", help="prune a tiny random model end to end (no downloads)")
-    d.add_argument("--output", help="working directory (default: a new temporary one)")
-    d.set_defaults(func=cmd_demo)
-
-    w = sub.add_parser("sweep", help="run a grid of pruning runs from a YAML file (resumable), tabulate and plot")
-    w.add_argument("grid", help="grid YAML: base recipe, lists to vary, evaluation (see core/sweep.py)")
-    w.add_argument("--out", "-o", required=True, help="results directory (re-running skips finished cells)")
-    w.add_argument("--isolate", action="store_true", help="run each cell in its own process")
-    w.add_argument("--dry-run", action="store_true", help="validate the grid and list its cells, run nothing")
-    w.add_argument("--report-only", action="store_true", help="rewrite the tables and plots from results.jsonl")
-    w.set_defaults(func=cmd_sweep)
-    return parser
-
-
-def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
-    """Entry point; ``parser`` lets the job runner add its verbs without core importing it."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = (parser or build_parser()).parse_args(argv)
-    if args.command in ("prune", "eval", "demo", "sweep"):
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

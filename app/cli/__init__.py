@@ -1,0 +1,45 @@
+"""The ``liar`` command: one parser, each verb group registering its subcommands on it.
+
+    liar prune | eval | demo     one model: prune it, evaluate it, or try the install  (app.cli.prune)
+    liar sweep                   a resumable grid of runs → tables and plots            (app.cli.sweep)
+    liar worker | jobs …         the job runner: a worker, and submit/list/show/cancel  (app.cli.jobs)
+    liar app                     the web app with an embedded worker                    (app.cli.serve)
+
+Heavy libraries (torch, transformers, gradio) are imported inside the verbs, so ``liar --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from app.cli import jobs, prune, serve, sweep
+from app.cli.common import quiet_transformers
+
+VERB_GROUPS = (prune, sweep, jobs, serve)  # the order of the verbs in ``liar --help``
+ENGINE_VERBS = ("prune", "eval", "demo", "sweep")  # verbs that load models in this process
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="liar", description="Retraining-free structured pruning with least-squares reconstruction."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in VERB_GROUPS:
+        group.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``liar`` console script; returns the exit code."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    args = build_parser().parse_args(argv)
+    if args.command in ENGINE_VERBS:
+        quiet_transformers()
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

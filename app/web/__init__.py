@@ -1,0 +1,80 @@
+"""The Gradio web app: new run, jobs, dashboard, model page — a thin layer over ``jobs.service``.
+
+One module per tab (``new_run``, ``jobs_tab``, ``dashboard``, ``model_page``) plus the named API
+endpoints (``api``: ``/submit``, ``/list_jobs``, ``/show_job``, ``/cancel_job``, ``/download``); what
+they do is in ``forms``, as plain functions without Gradio. Gradio is imported when the app is built,
+so ``app.web.forms`` loads without it (and nothing here loads torch).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import gradio as gr
+
+    from jobs.service import JobService
+
+__all__ = ["build_app", "launch"]
+
+TITLE = "LIAR — retraining-free pruning"
+HEADER = (
+    "# LIAR · retraining-free structured pruning\nPrune heads and neurons, rebuild the "
+    "pruned layers by least squares, download a loadable checkpoint."
+)
+
+
+def build_app(
+    service: JobService | None = None,
+    default_models: list[str] | None = None,
+    default_texts: list[str] | None = None,
+    eval_texts: list[str] | None = None,
+) -> gr.Blocks:
+    """The whole app as a ``gr.Blocks`` (not started); the lists fill the form's pickers."""
+    import gradio as gr
+
+    from app.web import api, dashboard, forms, jobs_tab, model_page, new_run
+    from jobs.service import JobService
+
+    service = service or JobService()
+    models = default_models or []
+    texts = (default_texts or []) + forms.NAMED_SETS
+    with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
+        gr.Markdown(HEADER)
+        with gr.Tab("New run"):
+            new_run.build(service, models, texts, eval_texts or [])
+        with gr.Tab("Jobs"):
+            jobs_tab.build(service)
+        with gr.Tab("Dashboard"):
+            dashboard.build(service, demo)
+        with gr.Tab("Model"):
+            model_page.build(service)
+        api.build(service)
+    return demo
+
+
+def launch(host: str = "127.0.0.1", port: int = 7860, **kwargs) -> None:
+    """Serve the app (login on when ``LIAR_APP_USERS`` is set: ``"alice:pw1,bob:pw2"``)."""
+    import gradio as gr
+
+    from jobs.service import JobService
+
+    users = os.environ.get("LIAR_APP_USERS")
+    auth = [tuple(pair.split(":", 1)) for pair in users.split(",")] if users else None
+    service = JobService()
+    demo = build_app(service, **kwargs)
+    print(f"LIAR app on http://{host}:{port}  (data: {service.settings.data_dir})", flush=True)
+    # system fonts only: the default theme would fetch web fonts from the internet
+    theme = gr.themes.Default(
+        font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"]
+    )
+    demo.queue().launch(
+        theme=theme,
+        server_name=host,
+        server_port=port,
+        auth=auth,
+        show_error=True,
+        allowed_paths=[str(service.settings.artifacts_dir), str(service.settings.data_dir / "recipes")],
+        quiet=True,
+    )

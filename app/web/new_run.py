@@ -1,0 +1,134 @@
+"""The "New run" tab: the pruning form, its recipe as YAML, and submission (one job or a method sweep)."""
+
+from __future__ import annotations
+
+import os
+
+import gradio as gr
+
+from app.web import forms
+from jobs.service import JobService
+
+
+def _status(message: str):
+    return gr.update(value=message, visible=True)
+
+
+def _pruning_column(models: list[str]) -> dict:
+    """Model, what to prune and how much, criterion and reconstruction."""
+    c = {}
+    c["model_info"] = gr.Markdown(forms.describe_model(models[0])[1] if models else "", elem_id="model-info")
+    c["model"] = gr.Dropdown(
+        models,
+        value=models[0] if models else None,
+        allow_custom_value=True,
+        label="Model",
+        info="a bundled model, a Hugging Face id, or a local directory",
+    )
+    with gr.Row():
+        c["modules"] = gr.Radio(["both", "heads", "neurons"], value="both", label="Prune")
+        c["allocation"] = gr.Radio(["uniform", "global"], value="uniform", label="Allocation")
+        c["round_neurons"] = gr.Dropdown(
+            forms.ROUND_CHOICES,
+            value=1,
+            label="FFN width multiple",
+            info="kept neurons per layer rounded to a multiple (64: faster kernels); 1 = exact",
+        )
+    c["ratio"] = gr.Slider(
+        0.05, 0.9, value=0.2, step=0.05, label="Ratio", info="fraction of the transformer blocks' parameters to remove"
+    )
+    with gr.Row():
+        c["criterion"] = gr.Dropdown(forms.CRITERIA, value="magnitude", label="Criterion", info=forms.CRITERIA_INFO)
+        c["methods"] = gr.CheckboxGroup(
+            forms.METHODS, value=["liar"], label="Reconstruction", info="several → a side-by-side sweep"
+        )
+        c["damp"] = gr.Number(0.001, label="Damping", minimum=0)
+    return c
+
+
+def _data_column(texts: list[str], eval_texts: list[str]) -> dict:
+    """Calibration data, the held-out text to evaluate on, and who submits."""
+    c = {}
+    c["calibration"] = gr.Dropdown(
+        texts,
+        value=texts[0] if texts else None,
+        allow_custom_value=True,
+        label="Calibration set",
+        info="named set, bundled text or a file path",
+    )
+    c["upload"] = gr.File(
+        label=f"…or upload .txt / .jsonl (≤ {forms.MAX_UPLOAD_MB} MB)", file_types=[".txt", ".jsonl"], type="filepath"
+    )
+    with gr.Row():
+        c["samples"] = gr.Number(128, label="Samples", precision=0, minimum=1)
+        c["seq_len"] = gr.Number(128, label="Sequence length", precision=0, minimum=2)
+        c["seed"] = gr.Number(0, label="Seed", precision=0)
+    c["evaluate"] = gr.Dropdown(
+        [forms.NO_EVALUATION] + eval_texts,
+        value=eval_texts[0] if eval_texts else forms.NO_EVALUATION,
+        allow_custom_value=True,
+        label="Perplexity on (held-out text)",
+        info="evaluated after pruning; decoders only",
+    )
+    c["user"] = gr.Textbox(label="Your name", value=os.environ.get("USER", ""))
+    return c
+
+
+# the inputs of forms.from_form, in its order (then the methods; the user comes last)
+FORM_FIELDS = (
+    "model",
+    "modules",
+    "ratio",
+    "allocation",
+    "round_neurons",
+    "criterion",
+    "damp",
+    "calibration",
+    "upload",
+    "samples",
+    "seq_len",
+    "seed",
+    "evaluate",
+)
+
+
+def build(service: JobService, models: list[str], texts: list[str], eval_texts: list[str]) -> None:
+    """The tab's components, inside the current ``gr.Tab``, and their events."""
+    with gr.Row():
+        with gr.Column(scale=3):
+            c = _pruning_column(models)
+        with gr.Column(scale=2):
+            c.update(_data_column(texts, eval_texts))
+    with gr.Row():
+        check = gr.Button("Validate")
+        submit = gr.Button("Submit", variant="primary")
+    status = gr.Markdown(visible=False, elem_id="submit-status")
+    with gr.Row():
+        recipe_yaml = gr.Code(
+            label="Recipe (YAML) — edit or paste one, then submit it", language="yaml", interactive=True, scale=4
+        )
+        with gr.Column(scale=1):
+            submit_yaml = gr.Button("Submit this YAML")
+            recipe_file = gr.File(label="Download recipe", interactive=False, elem_id="recipe-file")
+
+    def validate(*form):
+        message, text, path = forms.validate_form(service, form[:-1])
+        return _status(message), text, path
+
+    def submit_form(*form, request: gr.Request | None = None):
+        return _status(forms.submit_form(service, form[:-1], forms.submitter(form[-1], request)))
+
+    def submit_yaml_text(text: str, evaluate, user, request: gr.Request | None = None):
+        return _status(forms.submit_yaml(service, text, evaluate, forms.submitter(user, request)))
+
+    def on_model_change(name):
+        text, perplexity_applies = forms.model_hint(name)
+        if perplexity_applies:
+            return text, gr.update(interactive=True)
+        return text, gr.update(value=forms.NO_EVALUATION, interactive=False)
+
+    inputs = [c[name] for name in FORM_FIELDS] + [c["methods"], c["user"]]
+    check.click(validate, inputs, [status, recipe_yaml, recipe_file], api_name=False)
+    submit_yaml.click(submit_yaml_text, [recipe_yaml, c["evaluate"], c["user"]], [status], api_name=False)
+    c["model"].change(on_model_change, [c["model"]], [c["model_info"], c["evaluate"]], api_name=False)
+    submit.click(submit_form, inputs, [status], api_name=False)

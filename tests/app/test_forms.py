@@ -1,0 +1,204 @@
+"""The web app's form logic (``app.web.forms``) without a server or Gradio: the recipe a form makes, model
+descriptions, the messages the status line shows, and the jobs table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.web import forms
+from app.web.forms import build_recipe, describe_model, evaluations_for, job_rows
+from core.spec.recipe import Recipe
+from jobs.service import SubmitError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _fields(tmp_path, **over) -> dict:
+    text = tmp_path / "calib.txt"
+    text.write_text("some calibration text\n")
+    values = dict(
+        model="some/model",
+        modules="both",
+        ratio=0.3,
+        allocation="uniform",
+        round_neurons=1,
+        criterion="magnitude",
+        damp=0.001,
+        calibration=str(text),
+        upload=None,
+        samples=16,
+        seq_len=32,
+        seed=0,
+    )
+    values.update(over)
+    return values
+
+
+def _form(tmp_path, model, methods=("liar",), evaluate="(none)", **over) -> list:
+    """The values of the form's inputs in the order the New-run tab passes them (without the user)."""
+    return [*_fields(tmp_path, model=str(model), **over).values(), evaluate, list(methods)]
+
+
+def _config(tmp_path, name: str, **cfg) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+# --- recipe from the form ------------------------------------------------------------------------
+
+
+def test_form_values_make_a_valid_recipe(tmp_path):
+    recipe = Recipe.model_validate(build_recipe(**_fields(tmp_path, criterion="flap", modules="heads")))
+    assert recipe.model == "some/model" and recipe.ratio == 0.3 and recipe.modules == "heads"
+    assert recipe.criterion.name == "flap" and recipe.reconstruction.method == "liar"
+    assert recipe.calibration.num_calibration_samples == 16 and recipe.calibration.max_seq_length == 32
+
+
+@pytest.mark.parametrize("choice, expected", [(1, 1), (64, 64), ("64", 64), (None, 1)])
+def test_ffn_width_multiple_becomes_round_to(tmp_path, choice, expected):
+    recipe = Recipe.model_validate(build_recipe(**_fields(tmp_path, round_neurons=choice)))
+    assert recipe.round_to.neurons == expected
+    assert recipe.round_to.heads == 1
+
+
+@pytest.mark.parametrize("choice", [0, -8, "eight"])
+def test_bad_ffn_width_multiple_is_refused(tmp_path, choice):
+    with pytest.raises(SubmitError, match="FFN width multiple"):
+        build_recipe(**_fields(tmp_path, round_neurons=choice))
+
+
+def test_upload_wins_over_the_picked_set_and_missing_fields_are_refused(tmp_path):
+    upload = tmp_path / "up.jsonl"
+    upload.write_text('{"text": "x"}\n')
+    assert build_recipe(**_fields(tmp_path, upload=str(upload)))["calibration"]["dataset"] == str(upload)
+    with pytest.raises(SubmitError, match="choose a model"):
+        build_recipe(**_fields(tmp_path, model="  "))
+    with pytest.raises(SubmitError, match="choose a calibration set"):
+        build_recipe(**_fields(tmp_path, calibration=None))
+
+
+def test_evaluations_for():
+    assert evaluations_for(None, 128) == [] and evaluations_for("(none)", 128) == []
+    assert evaluations_for("held.txt", "64") == [{"type": "perplexity", "dataset": "held.txt", "seq_len": 64}]
+
+
+# --- model descriptions --------------------------------------------------------------------------
+
+
+def test_describe_a_supported_decoder_and_encoder(tmp_path):
+    llama = _config(
+        tmp_path,
+        "llama",
+        model_type="llama",
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=96,
+    )
+    assert describe_model(str(llama)) == (
+        "decoder",
+        "decoder · `llama` · 2 layers · 8 heads / 4 key-value heads · FFN 96",
+    )
+    bert = _config(
+        tmp_path, "bert", model_type="liar_bert", num_hidden_layers=3, num_attention_heads=4, intermediate_size=64
+    )
+    assert describe_model(str(bert)) == ("encoder", "encoder · `liar_bert` · 3 layers · 4 heads · FFN 64")
+    text, perplexity_applies = forms.model_hint(str(bert))
+    assert text.endswith("— perplexity does not apply") and not perplexity_applies
+
+
+def test_describe_an_unsupported_model_lists_the_supported_types(tmp_path):
+    gpt2 = _config(tmp_path, "gpt2", model_type="gpt2", n_layer=2)
+    kind, text = describe_model(str(gpt2))
+    assert kind is None
+    assert text == "⚠ model type `gpt2` is not supported (supported: bert, llama, mistral, qwen2)"
+
+
+def test_describe_what_is_not_a_local_model():
+    assert describe_model("") == (None, "")
+    assert describe_model("org/some-model") == (None, "hub id or unknown directory: checked when the job starts")
+
+
+def test_pickers_list_the_engine_names():
+    from core.spec.criteria import CRITERIA
+    from core.spec.recipe import METHODS, NAMED_DATASETS
+
+    assert forms.CRITERIA == list(CRITERIA) and forms.CRITERIA[0] == "magnitude"
+    assert forms.METHODS == list(METHODS) and forms.NAMED_SETS == list(NAMED_DATASETS)
+
+
+def test_forms_load_without_gradio_or_torch():
+    code = "import app.web, app.web.forms, sys; print(' '.join(sorted(sys.modules)))"
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
+    assert "app.web.forms" in loaded
+    assert not {"gradio", "torch", "transformers"} & loaded
+
+
+# --- against a job service -----------------------------------------------------------------------
+
+
+def test_validate_submit_and_the_jobs_table(job_service, llama_dir, tmp_path):
+    message, text, path = forms.validate_form(job_service, _form(tmp_path, "/no/such/model"))
+    assert message.startswith("**⚠") and "does not exist" in message and (text, path) == ("", None)
+
+    message, text, path = forms.validate_form(job_service, _form(tmp_path, llama_dir, round_neurons=8))
+    assert message == "✓ valid" and Path(path).read_text() == text
+    assert yaml.safe_load(text)["round_to"] == {"neurons": 8}
+
+    assert forms.submit_form(job_service, _form(tmp_path, llama_dir, methods=[]), "ada") == (
+        "**⚠ pick at least one reconstruction method**"
+    )
+    assert forms.submit_form(job_service, _form(tmp_path, llama_dir), "ada") == "✓ submitted job 1"
+    message = forms.submit_form(job_service, _form(tmp_path, llama_dir, methods=["liar", "ls"]), "bob")
+    assert message.startswith("✓ submitted sweep ") and message.endswith(": jobs 2, 3")
+    assert forms.submit_yaml(job_service, " ", "(none)", "ada").startswith("**⚠ the recipe box is empty")
+    assert forms.submit_yaml(job_service, text, "(none)", None) == "✓ submitted job 4"
+
+    rows = job_rows(job_service)
+    assert [r[0] for r in rows] == [4, 3, 2, 1]
+    assert len(rows[0]) == len(forms.TABLE_COLUMNS)
+    assert rows[-1][1:4] == ["QUEUED", "queued", "–"] and rows[-1][6:8] == ["ada", "llama"]
+    assert rows[1][9] == "ls" and rows[0][6] == "–"
+    assert job_rows(job_service, "RUNNING") == []
+
+
+def test_job_actions_and_the_model_page(job_service, llama_dir, tmp_path):
+    assert forms.cancel_job(job_service, None).startswith(
+        "**⚠ int() argument"
+    )  # no id picked: the conversion error (unchanged)
+    assert forms.rerun_job(job_service, 7) == "**⚠ no job 7**"
+    assert forms.model_page(job_service, None)[0] == "Pick a job id."
+    assert forms.model_page(job_service, 7)[0] == "**no job 7**"
+    forms.submit_form(job_service, _form(tmp_path, llama_dir), "ada")
+    assert forms.rerun_job(job_service, 1) == "re-submitted job 1 as job 2"
+    assert "submitted by ada" in forms.log_tail(job_service, 1)
+    head, recipe, report, card, archive, curve = forms.model_page(job_service, 2)
+    assert head.startswith("### Job 2 — QUEUED") and "by ada" in head
+    assert yaml.safe_load(recipe)["model"] == str(llama_dir)
+    assert report == [] and card == "" and archive is None and curve.empty
+    assert forms.cancel_job(job_service, 2) == "job 2: CANCELLED"
+    df, plot = forms.dashboard_data(job_service)  # nothing succeeded
+    assert list(df.columns) == forms.RUN_COLUMNS and df.empty and plot.empty
+
+
+def test_formatters():
+    assert forms.bar(0.5, width=4) == "██░░  50%"
+    assert forms.elapsed(None) == "–" and forms.elapsed(7.9) == "7s" and forms.elapsed(125) == "2m05s"
+
+    class Request:
+        username = "alice"
+
+    assert forms.submitter("mallory", Request()) == "alice"
+    assert forms.submitter("", None) is None and forms.submitter("ada", object()) == "ada"
