@@ -15,12 +15,11 @@ through the database, so a job is never silently lost:
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import uuid
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 from sqlalchemy import select, update
 
 from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, utcnow
@@ -29,20 +28,6 @@ from jobs.settings import Settings
 
 class SubmitError(ValueError):
     """The submission is invalid; nothing was created."""
-
-
-class Evaluation(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: str = "perplexity"
-    dataset: str
-    seq_len: int = 512
-    max_windows: int | None = None
-
-
-def _recipe_errors(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(map(str, e['loc'])) or 'recipe'}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
-    )
 
 
 class JobService:
@@ -63,6 +48,8 @@ class JobService:
     # --- submission -----------------------------------------------------------------------
     def validate(self, recipe: dict | str | Path, evaluations: list[dict] | None = None) -> tuple[dict, list[dict]]:
         from core.pipeline.preflight import preflight
+        from core.spec.errors import validation_message
+        from core.spec.evaluation import JobEvaluation
         from core.spec.recipe import Recipe
 
         try:
@@ -72,10 +59,10 @@ class JobService:
                 parsed = Recipe.from_yaml(recipe)
             else:
                 parsed = Recipe.model_validate(recipe)
-            evals = [Evaluation.model_validate(e).model_dump() for e in evaluations or []]
+            evals = [JobEvaluation.model_validate(e).model_dump(by_alias=True) for e in evaluations or []]
             preflight(parsed)  # what the model's config can tell before anything is queued
         except ValidationError as exc:
-            raise SubmitError(f"invalid recipe: {_recipe_errors(exc)}") from None
+            raise SubmitError(f"invalid recipe: {validation_message(exc)}") from None
         except (ValueError, FileNotFoundError) as exc:
             raise SubmitError(f"invalid recipe: {exc}") from None
         return parsed.model_dump(mode="json", exclude_none=True), evals
@@ -123,24 +110,26 @@ class JobService:
         submitted_by: str | None = None,
         evaluations: list[dict] | None = None,
     ) -> tuple[str, list[int]]:
-        """One job per cell of ratios × methods × criteria, sharing a group id. All cells are
-        validated before any job is created."""
+        """One job per cell of ratios × methods × criteria (axes left out take the recipe's value),
+        sharing a group id; the cells are those of a sweep grid (``core.spec.sweep.expand_grid``).
+        All cells are validated before any job is created."""
+        from core.spec.sweep import GridError, expand_grid
+
         base, evals = self.validate(recipe, evaluations)
-        cells = []
-        for ratio, method, criterion in itertools.product(
-            ratios or [base["ratio"]],
-            methods or [base["reconstruction"]["method"]],
-            criteria or [base["criterion"]["name"]],
-        ):
-            cell = {
-                **base,
-                "ratio": ratio,
-                "reconstruction": {**base["reconstruction"], "method": method},
-                "criterion": {**base["criterion"], "name": criterion},
-            }
-            cells.append(self.validate(cell, evals)[0])
+        axes: dict[str, Any] = {}
+        if ratios:
+            axes["ratio"] = list(ratios)
+        if methods:
+            axes["reconstruction"] = list(methods)
+        if criteria:  # another criterion name keeps the recipe's criterion options
+            axes["criterion"] = [{"name": name, "options": base["criterion"]["options"]} for name in criteria]
+        try:
+            cells = expand_grid(base, axes)
+        except GridError as exc:
+            raise SubmitError(f"invalid recipe: {'; '.join(exc.problems)}") from None
+        recipes = [self.validate(cell.recipe, evals)[0] for cell in cells]
         group = uuid.uuid4().hex[:12]
-        return group, [self.submit(c, submitted_by, group, evals) for c in cells]
+        return group, [self.submit(r, submitted_by, group, evals) for r in recipes]
 
     # --- queries --------------------------------------------------------------------------
     def list(

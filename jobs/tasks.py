@@ -203,6 +203,7 @@ def _empty_cuda_cache() -> None:
 
 
 def _evaluate(result, ev: dict[str, Any]) -> dict[str, float]:
+    """One stored evaluation, validated at submission (``core.spec.evaluation.JobEvaluation``)."""
     kind = ev.get("type")
     if kind == "perplexity":
         from core.evaluation.perplexity import perplexity
@@ -212,6 +213,7 @@ def _evaluate(result, ev: dict[str, Any]) -> dict[str, float]:
             result.tokenizer,
             ev["dataset"],
             seq_len=int(ev.get("seq_len", 512)),
+            batch_size=int(ev.get("batch_size", 4)),  # absent from jobs stored before it was accepted
             max_windows=ev.get("max_windows"),
         )
         return {"perplexity": out["perplexity"], "eval_tokens": out["tokens"]}

@@ -38,7 +38,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     """Add ``sweep`` to the ``liar`` subcommands."""
     w = sub.add_parser("sweep", help="run a grid of pruning runs from a YAML file (resumable), tabulate and plot")
-    w.add_argument("grid", help="grid YAML: base recipe, lists to vary, evaluation (see core/sweep.py)")
+    w.add_argument("grid", help="grid YAML: base recipe, lists to vary, evaluation (see core/spec/sweep.py)")
     w.add_argument("--out", "-o", required=True, help="results directory (re-running skips finished cells)")
     w.add_argument("--isolate", action="store_true", help="run each cell in its own process")
     w.add_argument("--dry-run", action="store_true", help="validate the grid and list its cells, run nothing")

@@ -15,10 +15,12 @@ import torch
 import yaml
 
 import core.pipeline.sequential as pipeline
-from core.cli import main as cli_main
+from app.cli import main as cli_main
 from core.models.tiny import tiny_corpus
+from core.spec.sweep import GridError, expand_grid, load_grid, parse_grid
 from core.sweep.plots import PNG_SIGNATURE, is_png
-from core.sweep.run import GridError, load_grid, read_records, run_sweep
+from core.sweep.records import read_records
+from core.sweep.run import run_sweep
 from tests.conftest import recipe_for
 
 
@@ -324,6 +326,66 @@ def test_isolated_cells_run_in_subprocesses(tmp_path, llama_dir, texts):
     (record,) = lines(out / "results.jsonl")
     assert record["status"] == "ok" and record["metrics"]["perplexity"] > 1 and record["layers"]
     assert (out / "logs" / f"{record['id']}.log").is_file()
+
+
+def test_grid_spec_and_its_validation_do_not_import_torch(tmp_path, llama_dir, texts):
+    import subprocess
+    import sys
+
+    grid = write_grid(tmp_path / "grid.yaml", grid_dict(llama_dir, texts))
+    code = (
+        "import sys, core.sweep, core.sweep.records\n"
+        "from core.spec.sweep import load_grid\n"
+        f"assert len(load_grid({str(grid)!r}).cells) == 5\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_job_evaluation_and_grid_perplexity_are_one_schema(tmp_path, texts):
+    from pydantic import ValidationError
+
+    from core.spec.errors import validation_message
+    from core.spec.evaluation import EvaluationSpec, JobEvaluation
+
+    _, evaluation = texts
+    job = JobEvaluation.model_validate({"type": "perplexity", "dataset": str(evaluation), "seq_len": 32})
+    assert job.model_dump(by_alias=True) == {
+        "dataset": str(evaluation),
+        "seq_len": 32,
+        "max_windows": None,
+        "batch_size": 4,
+        "type": "perplexity",
+    }
+    grid = EvaluationSpec.model_validate({"perplexity": {"text": str(evaluation), "seq_len": 32}})
+    assert grid.perplexity.text == job.text and grid.perplexity.seq_len == job.seq_len and grid.metric == "perplexity"
+    for change, message in (
+        ({"seq_len": 1}, "seq_len: Input should be greater than or equal to 2"),
+        ({"max_windows": 0}, "max_windows: Input should be greater than 0"),
+        ({"text": str(tmp_path / "missing.txt")}, "is neither a named set"),
+    ):
+        with pytest.raises(ValidationError) as in_grid:
+            EvaluationSpec.model_validate({"perplexity": {"text": str(evaluation), **change}})
+        job_change = {"dataset" if k == "text" else k: v for k, v in change.items()}
+        with pytest.raises(ValidationError) as in_job:
+            JobEvaluation.model_validate({"dataset": str(evaluation), **job_change})
+        assert message in validation_message(in_grid.value) and message in validation_message(in_job.value)
+    with pytest.raises(ValidationError, match="text"):
+        JobEvaluation.model_validate({"text": "wikitext2"})  # the job format names it 'dataset'
+
+
+def test_expand_grid_gives_the_recipes_of_the_grid_file(llama_dir, texts):
+    data = grid_dict(llama_dir, texts, methods=("none", {"method": "ls", "damp": 0.01}))
+    sweep = parse_grid(data)
+    base = {**data["base"], "model": str(llama_dir)}
+    axes = {k: v for k, v in data["grid"].items() if k != "model"}
+    assert [c.recipe for c in expand_grid(base, axes)] == [c.recipe for c in sweep.prune_cells]
+    with pytest.raises(GridError, match="grid.ratio: ratio 1.5 is not strictly between 0 and 1"):
+        expand_grid(base, {"ratio": [1.5]})
+    with pytest.raises(GridError, match="grid.colour: unknown key"):
+        expand_grid(base, {"colour": ["red"]})
 
 
 def test_pruned_model_with_uneven_widths_generates_with_kv_cache(llama_dir, corpus):

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import update
 
 from jobs.db import Job, Status, utcnow
-from jobs.service import JobService
+from jobs.service import JobService, SubmitError
 from jobs.settings import Settings
 from jobs.tasks import execute
 from tests.jobs.conftest import recipe
@@ -111,3 +111,36 @@ def test_broker_failure_creates_no_job(tmp_path, job_models):
     with pytest.raises(RuntimeError, match="could not queue the job"):
         service.submit(recipe(job_models))
     assert service.list() == []
+
+
+def test_sweep_cells_are_the_grid_expansion(service, job_models):
+    from core.spec.sweep import expand_grid
+
+    evaluation = {"type": "perplexity", "dataset": str(job_models["calib"]), "seq_len": 16}
+    base = recipe(job_models, reconstruction={"method": "liar", "damp": 0.01})
+    group, ids = service.submit_sweep(base, ratios=[0.2, 0.4], methods=["bias", "ls"], evaluations=[evaluation])
+    assert len(ids) == 4 and len(service.celery.sent) == 4
+    jobs = [service.show(i) for i in ids]
+    assert all(j["group_id"] == group for j in jobs)
+    assert [(j["ratio"], j["method"]) for j in jobs] == [(0.2, "bias"), (0.2, "ls"), (0.4, "bias"), (0.4, "ls")]
+    assert all(j["recipe"]["reconstruction"]["damp"] == 0.01 for j in jobs)  # other base fields are kept
+    full = service.validate(base)[0]
+    cells = expand_grid(full, {"ratio": [0.2, 0.4], "reconstruction": ["bias", "ls"]})
+    expected = [service.validate(c.recipe)[0] for c in cells]
+    assert [j["recipe"] for j in jobs] == expected
+    assert jobs[0]["evaluations"] == [{**evaluation, "max_windows": None, "batch_size": 4}]
+
+
+def test_invalid_sweep_creates_no_job(service, job_models):
+    calib = str(job_models["calib"])
+    for kwargs, message in (
+        ({"methods": ["liar", "liar"]}, "grid.reconstruction: duplicated entries"),
+        ({"ratios": [0.2, 1.5]}, "ratio 1.5 is not strictly between 0 and 1"),
+        ({"criteria": ["magnitude", "nonsense"]}, "unknown criterion 'nonsense'"),
+        ({"evaluations": [{"dataset": calib, "seq_len": 1}]}, "seq_len: Input should be greater than or equal to 2"),
+        ({"evaluations": [{"dataset": calib + ".missing"}]}, "is neither a named set"),
+        ({"evaluations": [{"dataset": calib, "type": "accuracy"}]}, "type: Input should be 'perplexity'"),
+    ):
+        with pytest.raises(SubmitError, match=message):
+            service.submit_sweep(recipe(job_models), **{"ratios": [0.2], **kwargs})
+    assert service.list() == [] and service.celery.sent == []
