@@ -1,4 +1,4 @@
-"""The pruning task: a thin shell over ``core.prune`` that keeps the job row up to date."""
+"""The pruning task: a thin shell over ``core.pipeline.sequential.prune`` that keeps the job row up to date."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import tarfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import update
 
@@ -88,6 +89,30 @@ def _dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+_REPORT_FIELDS = ("layer", "module", "kept", "total", "error_before", "error_after", "seconds", "peak_memory_mb")
+
+
+class _Exported(NamedTuple):
+    """What :func:`_export` wrote: the checkpoint directory and its archive."""
+
+    checkpoint: Path
+    archive: Path
+    size: int
+    sha256: str
+
+    def artifacts(self, job_id: int) -> list[Artifact]:
+        return [
+            Artifact(
+                job_id=job_id,
+                kind="checkpoint",
+                path=str(self.checkpoint),
+                size=_dir_size(self.checkpoint),
+                sha256=None,
+            ),
+            Artifact(job_id=job_id, kind="archive", path=str(self.archive), size=self.size, sha256=self.sha256),
+        ]
+
+
 def execute(job_id: int, settings: Settings | None = None) -> str:
     """Run one job to completion (used by the Celery task; callable directly for tests and debugging)."""
     settings = settings or _settings()
@@ -97,83 +122,18 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
         return "skipped"
     beat = _Heartbeat(sf, job_id, max(settings.lease_seconds / 6, 0.5))
     beat.start()
-    last = [0.0]
-
-    def progress(stage: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        values: dict[str, Any] = {"stage": stage, "heartbeat_at": utcnow()}
-        if stage == "reconstruct":
-            values.update(layer=done, n_layers=total, progress=done / max(total, 1))
-        if stage == "reconstruct" or now - last[0] > 0.5 or stage == "done":
-            last[0] = now
-            with sf.begin() as s:
-                s.execute(update(Job).where(Job.id == job_id).values(**values))
-                cancel = s.get(Job, job_id).cancel_requested
-            if cancel:
-                raise JobCancelled
-
+    progress = _progress_callback(sf, job_id)
     out_dir = settings.artifacts_dir / f"job-{job_id}"
     result = None
     try:
-        with sf() as s:
-            job = s.get(Job, job_id)
-            recipe, evaluations = job.recipe, list(job.evaluations or [])
+        recipe, evaluations = _load_job(sf, job_id)
         _log(sf, job_id, f"started on {worker}")
-        from transformers.utils import logging as hf_logging
-
-        from core.pipeline.sequential import prune  # imported in the child only (see jobs.celery_app)
-
-        hf_logging.disable_progress_bar()
-
-        result = prune(recipe, progress=progress)
-        for ev in evaluations:
-            progress("evaluate", 0, 1)
-            result.metrics.update(_evaluate(result, ev))
+        result = _prune(recipe, progress)
+        _run_evaluations(result, evaluations, progress)
         metrics = result.summary()
         progress("export", 0, 1)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        out_dir.mkdir(parents=True)
-        checkpoint = result.save(out_dir / "checkpoint")
-        size, sha = _archive(checkpoint, out_dir / f"liar-job-{job_id}.tar.gz")
-        with sf.begin() as s:
-            job = s.get(Job, job_id)
-            if job.cancel_requested:
-                raise JobCancelled
-            for name, value in metrics.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    s.add(Metric(job_id=job_id, name=name, value=float(value)))
-            s.add(
-                Artifact(
-                    job_id=job_id, kind="checkpoint", path=str(checkpoint), size=_dir_size(checkpoint), sha256=None
-                )
-            )
-            s.add(
-                Artifact(
-                    job_id=job_id,
-                    kind="archive",
-                    path=str(out_dir / f"liar-job-{job_id}.tar.gz"),
-                    size=size,
-                    sha256=sha,
-                )
-            )
-            job.report = [
-                {
-                    k: getattr(r, k)
-                    for k in (
-                        "layer",
-                        "module",
-                        "kept",
-                        "total",
-                        "error_before",
-                        "error_after",
-                        "seconds",
-                        "peak_memory_mb",
-                    )
-                }
-                for r in result.report
-            ]
-            job.status, job.stage, job.progress, job.finished_at = Status.SUCCEEDED.value, "done", 1.0, utcnow()
+        exported = _export(result, out_dir, job_id)
+        _record_success(sf, job_id, result, metrics, exported)
         _log(sf, job_id, "succeeded")
         return Status.SUCCEEDED.value
     except JobCancelled:
@@ -192,6 +152,80 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
         del result
         gc.collect()
         _empty_cuda_cache()
+
+
+def _progress_callback(sf, job_id: int) -> Callable[[str, int, int], None]:
+    """The ``progress`` hook handed to ``prune``: records stage and layer on the job row (throttled to
+    one write per 0.5 s, except per reconstructed layer and at "done") and raises :class:`JobCancelled`
+    once the job's cancel flag is set."""
+    last = 0.0
+
+    def progress(stage: str, done: int, total: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        values: dict[str, Any] = {"stage": stage, "heartbeat_at": utcnow()}
+        if stage == "reconstruct":
+            values.update(layer=done, n_layers=total, progress=done / max(total, 1))
+        if stage == "reconstruct" or now - last > 0.5 or stage == "done":
+            last = now
+            with sf.begin() as s:
+                s.execute(update(Job).where(Job.id == job_id).values(**values))
+                cancel = s.get(Job, job_id).cancel_requested
+            if cancel:
+                raise JobCancelled
+
+    return progress
+
+
+def _load_job(sf, job_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The job's stored recipe and evaluations."""
+    with sf() as s:
+        job = s.get(Job, job_id)
+        return job.recipe, list(job.evaluations or [])
+
+
+def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None]):
+    """Run ``core.pipeline.sequential.prune`` on the recipe, reporting through ``progress``."""
+    from transformers.utils import logging as hf_logging
+
+    from core.pipeline.sequential import prune  # imported in the child only (see jobs.celery_app)
+
+    hf_logging.disable_progress_bar()
+    return prune(recipe, progress=progress)
+
+
+def _run_evaluations(result, evaluations: list[dict[str, Any]], progress: Callable[[str, int, int], None]) -> None:
+    """Run each stored evaluation on the pruned model, adding its numbers to ``result.metrics``."""
+    for ev in evaluations:
+        progress("evaluate", 0, 1)
+        result.metrics.update(_evaluate(result, ev))
+
+
+def _export(result, out_dir: Path, job_id: int) -> _Exported:
+    """Save the checkpoint into a fresh ``out_dir`` and archive it next to it."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    checkpoint = result.save(out_dir / "checkpoint")
+    archive = out_dir / f"liar-job-{job_id}.tar.gz"
+    size, sha = _archive(checkpoint, archive)
+    return _Exported(checkpoint, archive, size, sha)
+
+
+def _record_success(sf, job_id: int, result, metrics: dict[str, Any], exported: _Exported) -> None:
+    """Store metrics, artifacts and the layer report and mark the job SUCCEEDED, in one transaction;
+    raises :class:`JobCancelled` (storing nothing) if a cancel arrived meanwhile."""
+    with sf.begin() as s:
+        job = s.get(Job, job_id)
+        if job.cancel_requested:
+            raise JobCancelled
+        for name, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                s.add(Metric(job_id=job_id, name=name, value=float(value)))
+        for artifact in exported.artifacts(job_id):
+            s.add(artifact)
+        job.report = [{k: getattr(r, k) for k in _REPORT_FIELDS} for r in result.report]
+        job.status, job.stage, job.progress, job.finished_at = Status.SUCCEEDED.value, "done", 1.0, utcnow()
 
 
 def _empty_cuda_cache() -> None:
