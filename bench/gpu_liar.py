@@ -75,6 +75,22 @@ def build(shape: str, device: str, dtype: torch.dtype):
     return model.eval()
 
 
+def _profile(args, recipe, fit, held, dtype) -> None:
+    """Prune a fresh model under torch.profiler; write the operators by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = build(args.shape, args.device, dtype)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        prune(recipe, model=model, calibration=(fit, held))
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if args.device.startswith("cuda") else "self_cpu_time_total"
+    Path(args.profile).write_text(prof.key_averages().table(sort_by=key, row_limit=30))
+    print(f"wrote {args.profile}")
+    del model
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="7b", choices=sorted(SHAPES))
@@ -85,6 +101,9 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--out", default=str(ROOT / "docs" / "results" / "gpu_liar.md"))
+    p.add_argument("--profile", help="also profile the last run with torch.profiler and write the table here")
+    p.add_argument("--stats-dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--holdout", type=int, default=0, help="held-aside samples for the error report (recipe default: 8)")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -93,18 +112,20 @@ def main() -> None:
         gen = torch.Generator().manual_seed(n)
         ids = torch.randint(0, model.config.vocab_size, (n, args.seq_len), generator=gen)
         fit = CalibrationBatch(ids, torch.ones_like(ids))
-        held = CalibrationBatch(ids[:0], ids[:0])
+        extra = torch.randint(0, model.config.vocab_size, (args.holdout, args.seq_len), generator=gen)
+        held = CalibrationBatch(extra, torch.ones_like(extra))
         recipe = {
             "model": f"random-llama-{args.shape}",
             "ratio": args.ratio,
             "dtype": args.dtype,
             "device": args.device,
             "reconstruction": {"method": args.method},
+            "stats_dtype": args.stats_dtype,
             "calibration": {
                 "texts": ["(pre-tokenised)"],
                 "num_calibration_samples": n,
                 "max_seq_length": args.seq_len,
-                "holdout_samples": 0,
+                "holdout_samples": args.holdout,
                 "batch_size": 16,
             },
         }
@@ -116,6 +137,8 @@ def main() -> None:
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
+        if args.profile and n == args.samples[-1]:
+            _profile(args, recipe, fit, held, dtype)
         paper = PAPER_MINUTES.get((args.shape, n))
         row = {
             "samples": n,

@@ -89,7 +89,6 @@ def _dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-_REPORT_FIELDS = ("layer", "module", "kept", "total", "error_before", "error_after", "seconds", "peak_memory_mb")
 
 
 class _Exported(NamedTuple):
@@ -224,7 +223,7 @@ def _record_success(sf, job_id: int, result, metrics: dict[str, Any], exported: 
                 s.add(Metric(job_id=job_id, name=name, value=float(value)))
         for artifact in exported.artifacts(job_id):
             s.add(artifact)
-        job.report = [{k: getattr(r, k) for k in _REPORT_FIELDS} for r in result.report]
+        job.report = result.layer_rows()
         job.status, job.stage, job.progress, job.finished_at = Status.SUCCEEDED.value, "done", 1.0, utcnow()
 
 

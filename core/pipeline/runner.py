@@ -89,6 +89,16 @@ class BlockRunner:
         if keep_inputs:
             self.kept[path] = kept
 
+    def kept_rows(self, path: str, start: int) -> torch.Tensor:
+        """The kept inputs of ``path`` for batches ``start:`` as one (n_tokens, C_in) matrix of real
+        tokens (the same token mask the statistics use)."""
+        rows = []
+        for i, x in enumerate(self.kept[path][start:], start):
+            x = x.reshape(-1, x.shape[-1])
+            mask = self.masks[i]
+            rows.append(x if mask is None else x[mask.reshape(-1).to(x.device)])
+        return torch.cat(rows)
+
     def replay(self, layer: nn.Module, block: str, path: str, keep: torch.Tensor, returns_tuple: bool) -> None:
         """Replace ``layer.<block>`` by a module replaying its (pruned) output from the kept inputs of
         ``path``: ``path(X[..., keep])`` if the projection lives inside the block, else ``X[..., keep]``."""
@@ -104,7 +114,10 @@ class BlockRunner:
         self.kept.clear()
 
     def advance(self, layer: nn.Module) -> None:
-        self.hidden = [self.run(layer, i).detach() for i in range(len(self.hidden))]
+        """Run the (pruned) block on every batch; each batch's inputs are replaced as soon as its
+        outputs exist, so only one extra batch of hidden states is alive at a time."""
+        for i in range(len(self.hidden)):
+            self.hidden[i] = self.run(layer, i).detach()
 
 
 def _first_only(mask: torch.Tensor) -> torch.Tensor:
@@ -114,14 +127,25 @@ def _first_only(mask: torch.Tensor) -> torch.Tensor:
 
 
 class _Replay(nn.Module):
-    """Stands in for a block whose output is a function of stored projection inputs."""
+    """Stands in for a block whose output is a function of stored projection inputs.
+
+    A batch's output is computed on its first use and kept in place of its stored inputs (which are
+    released): later passes over the block (the FFN pass, then the output pass) reuse it instead of
+    recomputing the projection, and the FFN's wide inputs do not outlive their last use.
+    """
 
     def __init__(self, inputs, keep, proj, returns_tuple: bool, runner: BlockRunner):
         super().__init__()
         self.inputs, self.proj, self.returns_tuple, self.runner = inputs, proj, returns_tuple, [runner]
         self.keep = keep.nonzero().squeeze(1).to(inputs[0].device)
+        self.outputs: dict[int, torch.Tensor] = {}
 
     def forward(self, *args, **kwargs):
-        x = self.inputs[self.runner[0].batch].index_select(-1, self.keep)
-        y = self.proj(x) if self.proj is not None else x
+        i = self.runner[0].batch
+        y = self.outputs.get(i)
+        if y is None:
+            x = self.inputs[i].index_select(-1, self.keep)
+            y = self.proj(x) if self.proj is not None else x
+            self.outputs[i] = y
+            self.inputs[i] = None  # the output stands for it from now on
         return (y, None) if self.returns_tuple else y

@@ -40,7 +40,11 @@ from core.pipeline.runner import BlockRunner
 from core.pipeline.scoring import score_layers, split_batches
 from core.spec.recipe import Recipe
 from core.stats.accumulate import InputStats
-from core.stats.reconstruct import reconstruct_from_stats, relative_output_errors
+from core.stats.reconstruct import (
+    reconstruct_from_stats,
+    relative_output_error_from_inputs,
+    relative_output_error_tensors,
+)
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``; raising from it aborts the run (cooperative cancellation)."""
@@ -54,6 +58,16 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (KiB on Linux)
+
+
+class _NoStats:
+    """The sink of held-aside batches: their inputs are kept raw by the runner, not accumulated."""
+
+    def add_batch(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        pass
+
+
+_NO_STATS = _NoStats()
 
 
 @dataclass
@@ -77,20 +91,35 @@ class _LayerFitter:
         self.stats_dtype = getattr(torch, recipe.stats_dtype)
         self.method, self.damp = recipe.reconstruction.method, recipe.reconstruction.damp
         self.reports: list[LayerReport] = []
+        self._pending: list[tuple[LayerReport, list[torch.Tensor]]] = []  # errors not read back yet
+
+    def finish(self) -> list[LayerReport]:
+        """Fill in the reports' errors with one read of the device (none inside the layer loop)."""
+        if self._pending:
+            values = torch.stack([e.to(torch.float64) for _, errs in self._pending for e in errs]).tolist()
+            for i, (report, _) in enumerate(self._pending):
+                report.error_before, report.error_after = values[2 * i], values[2 * i + 1]
+        self._pending = []
+        return self.reports
 
     def fit(self, layer: nn.Module, li: int, unit: _Unit, added: list[str]) -> None:
         t0 = time.perf_counter()
         lin = layer.get_submodule(unit.path)
         fit_stats = InputStats(lin.in_features, self.stats_dtype, self.device)
-        held_stats = InputStats(lin.in_features, self.stats_dtype, self.device) if self.has_held else fit_stats
         n_held = len(self.runner.hidden) - self.n_fit
-        self.runner.collect(layer, unit.path, [fit_stats] * self.n_fit + [held_stats] * n_held, keep_inputs=True)
+        self.runner.collect(layer, unit.path, [fit_stats] * self.n_fit + [_NO_STATS] * n_held, keep_inputs=True)
         w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
         keep = unit.keep.to(w.device)
         new_w, new_b = reconstruct_from_stats(self.method, w, b, keep, fit_stats, self.damp, unit.group)
         naive_w, naive_b = reconstruct_from_stats("none", w, b, keep, fit_stats)
-        err_before, err_after = relative_output_errors(w, b, keep, [(naive_w, naive_b), (new_w, new_b)], held_stats)
-        del fit_stats, held_stats
+        candidates = [(naive_w, naive_b), (new_w, new_b)]
+        if self.has_held:  # the held-aside samples' raw inputs are kept by collect(): no Gram for them
+            errors = relative_output_error_from_inputs(
+                w, b, keep, candidates, self.runner.kept_rows(unit.path, self.n_fit)
+            )
+        else:
+            errors = relative_output_error_tensors(w, b, keep, candidates, fit_stats)
+        del fit_stats
         unit.shrink()
         lin = layer.get_submodule(unit.path)
         lin.weight.copy_(new_w.to(lin.weight.dtype))
@@ -105,13 +134,14 @@ class _LayerFitter:
                 module=unit.module,
                 kept=unit.kept,
                 total=unit.total,
-                error_before=err_before,
-                error_after=err_after,
+                error_before=float("nan"),  # filled in by finish()
+                error_after=float("nan"),
                 measured_on="held-aside" if self.has_held else "calibration",
                 seconds=time.perf_counter() - t0,
                 peak_memory_mb=peak_memory_mb(self.device),
             )
         )
+        self._pending.append((self.reports[-1], [e.detach() for e in errors]))
 
 
 def _keep_mask(kept: list[int], total: int, width: int = 1) -> torch.Tensor:
@@ -168,13 +198,13 @@ def _reconstruct_blocks(
         runner.restore(layer)
         layout.append({"heads": lp.heads, "kv_heads": lp.kv_heads, "neurons": len(lp.neurons), "bias": added})
         bar.update(1)
-        if show_progress:
-            errs = [r for r in fitter.reports if r.layer == li]
+        if show_progress:  # reading the errors here synchronises a GPU run once per layer
+            errs = [r for r in fitter.finish() if r.layer == li]
             bar.set_postfix_str(" ".join(f"{r.module[:4]} err {r.error_before:.3f}→{r.error_after:.3f}" for r in errs))
     bar.close()
     runner.hidden, runner.extra = [], []  # free the stored activations
     report("reconstruct", len(layers), len(layers))
-    return fitter.reports, layout
+    return fitter.finish(), layout
 
 
 def _plan(model: nn.Module, adapter: Adapter, recipe: Recipe, scores: list[Scores]) -> Plan:

@@ -5,11 +5,20 @@ affine problems of the paper we keep three sufficient statistics of the input X 
 
     G = XᵀX  (C_in, C_in)     s = Xᵀ1  (C_in,)     n = number of tokens
 
-Padding tokens are excluded through a boolean token mask. X itself is never stored.
-Each batch's product is computed in ``dtype`` (float32 or float64, never TF32) and added to float64
-running totals, so long streams do not lose precision however many batches they have.
+Padding tokens are excluded through a boolean token mask. X itself is never stored beyond a bounded
+buffer: batches are gathered until ``FLUSH_TOKENS`` tokens (or ``FLUSH_BYTES``) and then multiplied
+in one product, whose float32 result is added to float64 running totals — long streams do not lose
+precision however many batches they have, and fewer, larger products run closer to the hardware's
+peak than one small product per batch.
 
-G is symmetric, so each batch computes only its upper block triangle (column blocks of at least
+Precision of each product (``dtype``): float32 (default) or float64. Inputs in bfloat16 / float16
+(the model's own activations on a GPU) are multiplied on tensor cores with float32 accumulation —
+either bf16/fp16 products with a float32 output, or TF32 after casting to float32. Both are exact
+at the inputs, since bfloat16 and float16 values are exactly representable in TF32 (8 and 10 mantissa
+bits against its 10); only the order of the float32 accumulation differs from a plain float32 GEMM.
+Float32 inputs never use TF32 (it would drop 13 mantissa bits).
+
+G is symmetric, so each product covers only its upper block triangle (column blocks of at least
 ``MIN_BLOCK`` channels, at most ``MAX_BLOCKS`` of them: 6 blocks for 1536 channels do 58% of the
 products of the full ``XᵀX``), and the lower triangle is mirrored from it when ``gram`` is read.
 """
@@ -20,11 +29,36 @@ import torch
 
 MIN_BLOCK = 256
 MAX_BLOCKS = 8
+FLUSH_TOKENS = 8192  # tokens gathered before one product
+FLUSH_BYTES = 512 * 2**20  # ... or this many bytes of buffered inputs
+_HALF = (torch.bfloat16, torch.float16)
 
 
 def _edges(c: int) -> list[int]:
     k = max(1, min(MAX_BLOCKS, c // MIN_BLOCK))
     return [c * i // k for i in range(k + 1)]
+
+
+def gram_product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``aᵀ b`` in ``dtype`` (float32 or float64) with the precision rules of the module docstring."""
+    if dtype == torch.float32 and a.is_cuda and a.dtype in _HALF:
+        try:  # bf16/fp16 tensor cores writing a float32 result
+            return torch.mm(a.T, b, out_dtype=torch.float32)
+        except (RuntimeError, TypeError):  # older torch: TF32 on the exact float32 copies
+            a32, b32 = a.float(), b.float()
+            tf32 = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = True
+            try:
+                return a32.T @ b32
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = tf32
+    a, b = a.to(dtype), b.to(dtype)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # TF32 would drop mantissa bits of float32 inputs
+    try:
+        return a.T @ b
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 class InputStats:
@@ -34,16 +68,30 @@ class InputStats:
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"statistics must be accumulated in float32 or float64, not {dtype}")
         self.c_in = c_in
-        self.dtype = dtype  # precision of each batch's product; totals are float64
+        self.dtype = dtype  # precision of each product; totals are float64
         self._gram = torch.zeros(c_in, c_in, dtype=torch.float64, device=device)  # upper blocks are current
         self._mirrored = True  # whether the lower triangle matches the upper one
         self._edges = _edges(c_in)
-        self.sum = torch.zeros(c_in, dtype=torch.float64, device=device)
+        self._sum = torch.zeros(c_in, dtype=torch.float64, device=device)
+        self._buffer: list[torch.Tensor] = []
+        self._buffered = 0  # tokens in the buffer
         self.count = 0
+
+    def _flush(self) -> None:
+        if not self._buffer:
+            return
+        x = self._buffer[0] if len(self._buffer) == 1 else torch.cat(self._buffer)
+        self._buffer, self._buffered = [], 0
+        e = self._edges
+        for a, b in zip(e[:-1], e[1:]):  # block row [a, b) of the upper triangle
+            self._gram[a:b, a:] += gram_product(x[:, a:b], x[:, a:], self.dtype)
+        self._mirrored = False
+        self._sum += x.sum(0, dtype=torch.float64)
 
     @property
     def gram(self) -> torch.Tensor | None:
         """``XᵀX`` (float64, exactly symmetric)."""
+        self._flush()
         if self._gram is not None and not self._mirrored:
             g, e = self._gram, self._edges
             for a, b in zip(e[:-1], e[1:]):
@@ -53,6 +101,12 @@ class InputStats:
             self._mirrored = True
         return self._gram
 
+    @property
+    def sum(self) -> torch.Tensor | None:
+        """``Xᵀ1`` (float64)."""
+        self._flush()
+        return self._sum
+
     @torch.no_grad()
     def add_batch(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """Add inputs ``x`` of shape ``(..., C_in)``; ``mask`` of shape ``x.shape[:-1]`` marks real tokens."""
@@ -61,19 +115,14 @@ class InputStats:
         x = x.reshape(-1, self.c_in)
         if mask is not None:
             x = x[mask.reshape(-1).to(x.device)]
-        x = x.to(device=self._gram.device, dtype=self.dtype)
-        # TF32 would silently drop mantissa bits of the Gram matrix on Ampere+ GPUs.
-        tf32 = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        try:
-            e = self._edges
-            for a, b in zip(e[:-1], e[1:]):  # block row [a, b) of the upper triangle
-                self._gram[a:b, a:] += x[:, a:b].T @ x[:, a:]
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-        self._mirrored = False
-        self.sum += x.sum(0, dtype=torch.float64)
+        x = x.detach().to(device=self._gram.device)
+        if not (x.is_cuda and x.dtype in _HALF and self.dtype == torch.float32):
+            x = x.to(self.dtype)  # CPU, float32 inputs or float64 products: multiply in ``dtype``
+        self._buffer.append(x)
+        self._buffered += x.shape[0]
         self.count += x.shape[0]
+        if self._buffered >= FLUSH_TOKENS or self._buffered * self.c_in * x.element_size() >= FLUSH_BYTES:
+            self._flush()
 
     @classmethod
     def from_tensor(cls, x: torch.Tensor, dtype: torch.dtype = torch.float64) -> InputStats:
@@ -88,7 +137,8 @@ class InputStats:
         return self.sum / self.count
 
     def free(self) -> None:
-        self._gram = self.sum = None
+        self._gram = self._sum = None
+        self._buffer = []
 
 
 class ChannelStats:

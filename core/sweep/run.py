@@ -94,8 +94,7 @@ def _prune(cell: Cell) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
         _SCORES.pop(next(iter(_SCORES)))
     _SCORES[key] = result.scores
     summary = result.summary()
-    fields = ("layer", "module", "kept", "total", "error_before", "error_after", "measured_on", "seconds")
-    layers = [{k: getattr(r, k) for k in fields} for r in result.report]
+    layers = result.layer_rows()
     for module, short in (("attention", "attn"), ("ffn", "ffn")):
         rows = [r for r in layers if r["module"] == module]
         summary[f"{short}_error_before"] = _mean([r["error_before"] for r in rows])

@@ -161,6 +161,42 @@ def test_project_rows_is_the_least_squares_projection():
         _close(project_rows(_t(target), _t(basis)).numpy(), p @ basis)
 
 
+def test_project_rows_by_cholesky_equals_the_eigendecomposition_path_and_handles_low_rank():
+    """The Cholesky path (no eigendecomposition) against the rank-revealing eigh path and numpy's
+    least-squares projection, for full-rank and rank-deficient bases on both sides of r = d."""
+    from core.stats.reconstruct import _eigh_projection
+
+    rng = np.random.default_rng(7)
+    for r, d, rank in ((6, 20, 6), (30, 8, 8), (10, 10, 10), (6, 20, 3), (30, 8, 5)):
+        basis = rng.normal(size=(r, rank)) @ rng.normal(size=(rank, d))  # rank-deficient when rank < min
+        target = rng.normal(size=(4, d))
+        ref = np.linalg.lstsq(basis.T, target.T, rcond=None)[0].T @ basis
+        got = project_rows(_t(target), _t(basis))
+        _close(got.numpy(), ref)
+        _close(got.numpy(), _eigh_projection(_t(target), _t(basis)).numpy())
+
+
+def test_error_tensors_equal_the_direct_formula_without_and_with_bias():
+    """The expanded closed form (one C_in² product shared by the candidates) against ‖XW+B − X_uW'−B'‖²
+    on raw activations, for a layer with and without a bias and candidates with and without one."""
+    from core.stats.reconstruct import relative_output_error_tensors
+
+    x, w, b, keep = _problem()
+    kt = torch.from_numpy(keep)
+    for bias in (b, None):
+        nw, nb = _run("liar", x, w, bias if bias is not None else np.zeros(w.shape[0]), keep)
+        cands = [(_t(w[:, keep]), None), (_t(nw), _t(nb))]
+        got = relative_output_error_tensors(
+            _t(w), None if bias is None else _t(bias), kt, cands, InputStats.from_tensor(_t(x))
+        )
+        b0 = np.zeros(w.shape[0]) if bias is None else bias
+        full = x @ w.T + b0
+        for (cw, cb), value in zip([(w[:, keep], None), (nw, nb)], got):
+            approx = x[:, keep] @ cw.T + (b0 if cb is None and bias is not None else (0 if cb is None else cb))
+            expected = ((full - approx) ** 2).sum() / (full**2).sum()
+            assert float(value) == pytest.approx(expected, rel=1e-9, abs=1e-14)
+
+
 def test_solve_spd_damping_and_dead_channels():
     rng = np.random.default_rng(1)
     a = rng.normal(size=(50, 6))
@@ -213,3 +249,19 @@ def test_float32_inputs_return_float32():
     assert nw.dtype == torch.float32 and nb.dtype == torch.float32
     rw, _ = ref_ls(x, w, b, keep)
     np.testing.assert_allclose(nw.numpy(), rw, rtol=1e-3, atol=1e-3)
+
+
+def test_gpu_error_report_path_agrees_with_float64():
+    """The direct float32/TF32 form the error report uses on a GPU (run here on the CPU, in float32)
+    against the float64 closed form, for the naive and the reconstructed candidate."""
+    from core.stats.reconstruct import _error_tensors_tf32, relative_output_error_tensors
+
+    x, w, b, keep = _problem()
+    kt = torch.from_numpy(keep)
+    nw, nb = _run("liar", x, w, b, keep)
+    cands = [(_t(w[:, keep]), _t(b)), (_t(nw), _t(nb))]
+    stats = InputStats.from_tensor(_t(x))
+    ref = relative_output_error_tensors(_t(w), _t(b), kt, cands, stats)
+    got = _error_tensors_tf32(_t(w), _t(b), kt, cands, stats)
+    for r, g in zip(ref, got):
+        assert float(g) == pytest.approx(float(r), rel=1e-4)

@@ -54,3 +54,23 @@ def test_block_triangular_gram_equals_full_product_when_read_between_batches(mon
         seen = torch.cat(batches[: i + 1])
         torch.testing.assert_close(stats.gram, seen.T @ seen, rtol=1e-12, atol=1e-12)
         assert torch.equal(stats.gram, stats.gram.T)
+
+
+def test_buffered_products_equal_two_pass_across_flushes(monkeypatch):
+    """Batches are gathered and multiplied together every FLUSH_TOKENS tokens; reading G or s between
+    flushes flushes the buffer. Any split must give the two-pass statistics."""
+    import core.stats.accumulate
+
+    monkeypatch.setattr(core.stats.accumulate, "FLUSH_TOKENS", 10)
+    gen = torch.Generator().manual_seed(2)
+    batches = [torch.randn(int(n), 6, generator=gen, dtype=torch.float64) for n in (3, 4, 5, 9, 1, 12)]
+    stats = InputStats(6, dtype=torch.float64)
+    for i, x in enumerate(batches):
+        stats.add_batch(x)
+        if i == 2:  # a read mid-stream (with 2 tokens buffered) must not lose or double them
+            seen = torch.cat(batches[:3])
+            torch.testing.assert_close(stats.sum, seen.sum(0), rtol=1e-12, atol=1e-12)
+    real = torch.cat(batches)
+    torch.testing.assert_close(stats.gram, real.T @ real, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(stats.mean, real.mean(0), rtol=1e-12, atol=1e-12)
+    assert stats.count == len(real)
