@@ -56,7 +56,10 @@ def _slice_linear(lin: nn.Linear, rows: list[int] | None, cols: list[int] | None
         b = None if b is None else b.index_select(0, idx)
     if cols is not None:
         w = w.index_select(1, torch.tensor(cols, dtype=torch.long, device=w.device))
-    new = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device=w.device, dtype=w.dtype)
+    # skip_init: no random initialisation of weights that are replaced at once
+    new = torch.nn.utils.skip_init(
+        nn.Linear, w.shape[1], w.shape[0], bias=b is not None, device=w.device, dtype=w.dtype
+    )
     new.weight = nn.Parameter(w.detach().clone(), requires_grad=lin.weight.requires_grad)
     if b is not None:
         new.bias = nn.Parameter(b.detach().clone(), requires_grad=lin.bias.requires_grad)
