@@ -61,19 +61,31 @@ class BlockRunner:
         out = layer(self.hidden[i], *args, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
-    def collect(self, layer: nn.Module, path: str, sinks: list[InputStats], keep_inputs: bool = False) -> None:
+    def collect(
+        self,
+        layer: nn.Module,
+        path: str,
+        sinks: list[InputStats],
+        keep_inputs: bool = False,
+        keep_channels: torch.Tensor | None = None,
+        full_from: int = 0,
+    ) -> None:
         """Stream the inputs of ``layer.<path>`` into ``sinks[i]`` for each batch i, then stop the block.
 
         With ``keep_inputs`` the inputs are also kept (model dtype) so that :meth:`replay` can stand in
-        for the module computing them instead of recomputing it.
+        for the module computing them instead of recomputing it. ``keep_channels`` (an index tensor)
+        stores only those channels of batches before ``full_from`` — all a replay needs — and whole
+        inputs from ``full_from`` on (the held-aside batches, whose error report needs every channel).
         """
         current: list[int] = [0]
         kept: list[torch.Tensor] = []
 
         def hook(_mod, args):
-            sinks[current[0]].add_batch(args[0], self.masks[current[0]])
+            i = current[0]
+            sinks[i].add_batch(args[0], self.masks[i])
             if keep_inputs:
-                kept.append(args[0].detach())
+                x = args[0].detach()
+                kept.append(x if keep_channels is None or i >= full_from else x.index_select(-1, keep_channels))
             raise _Stop
 
         handle = layer.get_submodule(path).register_forward_pre_hook(hook)
@@ -144,7 +156,9 @@ class _Replay(nn.Module):
         i = self.runner[0].batch
         y = self.outputs.get(i)
         if y is None:
-            x = self.inputs[i].index_select(-1, self.keep)
+            x = self.inputs[i]
+            if x.shape[-1] != len(self.keep):  # stored whole (a held-aside batch): select the kept channels
+                x = x.index_select(-1, self.keep)
             y = self.proj(x) if self.proj is not None else x
             self.outputs[i] = y
             self.inputs[i] = None  # the output stands for it from now on

@@ -107,7 +107,9 @@ class _LayerFitter:
         lin = layer.get_submodule(unit.path)
         fit_stats = InputStats(lin.in_features, self.stats_dtype, self.device)
         n_held = len(self.runner.hidden) - self.n_fit
-        self.runner.collect(layer, unit.path, [fit_stats] * self.n_fit + [_NO_STATS] * n_held, keep_inputs=True)
+        channels = unit.keep.nonzero().squeeze(1).to(self.device)
+        sinks = [fit_stats] * self.n_fit + [_NO_STATS] * n_held
+        self.runner.collect(layer, unit.path, sinks, keep_inputs=True, keep_channels=channels, full_from=self.n_fit)
         w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
         keep = unit.keep.to(w.device)
         new_w, new_b = reconstruct_from_stats(self.method, w, b, keep, fit_stats, self.damp, unit.group)

@@ -43,14 +43,17 @@ def register(name: str) -> Callable[[Method], Method]:
     return deco
 
 
-def solve_spd(matrix: torch.Tensor, rhs: torch.Tensor, damp: float = 0.0) -> torch.Tensor:
+def solve_spd(matrix: torch.Tensor, rhs: torch.Tensor, damp: float = 0.0, overwrite: bool = False) -> torch.Tensor:
     """Solve ``(M + λI) X = R`` for symmetric positive (semi-)definite M by Cholesky.
 
     ``λ = damp · mean(diag M)``. Zero diagonal entries (dead channels) are set to 1. If the
     factorisation fails, the damping is raised tenfold (starting at 1e-10 relative) with a warning,
     and as a last resort the minimum-norm solution is taken from an eigendecomposition.
+    ``overwrite``: ``matrix`` is a temporary of the caller's and may be modified (saves a C² copy).
     """
-    m = matrix.to(SOLVE_PRECISION).clone()
+    m = matrix.to(SOLVE_PRECISION)
+    if m is matrix and not overwrite:  # .to() copied already when the dtype differs
+        m = m.clone()
     r = rhs.to(SOLVE_PRECISION)
     diag = m.diagonal()
     dead = diag <= 0
@@ -61,10 +64,12 @@ def solve_spd(matrix: torch.Tensor, rhs: torch.Tensor, damp: float = 0.0) -> tor
         m.diagonal()[dead] = 1.0
     scale = diag.mean().clamp_min(torch.finfo(SOLVE_PRECISION).tiny)
     lam = damp * scale
+    diag += lam  # damping added in place: no identity matrix (C² float64) is materialised
     for _ in range(8):
-        chol, info = torch.linalg.cholesky_ex(m + lam * torch.eye(len(m), dtype=m.dtype, device=m.device))
+        chol, info = torch.linalg.cholesky_ex(m)
         if int(info) == 0:
             return torch.cholesky_solve(r, chol)
+        del chol
         new_lam = max(float(lam) * 10.0, 1e-10 * float(scale))
         warnings.warn(
             f"Cholesky failed (matrix {len(m)}×{len(m)} not positive definite at damping "
@@ -72,7 +77,9 @@ def solve_spd(matrix: torch.Tensor, rhs: torch.Tensor, damp: float = 0.0) -> tor
             RuntimeWarning,
             stacklevel=2,
         )
+        diag += new_lam - lam
         lam = torch.as_tensor(new_lam, dtype=m.dtype, device=m.device)
+    diag -= lam
     evals, evecs = torch.linalg.eigh(m)
     keep = evals > evals.max() * len(m) * torch.finfo(m.dtype).eps
     inv = torch.where(keep, 1.0 / evals.clamp_min(torch.finfo(m.dtype).tiny), torch.zeros_like(evals))
@@ -148,7 +155,7 @@ def _liar(weight, bias, keep, stats, damp=0.0, group_size=1):
     w, g, mu, u, m = _split(weight, keep, stats)
     n = stats.count
     rhs = _block(g, u, m) - n * torch.outer(mu[u], mu[m])
-    q = solve_spd(_block(g, u, u), rhs, damp)  # (C_u, C_m)
+    q = solve_spd(_block(g, u, u), rhs, damp, overwrite=True)  # (C_u, C_m)
     w_u, w_m = w.index_select(1, u).T, w.index_select(1, m).T  # paper layout (C, C_out)
     pw_u = project_rows(w_m, w_u)  # P W_u, (C_m, C_out)
     new_w = w_u + q @ pw_u
@@ -161,7 +168,7 @@ def _ls(weight, bias, keep, stats, damp=0.0, group_size=1):
     n = stats.count
     cov_uu = _block(g, u, u) - n * torch.outer(mu[u], mu[u])
     cov_um = _block(g, u, m) - n * torch.outer(mu[u], mu[m])
-    qc = solve_spd(cov_uu, cov_um, damp)  # (C_u, C_m)
+    qc = solve_spd(cov_uu, cov_um, damp, overwrite=True)  # (C_u, C_m)
     w_m = w.index_select(1, m).T  # (C_m, C_out)
     new_w = w.index_select(1, u).T + qc @ w_m
     return new_w.T, _bias_plus(bias, (mu[m] - mu[u] @ qc) @ w_m)
