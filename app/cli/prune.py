@@ -266,6 +266,15 @@ def _limit(value: str) -> int | float:
     return int(number)
 
 
+def _round_neurons(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be auto or a whole number, got {value!r}") from None
+
+
 def register(sub) -> None:
     """Add ``prune``, ``eval`` and ``demo`` to the ``liar`` subcommands."""
     _register_prune(sub)
@@ -283,7 +292,10 @@ def _register_prune(sub) -> None:
     p.add_argument("--ratio", type=float, help="fraction of transformer-block parameters to remove, in (0, 1)")
     p.add_argument("--allocation", choices=["uniform", "global"])
     p.add_argument(
-        "--round-neurons", type=int, help="kept FFN neurons per layer a multiple of this (round_to.neurons; e.g. 64)"
+        "--round-neurons",
+        type=_round_neurons,
+        help="kept FFN neurons per layer a multiple of this (round_to.neurons): auto (default: 128 on a GPU, "
+        "64 on a CPU), a number, or 1 for exact widths",
     )
     p.add_argument("--criterion", help="pruning criterion: magnitude, random, flap, snip, kwon, taylor, kcm")
     p.add_argument("--reconstruction", help="none | bias | mask_tuning | liar | ls")

@@ -27,7 +27,7 @@ CRITERIA_INFO = (
 )
 NAMED_SETS = list(NAMED_DATASETS)
 MAX_UPLOAD_MB = 50
-ROUND_CHOICES = [1, 8, 16, 32, 64, 128]
+ROUND_CHOICES = ["auto", 1, 8, 16, 32, 64, 128]
 NO_EVALUATION = "(none)"
 STATUSES = ["", "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"]
 TABLE_COLUMNS = [
@@ -125,13 +125,16 @@ def build_recipe(
         size = Path(upload).stat().st_size
         if size > MAX_UPLOAD_MB * 2**20:
             raise SubmitError(f"the uploaded file is {size / 2**20:.0f} MB; the limit is {MAX_UPLOAD_MB} MB")
-    try:
-        multiple = 1 if round_neurons in (None, "") else int(round_neurons)
-    except (TypeError, ValueError):
-        multiple = 0
-    if multiple < 1:
-        raise SubmitError(f"FFN width multiple must be a whole number ≥ 1, got {round_neurons!r}")
-    rounding = {"round_to": {"neurons": multiple}} if multiple > 1 else {}
+    if round_neurons in (None, "", "auto"):
+        multiple: int | str = "auto"
+    else:
+        try:
+            multiple = int(round_neurons)
+        except (TypeError, ValueError):
+            multiple = 0
+        if multiple < 1:
+            raise SubmitError(f"FFN width multiple must be auto or a whole number ≥ 1, got {round_neurons!r}")
+    rounding = {} if multiple == "auto" else {"round_to": {"neurons": multiple}}
     return {
         "model": str(model).strip(),
         "modules": modules,

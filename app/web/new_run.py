@@ -30,9 +30,10 @@ def _pruning_column(models: list[str]) -> dict:
         c["allocation"] = gr.Radio(["uniform", "global"], value="uniform", label="Allocation")
         c["round_neurons"] = gr.Dropdown(
             forms.ROUND_CHOICES,
-            value=1,
+            value="auto",
             label="FFN width multiple",
-            info="kept neurons per layer rounded to a multiple (64: faster kernels); 1 = exact",
+            info="kept neurons per layer rounded to a multiple: auto = 128 on a GPU worker, 64 on a CPU "
+            "(faster kernels); 1 = exact widths",
         )
     c["ratio"] = gr.Slider(
         0.05, 0.9, value=0.2, step=0.05, label="Ratio", info="fraction of the transformer blocks' parameters to remove"

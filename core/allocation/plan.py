@@ -326,6 +326,16 @@ def _rearrange(lp: LayerPlan, s: Scores, adapter: Adapter, c: dict[str, int]) ->
     return LayerPlan(heads, kv, neurons, lp.removed)
 
 
+def auto_multiple(n_neurons: int, device_type: str) -> int:
+    """The FFN width multiple ``round_to.neurons: auto`` means: 128 on a GPU (tensor-core tiles),
+    64 on a CPU (measured fastest in ``docs/results/latency.md``), halved until the FFN has at least 16
+    steps of it; 1 (exact widths) when even 8 is too coarse."""
+    m = 128 if device_type == "cuda" else 64
+    while m >= 8 and n_neurons < 16 * m:
+        m //= 2
+    return m if m >= 8 else 1
+
+
 def _multiples(kept: int, total: int, m: int) -> list[int]:
     """Kept counts that are multiples of ``m`` (or the full width) next to ``kept``; at least ``m``."""
     if m == 1:

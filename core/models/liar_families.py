@@ -38,6 +38,10 @@ class Family:
     attn_bias_flag: str | None = None
     mlp_bias_flag: str | None = None
     head_dim_in_config: bool = True  # False for BERT: head size is hidden_size / num_heads
+    # Norms whose output feeds only the attention / the FFN block (pre-norm architectures): while a
+    # pruned block is replayed from stored inputs, its input norm is skipped as well. None: no such norm.
+    attn_input_norm: str | None = None
+    ffn_input_norm: str | None = None
 
 
 _DECODER = dict(
@@ -52,6 +56,8 @@ _DECODER = dict(
     ffn_out="mlp.down_proj",
     ffn_block="mlp",
     gqa=True,
+    attn_input_norm="input_layernorm",
+    ffn_input_norm="post_attention_layernorm",
 )
 
 FAMILIES: dict[str, Family] = {

@@ -111,13 +111,26 @@ class BlockRunner:
             rows.append(x if mask is None else x[mask.reshape(-1).to(x.device)])
         return torch.cat(rows)
 
-    def replay(self, layer: nn.Module, block: str, path: str, keep: torch.Tensor, returns_tuple: bool) -> None:
+    def replay(
+        self,
+        layer: nn.Module,
+        block: str,
+        path: str,
+        keep: torch.Tensor,
+        returns_tuple: bool,
+        input_norm: str | None = None,
+    ) -> None:
         """Replace ``layer.<block>`` by a module replaying its (pruned) output from the kept inputs of
-        ``path``: ``path(X[..., keep])`` if the projection lives inside the block, else ``X[..., keep]``."""
+        ``path``: ``path(X[..., keep])`` if the projection lives inside the block, else ``X[..., keep]``.
+        ``input_norm``, a norm whose output only that block reads, is skipped meanwhile (its output
+        would be discarded)."""
         inputs = self.kept[path]
         proj = layer.get_submodule(path) if path.startswith(block + ".") else None
         self.replays[block] = (layer.get_submodule(block), _Replay(inputs, keep, proj, returns_tuple, self))
         set_module(layer, block, self.replays[block][1])
+        if input_norm is not None:
+            self.replays[input_norm] = (layer.get_submodule(input_norm), nn.Identity())
+            set_module(layer, input_norm, self.replays[input_norm][1])
 
     def restore(self, layer: nn.Module) -> None:
         for block, (original, _) in self.replays.items():

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from core import criteria
 from core.allocation import Plan, allocate
+from core.allocation.plan import auto_multiple
 from core.criteria import Scores
 from core.data.calibration import CalibrationBatch, calibration_batches
 from core.models.adapter import Adapter, adapter_for, block_parameters, unit_costs
@@ -189,12 +190,12 @@ def _reconstruct_blocks(
                 added,
             )
             # later passes over this block replay the pruned attention instead of recomputing it
-            runner.replay(layer, fam.attn, fam.o, keep, returns_tuple=True)
+            runner.replay(layer, fam.attn, fam.o, keep, returns_tuple=True, input_norm=fam.attn_input_norm)
         if len(lp.neurons) < adapter.n_neurons:
             keep = _keep_mask(lp.neurons, adapter.n_neurons)
             shrink = partial(prune_neurons_, layer, fam, lp.neurons)
             fitter.fit(layer, li, _Unit("ffn", fam.ffn_out, keep, 1, shrink, len(lp.neurons), adapter.n_neurons), added)
-            runner.replay(layer, fam.ffn_block, fam.ffn_out, keep, returns_tuple=False)
+            runner.replay(layer, fam.ffn_block, fam.ffn_out, keep, returns_tuple=False, input_norm=fam.ffn_input_norm)
         if li < last_pruned:  # the next block still has something to prune: feed it
             runner.advance(layer)
         runner.restore(layer)
@@ -209,7 +210,15 @@ def _reconstruct_blocks(
     return fitter.finish(), layout
 
 
-def _plan(model: nn.Module, adapter: Adapter, recipe: Recipe, scores: list[Scores]) -> Plan:
+def round_to(recipe: Recipe, adapter: Adapter, device: torch.device) -> tuple[int, int]:
+    """``(heads, neurons)`` multiples of the kept widths, ``auto`` resolved for this model and device."""
+    neurons = recipe.round_to.neurons
+    if neurons == "auto":
+        neurons = auto_multiple(adapter.n_neurons, device.type)
+    return recipe.round_to.heads, int(neurons)
+
+
+def _plan(model: nn.Module, adapter: Adapter, recipe: Recipe, scores: list[Scores], rounding: tuple[int, int]) -> Plan:
     layers = adapter.layers(model)
     return allocate(
         scores,
@@ -219,7 +228,7 @@ def _plan(model: nn.Module, adapter: Adapter, recipe: Recipe, scores: list[Score
         recipe.ratio,
         recipe.modules,
         recipe.allocation,
-        round_to=(recipe.round_to.heads, recipe.round_to.neurons),
+        round_to=rounding,
         global_search=criteria.get(recipe.criterion.name).global_search,
     )
 
@@ -277,7 +286,8 @@ def prune(
         scores = score_layers(model, adapter, recipe, split_batches(fit, recipe.calibration.batch_size), device)
     elif len(scores) != n_layers:
         raise ValueError(f"scores cover {len(scores)} layers but the model has {n_layers}")
-    plan = _plan(model, adapter, recipe, scores)
+    rounding = round_to(recipe, adapter, device)
+    plan = _plan(model, adapter, recipe, scores, rounding)
     report("scoring", n_layers, n_layers)
 
     params_before = sum(p.numel() for p in model.parameters())
@@ -302,6 +312,7 @@ def prune(
         seconds=time.perf_counter() - t_start,
         peak_memory_mb=peak_memory_mb(device),
         scores=scores,
+        metrics={"round_to_heads": rounding[0], "round_to_neurons": rounding[1]},
     )
     report("done", 1, 1)
     return result

@@ -108,7 +108,19 @@ class CalibrationConfig(_Strict):
 
 class RoundTo(_Strict):
     heads: int = Field(1, ge=1, description="kept query heads per layer: a multiple of this")
-    neurons: int = Field(1, ge=1, description="kept FFN neurons per layer: a multiple of this (e.g. 64)")
+    neurons: int | Literal["auto"] = Field(
+        "auto",
+        description="kept FFN neurons per layer: a multiple of this; 'auto' picks one that suits the device "
+        "(128 on a GPU, 64 on a CPU, smaller for narrow FFNs, none below 8) — exact widths ran slower than "
+        "dense on a GPU; 1 keeps exact widths",
+    )
+
+    @field_validator("neurons")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if v != "auto" and (isinstance(v, bool) or v < 1):
+            raise ValueError(f"round_to.neurons must be 'auto' or a whole number ≥ 1, got {v!r}")
+        return v
 
 
 class Recipe(_Strict):

@@ -62,7 +62,7 @@ def test_form_values_make_a_valid_recipe(tmp_path):
     assert recipe.calibration.num_calibration_samples == 16 and recipe.calibration.max_seq_length == 32
 
 
-@pytest.mark.parametrize("choice, expected", [(1, 1), (64, 64), ("64", 64), (None, 1)])
+@pytest.mark.parametrize("choice, expected", [(1, 1), (64, 64), ("64", 64), (None, "auto"), ("auto", "auto")])
 def test_ffn_width_multiple_becomes_round_to(tmp_path, choice, expected):
     recipe = Recipe.model_validate(build_recipe(**_fields(tmp_path, round_neurons=choice)))
     assert recipe.round_to.neurons == expected

@@ -295,3 +295,28 @@ def test_report_equals_raw_error_on_held_aside_tokens(method, llama_dir, corpus)
     den = (full**2).sum()
     assert row.error_after == pytest.approx(float(((full - approx) ** 2).sum() / den), rel=1e-4)
     assert row.error_before == pytest.approx(float(((full - naive) ** 2).sum() / den), rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("n_neurons", "device", "expected"),
+    [(11008, "cuda", 128), (1536, "cpu", 64), (1536, "cuda", 64), (688, "cpu", 32), (256, "cpu", 16), (48, "cpu", 1)],
+)
+def test_auto_ffn_multiple_suits_device_and_width(n_neurons, device, expected):
+    from core.allocation.plan import auto_multiple
+
+    assert auto_multiple(n_neurons, device) == expected
+
+
+def test_default_rounding_is_auto_and_reported(tmp_path, corpus):
+    """round_to.neurons defaults to 'auto': on this CPU a 256-wide FFN is kept in multiples of 16; the
+    resolved multiples are in the summary; 1 keeps exact widths."""
+    from core.models.tiny import tiny_decoder
+
+    model_dir = tiny_decoder(tmp_path / "wide", intermediate_size=256)
+    result = prune(recipe_for(model_dir, corpus, ratio=0.27, modules="neurons"))
+    assert Recipe.model_validate(recipe_for(model_dir, corpus)).round_to.neurons == "auto"
+    assert result.summary()["round_to_neurons"] == 16 and result.summary()["round_to_heads"] == 1
+    assert all(len(lp.neurons) % 16 == 0 for lp in result.plan.layers)
+    exact = prune(recipe_for(model_dir, corpus, ratio=0.27, modules="neurons", round_to={"neurons": 1}))
+    assert exact.summary()["round_to_neurons"] == 1
+    assert any(len(lp.neurons) % 16 for lp in exact.plan.layers)
