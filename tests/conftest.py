@@ -32,6 +32,12 @@ def llama_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def llama_mha_dir(tmp_path_factory):
+    """Multi-head attention (as LLaMA-7B): 8 query and 8 key/value heads of 8 channels, hidden size 64."""
+    return tiny_decoder(tmp_path_factory.mktemp("models") / "llama-mha", "llama", num_key_value_heads=8)
+
+
+@pytest.fixture(scope="session")
 def qwen2_dir(tmp_path_factory):
     return tiny_decoder(tmp_path_factory.mktemp("models") / "qwen2", "qwen2")
 

@@ -82,7 +82,21 @@ def _stock_overrides(model: nn.Module, family_name: str, layout: list[dict]) -> 
     if fam.gqa:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         overrides.update(num_key_value_heads=n_kv, head_dim=head_dim)
-    return overrides
+    return overrides if _stock_config_loads(cfg, overrides) else None
+
+
+def _stock_config_loads(cfg, overrides: dict[str, Any]) -> bool:
+    """Whether the installed transformers accepts the stock config with ``overrides``: transformers 5
+    refuses e.g. a LLaMA whose head count does not divide the hidden size (26 heads of 4096, what
+    removing 20% of LLaMA-7B's heads leaves) even with an explicit ``head_dim``; such a model is then
+    written in the ``liar_`` form, which loads."""
+    data = {k: v for k, v in cfg.to_dict().items() if k not in ("liar_layout", "liar_family", "auto_map")}
+    data.update(overrides)
+    try:
+        type(cfg).from_dict(data)
+    except Exception:  # the config class's own validation: a ValueError or its wrapper
+        return False
+    return True
 
 
 def _add_stock_biases(model: nn.Module, family_name: str, overrides: dict[str, Any]) -> None:

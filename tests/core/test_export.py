@@ -70,6 +70,20 @@ CASES = {
     "bert-classifier": ("bert_dir", "AutoModelForSequenceClassification", {"ratio": 0.3}, False),
     "llama-uniform-neurons": ("llama_dir", "AutoModelForCausalLM", {"ratio": 0.2, "modules": "neurons"}, True),
     "bert-neurons": ("bert_dir", "AutoModelForSequenceClassification", {"ratio": 0.2, "modules": "neurons"}, True),
+    # uniform MHA heads: 4 of 8 divide the hidden size 64 → stock; 5 of 8 do not, and transformers refuses
+    # such a stock LLaMA config (as 26 of LLaMA-7B's 32 heads after 20%), so it is written as liar_
+    "llama-mha-heads-dividing": (
+        "llama_mha_dir",
+        "AutoModelForCausalLM",
+        {"ratio": 0.3, "modules": "heads", "round_to": {"heads": 4}},
+        True,
+    ),
+    "llama-mha-heads-not-dividing": (
+        "llama_mha_dir",
+        "AutoModelForCausalLM",
+        {"ratio": 0.2, "modules": "heads"},
+        False,
+    ),
 }
 
 
