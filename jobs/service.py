@@ -60,7 +60,8 @@ class JobService:
             else:
                 parsed = Recipe.model_validate(recipe)
             evals = [JobEvaluation.model_validate(e).model_dump(by_alias=True) for e in evaluations or []]
-            preflight(parsed)  # what the model's config can tell before anything is queued
+            # what the model's config can tell before anything is queued (evaluation lengths included)
+            preflight(parsed, [int(e["seq_len"]) for e in evals if e.get("seq_len") is not None])
         except ValidationError as exc:
             raise SubmitError(f"invalid recipe: {validation_message(exc)}") from None
         except (ValueError, FileNotFoundError) as exc:

@@ -89,8 +89,6 @@ def _dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-
-
 class _Exported(NamedTuple):
     """What :func:`_export` wrote: the checkpoint directory and its archive."""
 

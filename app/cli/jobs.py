@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 
 from app.cli.common import fail
 
@@ -49,10 +50,28 @@ def _service():
     return JobService()
 
 
+def _ppl_seq_len(args: argparse.Namespace) -> int:
+    """--ppl-seq-len, else 512 or the model's positions if fewer (a 256-position model gets 256)."""
+    if args.ppl_seq_len is not None:
+        return args.ppl_seq_len
+    import yaml
+
+    from core.pipeline.preflight import model_positions
+
+    try:
+        model = (yaml.safe_load(Path(args.recipe).read_text(encoding="utf-8")) or {}).get("model")
+    except (OSError, yaml.YAMLError, AttributeError):
+        model = None  # the service says what is wrong with the recipe
+    positions = model_positions(str(model)) if isinstance(model, str) else None
+    return min(512, positions or 512)
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from jobs.service import SubmitError
 
-    evaluations = [{"type": "perplexity", "dataset": args.ppl, "seq_len": args.ppl_seq_len}] if args.ppl else None
+    evaluations = None
+    if args.ppl:
+        evaluations = [{"type": "perplexity", "dataset": args.ppl, "seq_len": _ppl_seq_len(args)}]
     user = args.user or os.environ.get("USER")
     try:
         service = _service()
@@ -129,7 +148,9 @@ def register(sub) -> None:
     s.add_argument("recipe", help="recipe YAML/JSON file")
     s.add_argument("--user", help="submitted-by name (default $USER)")
     s.add_argument("--ppl", help="evaluate perplexity on this named set or text file after pruning")
-    s.add_argument("--ppl-seq-len", type=int, default=512)
+    s.add_argument(
+        "--ppl-seq-len", type=int, help="tokens per evaluation window (default: 512, or the model's positions if fewer)"
+    )
     s.add_argument("--sweep-ratios", type=float, nargs="+")
     s.add_argument("--sweep-methods", nargs="+")
     s.add_argument("--sweep-criteria", nargs="+")

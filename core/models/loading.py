@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from core.models import modeling_liar
 from core.models.adapter import adapter_for
+from core.models.config_file import read_config
 from core.models.liar_families import PRUNED_PREFIX, family_of
 
 
@@ -56,7 +56,7 @@ def load_model(name: str, dtype: str = "auto", device: str = "auto"):
     local = Path(name).expanduser()
     src = str(local) if local.is_dir() else name
     if (local / "config.json").is_file():
-        if json.loads((local / "config.json").read_text()).get("model_type", "").startswith(PRUNED_PREFIX):
+        if str(read_config(local).get("model_type", "")).startswith(PRUNED_PREFIX):
             dev = resolve_device(device)
             model, tokenizer = load_pruned(local, dtype=None if dtype == "auto" else getattr(torch, dtype), device=dev)
             if dev.type == "cpu" and dtype == "auto":
@@ -89,7 +89,7 @@ def load_pruned(path: str | Path, dtype: torch.dtype | None = None, device: str 
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{str(path)!r} is not a model directory (no config.json)")
-    raw = json.loads(cfg_file.read_text())
+    raw = read_config(path)
     kwargs = {} if dtype is None else {"dtype": dtype}
     mt = raw.get("model_type", "")
     if mt.startswith("liar_"):

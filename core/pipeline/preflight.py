@@ -6,11 +6,11 @@ service and the web form run them at submit time without loading the engine.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from core.models.config_file import read_config
 from core.models.liar_families import PRUNED_PREFIX, family_of, supported_model_types
 from core.spec.recipe import Recipe
 
@@ -58,18 +58,34 @@ def _cached_config(model: str) -> dict[str, Any] | None:
             return None
     if not isinstance(path, (str, Path)) or not Path(path).is_file():
         return None
+    return read_config(Path(path).parent)  # a config.json that is no JSON object is refused here
+
+
+def model_positions(model: str) -> int | None:
+    """The model's ``max_position_embeddings`` when its config is readable offline (else None)."""
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        raw = _cached_config(model)
+    except ValueError:
         return None
-    return raw if isinstance(raw, dict) else None
+    value = None if raw is None else raw.get("max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def preflight(recipe: Recipe | dict | str | Path) -> None:
+def preflight(recipe: Recipe | dict | str | Path, eval_lengths: list[int] | tuple[int, ...] = ()) -> None:
     """:func:`check_model_fit` with the model's config, when it can be read without downloading (a local
     directory, or a hub id already in the local cache); otherwise nothing — :func:`prune` checks again.
-    Reads the config as JSON: no torch, no transformers, so a form check in the web process stays fast."""
+    Reads the config as JSON: no torch, no transformers, so a form check in the web process stays fast.
+    ``eval_lengths``: the window lengths of the evaluations that will follow the pruning, checked against
+    the model's positions too, so a job never prunes and then fails on a length known beforehand."""
     recipe = as_recipe(recipe)
     raw = _cached_config(recipe.model)
     if raw is not None:
-        check_model_fit(recipe, SimpleNamespace(**raw))
+        config = SimpleNamespace(**raw)
+        check_model_fit(recipe, config)
+        limit = getattr(config, "max_position_embeddings", None)
+        for length in eval_lengths:
+            if limit is not None and length > limit:
+                raise ValueError(
+                    f"evaluation seq_len {length} exceeds the model's limit of {limit} positions; "
+                    f"evaluate with seq_len {limit} or less"
+                )

@@ -176,9 +176,15 @@ class Recipe(_Strict):
 
     @classmethod
     def from_yaml(cls, text: str) -> Recipe:
-        data = yaml.safe_load(text)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem_mark", None)
+            at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+            problem = getattr(exc, "problem", None) or "unreadable YAML"
+            raise ValueError(f"the recipe is not valid YAML{at}: {problem}") from None
         if not isinstance(data, dict):
-            raise ValueError("a recipe must be a YAML mapping")
+            raise ValueError(f"a recipe must be a YAML mapping of fields, not a {type(data).__name__}")
         return cls.model_validate(data)
 
     @classmethod

@@ -432,7 +432,10 @@ def _load_base(base: dict[str, Any] | str) -> dict[str, Any]:
     path = Path(base).expanduser()
     if not path.is_file():
         raise GridError([f"base: recipe file {base!r} does not exist"])
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise GridError([f"base: {str(path)!r} is not valid YAML ({getattr(exc, 'problem', None) or exc})"]) from None
     if not isinstance(data, dict):
         raise GridError([f"base: {str(path)!r} is not a YAML mapping"])
     return data

@@ -38,3 +38,53 @@ def test_jobs_verbs(tmp_path, job_models, monkeypatch, capsys):
     assert "no job 999" in capsys.readouterr().err
     assert main(["jobs", "submit", str(good), "--sweep-ratios", "0.2", "0.4", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["jobs"]) == 2
+
+
+def test_bad_input_is_one_sentence_and_creates_no_job(tmp_path, job_models, monkeypatch, capsys):
+    """A YAML syntax error, a recipe that is a list, a model whose config.json is a list, and an
+    evaluation longer than the model's positions: one clear line, exit 2, no job row."""
+    monkeypatch.setenv("LIAR_DATA_DIR", str(tmp_path / "data"))
+    for k in ("LIAR_DATABASE_URL", "LIAR_BROKER_URL"):
+        monkeypatch.delenv(k, raising=False)
+    syntax = tmp_path / "syntax.yaml"
+    syntax.write_text("model: [unclosed\n")
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n- b\n")
+    broken_model = tmp_path / "broken-model"
+    broken_model.mkdir()
+    (broken_model / "config.json").write_text("[1, 2]")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(recipe(job_models, model=str(broken_model))))
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(recipe(job_models)))
+    cases = [
+        (["jobs", "submit", str(syntax)], "not valid YAML at line 2"),
+        (["jobs", "submit", str(listed)], "must be a YAML mapping of fields, not a list"),
+        (["jobs", "submit", str(broken)], "config.json must hold a JSON object"),
+        (["jobs", "submit", str(good), "--ppl", str(job_models["calib"]), "--ppl-seq-len", "512"], "exceeds"),
+        (["prune", str(syntax), "--output", str(tmp_path / "out")], "not valid YAML at line 2"),
+        (["prune", str(broken), "--output", str(tmp_path / "out")], "config.json must hold a JSON object"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+    assert main(["jobs", "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
+def test_ppl_length_defaults_to_what_the_model_can_take(tmp_path, job_models, monkeypatch, capsys):
+    """The tiny models have 256 positions: `--ppl` without --ppl-seq-len evaluates 256-token windows
+    instead of failing after the pruning on the old 512 default."""
+    monkeypatch.setenv("LIAR_DATA_DIR", str(tmp_path / "data"))
+    for k in ("LIAR_DATABASE_URL", "LIAR_BROKER_URL"):
+        monkeypatch.delenv(k, raising=False)
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(recipe(job_models)))
+    assert main(["jobs", "submit", str(good), "--ppl", str(job_models["calib"]), "--json"]) == 0
+    job_id = json.loads(capsys.readouterr().out)["id"]
+    assert main(["jobs", "show", str(job_id), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert [e["seq_len"] for e in info["evaluations"]] == [256]
