@@ -116,8 +116,29 @@ def build(service: JobService, models: list[str], texts: list[str], eval_texts: 
         message, text, path = forms.validate_form(service, form[:-1])
         return _status(message), text, path
 
-    def submit_form(*form, request: gr.Request | None = None):
-        return _status(forms.submit_form(service, form[:-1], forms.submitter(form[-1], request)))
+    # Named parameters, not *form: Gradio fills a gr.Request argument only in a function whose
+    # parameters it can count (with *args the logged-in user was silently dropped).
+    def submit_form(
+        model,
+        modules,
+        ratio,
+        allocation,
+        round_neurons,
+        criterion,
+        damp,
+        calibration,
+        upload,
+        samples,
+        seq_len,
+        seed,
+        evaluate,
+        methods,
+        user,
+        request: gr.Request = None,
+    ):
+        form = (model, modules, ratio, allocation, round_neurons, criterion, damp, calibration, upload)
+        form += (samples, seq_len, seed, evaluate, methods)
+        return _status(forms.submit_form(service, form, forms.submitter(user, request)))
 
     def submit_yaml_text(text: str, evaluate, user, request: gr.Request | None = None):
         return _status(forms.submit_yaml(service, text, evaluate, forms.submitter(user, request)))

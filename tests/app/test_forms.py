@@ -202,3 +202,21 @@ def test_formatters():
 
     assert forms.submitter("mallory", Request()) == "alice"
     assert forms.submitter("", None) is None and forms.submitter("ada", object()) == "ada"
+
+
+def test_gradio_fills_the_request_of_the_submit_handlers(job_service):
+    """With login on, the submitter is the account, so Gradio must pass gr.Request to the handlers:
+    it does so only for functions whose parameters it can count (a *form handler got none)."""
+    import gradio as gr
+    from gradio import helpers
+
+    from app.web import build_app
+
+    demo = build_app(job_service, default_models=[], default_texts=[], eval_texts=[])
+    handlers = {fn.fn.__name__: fn for fn in demo.fns.values()}
+    for name in ("submit_form", "submit_yaml_text"):
+        block_fn = handlers[name]
+        inputs = [None] * len(block_fn.inputs)
+        request = gr.Request(username="ada")
+        filled, *_ = helpers.special_args(block_fn.fn, inputs=list(inputs), request=request)
+        assert filled[-1] is request, name
