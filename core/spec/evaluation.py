@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from core.spec.recipe import NAMED_DATASETS
+from core.spec.recipe import MAX_BATCH, MAX_SAMPLES, MAX_SEQ_LEN, NAMED_DATASETS
 
 
 class _Strict(BaseModel):
@@ -37,9 +37,9 @@ class PerplexityEval(_Strict):
     """Perplexity over consecutive windows of a text (``core.evaluation.perplexity.perplexity``)."""
 
     text: str = Field(..., description=f"a named set {NAMED_DATASETS} or a local .txt / .jsonl / .json file")
-    seq_len: int = Field(512, ge=2, description="tokens per window")
-    max_windows: int | None = Field(None, gt=0, description="evaluate at most this many windows")
-    batch_size: int = Field(4, gt=0, description="windows per forward pass")
+    seq_len: int = Field(512, ge=2, le=MAX_SEQ_LEN, description="tokens per window")
+    max_windows: int | None = Field(None, gt=0, le=MAX_SAMPLES, description="evaluate at most this many windows")
+    batch_size: int = Field(4, gt=0, le=MAX_BATCH, description="windows per forward pass")
 
     @field_validator("text")
     @classmethod

@@ -31,6 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from core.spec.criteria import CRITERIA, parse_options
 
 NAMED_DATASETS = ("wikitext2", "c4", "alpaca")
+# Bounds of the size-like fields: generous for real runs, but an input that would make a worker grow
+# until it is killed (a billion calibration samples) is refused at submission.
+MAX_SAMPLES = 100_000
+MAX_SEQ_LEN = 131_072
+MAX_BATCH = 4_096
+MAX_CALIBRATION_TOKENS = 2**24  # samples × sequence length: ≈ 137 GB of a 7B model's bf16 hidden states
 # reconstruction methods (implemented in core.stats.reconstruct, which checks it matches this list)
 METHODS = ("none", "bias", "mask_tuning", "liar", "ls")
 
@@ -77,13 +83,29 @@ class CalibrationConfig(_Strict):
     label_field: str | None = Field(
         None, description="field of a .jsonl / .json record holding a numeric task label (gradient criteria, encoders)"
     )
-    num_calibration_samples: int = Field(128, gt=0, description="windows (decoders) or texts (encoders)")
-    max_seq_length: int = Field(128, gt=1, description="tokens per window")
+    num_calibration_samples: int = Field(
+        128, gt=0, le=MAX_SAMPLES, description="windows (decoders) or texts (encoders)"
+    )
+    max_seq_length: int = Field(128, gt=1, le=MAX_SEQ_LEN, description="tokens per window")
     holdout_samples: int = Field(
-        8, ge=0, description="extra samples held aside to measure reconstruction error (0: measure on fit data)"
+        8,
+        ge=0,
+        le=MAX_SAMPLES,
+        description="extra samples held aside to measure reconstruction error (0: measure on fit data)",
     )
     seed: int = 0
-    batch_size: int = Field(8, gt=0, description="samples per forward pass")
+    batch_size: int = Field(8, gt=0, le=MAX_BATCH, description="samples per forward pass")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> CalibrationConfig:
+        tokens = (self.num_calibration_samples + self.holdout_samples) * self.max_seq_length
+        if tokens > MAX_CALIBRATION_TOKENS:
+            raise ValueError(
+                f"calibration of {self.num_calibration_samples + self.holdout_samples} samples × "
+                f"{self.max_seq_length} tokens = {tokens:,} tokens exceeds the limit of "
+                f"{MAX_CALIBRATION_TOKENS:,}; lower num_calibration_samples or max_seq_length"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_source(self) -> CalibrationConfig:

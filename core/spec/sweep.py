@@ -354,11 +354,17 @@ def _prune_cell(data: dict[str, Any], labels: tuple[str, str, str], ratio: float
     )
 
 
+MAX_CELLS = 1_000  # cells of one grid (each a pruning run)
+
+
 def _expand(base: dict[str, Any], axes: _Axes, evaluation: Any, dense: bool) -> list[Cell]:
     """Every cell in run order: per model, its dense baseline, then criterion × ratio × reconstruction.
 
     Every recipe is validated; a problem shared by several cells is reported once, naming the first.
     """
+    size = len(axes.models) * (len(axes.criteria) * len(axes.ratios) * len(axes.methods) + int(dense))
+    if size > MAX_CELLS:
+        raise GridError([f"grid: {size} cells exceed the limit of {MAX_CELLS}; split the sweep"])
     cells: list[Cell] = []
     cell_errors: dict[str, list[str]] = {}
     dtype, device = str(base.get("dtype", "auto")), str(base.get("device", "auto"))

@@ -101,3 +101,31 @@ def test_calibration_from_jsonl_and_txt(llama_dir, corpus, tmp_path):
     other.write_text(json.dumps({"text": "x"}))
     with pytest.raises(ValueError, match="has no field 'body'"):
         prune(recipe_for(llama_dir, None, calibration={"texts": None, "dataset": str(other), "text_field": "body"}))
+
+
+@pytest.mark.parametrize(
+    ("calibration", "message"),
+    [
+        ({"num_calibration_samples": 1_000_000_000}, "less than or equal to 100000"),
+        ({"max_seq_length": 10**7}, "less than or equal to 131072"),
+        ({"batch_size": 10**6}, "less than or equal to 4096"),
+        ({"num_calibration_samples": 50_000, "max_seq_length": 4096}, "exceeds the limit of 16,777,216"),
+    ],
+)
+def test_size_like_fields_are_bounded(calibration, message, llama_dir, corpus):
+    with pytest.raises(ValidationError, match=message):
+        Recipe.model_validate(recipe_for(llama_dir, corpus, calibration=calibration))
+
+
+def test_unbounded_recipe_never_becomes_a_job(tmp_path, llama_dir, corpus):
+    from jobs.service import JobService, SubmitError
+    from jobs.settings import Settings
+
+    data = tmp_path / "data"
+    service = JobService(Settings(data_dir=data, database_url=f"sqlite:///{data / 'l.db'}", broker_url="filesystem://"))
+    service.settings.ensure_dirs()
+    with pytest.raises(SubmitError, match="less than or equal to 100000"):
+        service.submit(recipe_for(llama_dir, corpus, calibration={"num_calibration_samples": 10**9}))
+    with pytest.raises(SubmitError, match="less than or equal to 100000"):
+        service.submit(recipe_for(llama_dir, corpus), evaluations=[{"type": "perplexity", "max_windows": 10**9}])
+    assert service.list() == []

@@ -411,3 +411,9 @@ def test_pruned_model_with_uneven_widths_generates_with_kv_cache(llama_dir, corp
             seq = torch.cat([seq, nxt], dim=1)
     assert out.shape == (1, 13)
     assert torch.equal(out, seq)
+
+
+def test_grid_size_is_bounded(llama_dir, texts):
+    ratios = [round(0.0001 * i, 4) for i in range(1, 501)]
+    with pytest.raises(GridError, match="1001 cells exceed the limit of 1000"):
+        parse_grid(grid_dict(llama_dir, texts, ratios=ratios, methods=("none", "liar")))
