@@ -46,7 +46,12 @@ class JobService:
         return self._celery
 
     # --- submission -----------------------------------------------------------------------
-    def validate(self, recipe: dict | str | Path, evaluations: list[dict] | None = None) -> tuple[dict, list[dict]]:
+    def validate(
+        self, recipe: dict | str | Path, evaluations: list[dict] | None = None, confine: bool = False
+    ) -> tuple[dict, list[dict]]:
+        """The recipe and evaluations as stored, validated (and preflighted against the model's config);
+        raises :class:`SubmitError`. ``confine``: a web or API submission, whose server-side paths must
+        lie in :meth:`Settings.readable_roots` (checked before anything reads them)."""
         from core.pipeline.preflight import preflight
         from core.spec.errors import validation_message
         from core.spec.evaluation import JobEvaluation
@@ -54,10 +59,16 @@ class JobService:
 
         try:
             if isinstance(recipe, (str, Path)) and Path(recipe).suffix in (".yaml", ".yml", ".json"):
+                if confine:
+                    raise SubmitError("a web submission passes the recipe itself, not a server-side file")
                 parsed = Recipe.load(recipe)
             elif isinstance(recipe, str):
+                if confine:
+                    self._check_paths(_yaml_mapping(recipe), evaluations)
                 parsed = Recipe.from_yaml(recipe)
             else:
+                if confine:
+                    self._check_paths(recipe, evaluations)
                 parsed = Recipe.model_validate(recipe)
             evals = [JobEvaluation.model_validate(e).model_dump(by_alias=True) for e in evaluations or []]
             # what the model's config can tell before anything is queued (evaluation lengths included)
@@ -68,14 +79,37 @@ class JobService:
             raise SubmitError(f"invalid recipe: {exc}") from None
         return parsed.model_dump(mode="json", exclude_none=True), evals
 
+    def _check_paths(self, recipe: dict, evaluations: list[dict] | None) -> None:
+        """Every server-side path a recipe or evaluation names lies inside a readable root."""
+        from core.spec.recipe import NAMED_DATASETS
+
+        calibration = recipe.get("calibration") if isinstance(recipe.get("calibration"), dict) else {}
+        named = [("model", recipe.get("model")), ("calibration.dataset", calibration.get("dataset"))]
+        named += [("evaluation dataset", e.get("dataset")) for e in evaluations or [] if isinstance(e, dict)]
+        roots = self.settings.readable_roots()
+        for field, value in named:
+            if not isinstance(value, str) or value in NAMED_DATASETS:
+                continue
+            path = Path(value).expanduser()
+            local = value.startswith((".", "/", "~")) or value.count("/") > 1 or path.exists()
+            if field != "model" or local:  # a model may be a hub id; a dataset that is not named is a file
+                resolved = path.resolve()
+                if not any(resolved == r or r in resolved.parents for r in roots):
+                    raise SubmitError(
+                        f"{field} {value!r} is outside the folders this server reads from; upload the file, "
+                        "or ask the administrator to add its folder to LIAR_DATA_ROOTS"
+                    )
+
     def submit(
         self,
         recipe: dict | str | Path,
         submitted_by: str | None = None,
         group_id: str | None = None,
         evaluations: list[dict] | None = None,
+        confine: bool = False,
     ) -> int:
-        data, evals = self.validate(recipe, evaluations)
+        """Validate and queue one job; ``confine``: a web / API submission (see :meth:`validate`)."""
+        data, evals = self.validate(recipe, evaluations, confine)
         with self.sessions.begin() as s:
             job = Job(
                 recipe=data,
@@ -110,13 +144,14 @@ class JobService:
         criteria: list[str] | None = None,
         submitted_by: str | None = None,
         evaluations: list[dict] | None = None,
+        confine: bool = False,
     ) -> tuple[str, list[int]]:
         """One job per cell of ratios × methods × criteria (axes left out take the recipe's value),
         sharing a group id; the cells are those of a sweep grid (``core.spec.sweep.expand_grid``).
         All cells are validated before any job is created."""
         from core.spec.sweep import GridError, expand_grid
 
-        base, evals = self.validate(recipe, evaluations)
+        base, evals = self.validate(recipe, evaluations, confine)
         axes: dict[str, Any] = {}
         if ratios:
             axes["ratio"] = list(ratios)
@@ -304,3 +339,13 @@ class JobService:
         for job_id in resend:
             self._send(job_id)
         return touched
+
+
+def _yaml_mapping(text: str) -> dict:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return {}  # Recipe.from_yaml reports the syntax error
+    return data if isinstance(data, dict) else {}

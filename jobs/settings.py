@@ -7,6 +7,8 @@
 | ``LIAR_BROKER_URL`` | ``filesystem://`` (under the data dir) | Celery broker, e.g. ``redis://host:6379/0`` |
 | ``LIAR_LEASE_SECONDS`` | ``60``                              | RUNNING without a heartbeat this long = lost |
 | ``LIAR_MAX_ATTEMPTS`` | ``2``                                | runs of a job before a lost worker marks it FAILED |
+| ``LIAR_DATA_ROOTS`` | (none)                                | more folders (``:``-separated) web jobs may read |
+| ``LIAR_CACHE``      | ``~/.cache/liar``                     | cached benchmark models and texts (readable too) |
 
 The defaults need no server: SQLite and Celery's filesystem transport (which, unlike the SQLAlchemy
 transport, supports the broadcast commands behind ``revoke`` and ``inspect``).
@@ -26,6 +28,7 @@ class Settings:
     broker_url: str
     lease_seconds: float = 60.0
     max_attempts: int = 2
+    data_roots: tuple[Path, ...] = ()  # beyond the data dir and the cache: folders the web app may read
 
     @classmethod
     def from_env(cls, **overrides) -> Settings:
@@ -36,6 +39,9 @@ class Settings:
             broker_url=os.environ.get("LIAR_BROKER_URL", "filesystem://"),
             lease_seconds=float(os.environ.get("LIAR_LEASE_SECONDS", 60)),
             max_attempts=int(os.environ.get("LIAR_MAX_ATTEMPTS", 2)),
+            data_roots=tuple(
+                Path(p).expanduser() for p in os.environ.get("LIAR_DATA_ROOTS", "").split(os.pathsep) if p
+            ),
         )
         values.update(overrides)
         return cls(**values)
@@ -43,6 +49,17 @@ class Settings:
     @property
     def artifacts_dir(self) -> Path:
         return self.data_dir / "artifacts"
+
+    @property
+    def uploads_dir(self) -> Path:
+        return self.data_dir / "uploads"
+
+    def readable_roots(self) -> list[Path]:
+        """Folders whose files a web or API submission may name (uploads land in the data dir): the
+        data dir, the benchmarks' cache and ``LIAR_DATA_ROOTS``. The CLI on one's own machine is not
+        confined."""
+        cache = Path(os.environ.get("LIAR_CACHE", Path.home() / ".cache" / "liar")).expanduser()
+        return [r.resolve() for r in (self.data_dir, cache, *self.data_roots)]
 
     @property
     def broker_dir(self) -> Path:

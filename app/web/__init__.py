@@ -58,6 +58,7 @@ def launch(host: str = "127.0.0.1", port: int = 7860, **kwargs) -> None:
     """Serve the app (login on when ``LIAR_APP_USERS`` is set: ``"alice:pw1,bob:pw2"``)."""
     import gradio as gr
 
+    from app.web.forms import MAX_UPLOAD_MB
     from jobs.service import JobService
 
     users = os.environ.get("LIAR_APP_USERS")
@@ -76,5 +77,6 @@ def launch(host: str = "127.0.0.1", port: int = 7860, **kwargs) -> None:
         auth=auth,
         show_error=True,
         allowed_paths=[str(service.settings.artifacts_dir), str(service.settings.data_dir / "recipes")],
+        max_file_size=f"{MAX_UPLOAD_MB}mb",  # refused by the server before it is stored
         quiet=True,
     )

@@ -17,7 +17,7 @@ def build(service: JobService) -> None:
     def api_submit(recipe_yaml: str, user: str = "", request: gr.Request = None) -> dict:
         """Submit a recipe given as YAML; returns {"id": N} or raises with the validation message."""
         try:
-            return {"id": service.submit(recipe_yaml, submitted_by=forms.submitter(user, request))}
+            return {"id": service.submit(recipe_yaml, submitted_by=forms.submitter(user, request), confine=True)}
         except SubmitError as exc:
             raise gr.Error(str(exc)) from None
 

@@ -6,7 +6,9 @@ test needs to check (the recipe a form makes, the messages it shows, the rows of
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -152,18 +154,38 @@ def build_recipe(
     }
 
 
+def store_upload(service: JobService, upload: str | None) -> str | None:
+    """Copy an uploaded calibration file (Gradio's temporary file) into the data dir's uploads folder,
+    named by its content, after checking its size; returns the stored path (or None)."""
+    if not upload:
+        return None
+    src = Path(upload)
+    size = src.stat().st_size
+    if size > MAX_UPLOAD_MB * 2**20:
+        raise SubmitError(f"the uploaded file is {size / 2**20:.0f} MB; the limit is {MAX_UPLOAD_MB} MB")
+    if src.suffix.lower() not in (".txt", ".jsonl", ".json"):
+        raise SubmitError(f"upload a .txt, .jsonl or .json file, not {src.suffix or 'a file without extension'}")
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:20]
+    dest = service.settings.uploads_dir / f"{digest}{src.suffix.lower()}"
+    if not dest.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
+    return str(dest)
+
+
 def from_form(service: JobService, form) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
     """(recipe, evaluations, methods) from the form values, validated; raises SubmitError.
 
     ``form``: the 12 fields of :func:`build_recipe`, then the "Perplexity on" choice, then the methods.
     """
     *fields, evaluate, methods = form
+    fields[8] = store_upload(service, fields[8])  # the upload, where submissions may read it
     recipe = build_recipe(*fields)
     if not methods:
         raise SubmitError("pick at least one reconstruction method")
     evals = evaluations_for(evaluate, recipe["calibration"]["max_seq_length"])
     for m in methods:
-        service.validate({**recipe, "reconstruction": {**recipe["reconstruction"], "method": m}}, evals)
+        service.validate({**recipe, "reconstruction": {**recipe["reconstruction"], "method": m}}, evals, confine=True)
     recipe["reconstruction"]["method"] = methods[0]
     return recipe, evals, list(methods)
 
@@ -187,10 +209,12 @@ def submit_form(service: JobService, form, user: str | None) -> str:
     try:
         recipe, evals, methods = from_form(service, form)
         if len(methods) == 1:
-            ids = [service.submit(recipe, submitted_by=user or None, evaluations=evals)]
+            ids = [service.submit(recipe, submitted_by=user or None, evaluations=evals, confine=True)]
             msg = f"✓ submitted job {ids[0]}"
         else:
-            group, ids = service.submit_sweep(recipe, methods=methods, submitted_by=user or None, evaluations=evals)
+            group, ids = service.submit_sweep(
+                recipe, methods=methods, submitted_by=user or None, evaluations=evals, confine=True
+            )
             msg = f"✓ submitted sweep {group}: jobs {', '.join(map(str, ids))}"
     except (SubmitError, RuntimeError) as exc:
         return shown(str(exc))
@@ -203,7 +227,8 @@ def submit_yaml(service: JobService, text: str, evaluate: str | None, user: str 
         return shown("the recipe box is empty: validate the form or paste a recipe")
     try:
         seq = (yaml.safe_load(text) or {}).get("calibration", {}).get("max_seq_length", 128)
-        job_id = service.submit(text, submitted_by=user or None, evaluations=evaluations_for(evaluate, seq))
+        evals = evaluations_for(evaluate, seq)
+        job_id = service.submit(text, submitted_by=user or None, evaluations=evals, confine=True)
     except (SubmitError, RuntimeError, AttributeError, yaml.YAMLError) as exc:
         return shown(str(exc))
     return f"✓ submitted job {job_id}"

@@ -66,10 +66,10 @@ def load_labels(cfg: CalibrationConfig) -> torch.Tensor | None:
     values = []
     for i, rec in enumerate(read_rows(path)[1], 1):
         if cfg.label_field not in rec:
-            raise ValueError(f"{path}: record {i} has no label field {cfg.label_field!r} (fields: {sorted(rec)})")
+            raise ValueError(f"{path}: record {i} has no label field {cfg.label_field!r}")
         v = rec[cfg.label_field]
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ValueError(f"{path}: record {i}: label {v!r} is not a number (class index or regression target)")
+            raise ValueError(f"{path}: record {i}: the label is not a number (a class index or a regression target)")
         values.append(v)
     floats = any(isinstance(v, float) and not float(v).is_integer() for v in values)
     return torch.tensor(values, dtype=torch.float32 if floats else torch.long)

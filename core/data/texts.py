@@ -96,7 +96,7 @@ def read_records(path: str | Path, text_field: str | list[str]) -> list[str | tu
             raise ValueError(f"{path}: record {i} is not an object")
         missing = [f for f in fields if f not in rec]
         if missing:
-            raise ValueError(f"{path}: record {i} has no field {missing[0]!r} (fields: {sorted(rec)})")
+            raise ValueError(f"{path}: record {i} has no field {missing[0]!r}")
         vals = [str(rec[f]) for f in fields]
         out.append(vals[0] if len(vals) == 1 else tuple(vals[:2]))
     if not out:

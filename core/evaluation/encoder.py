@@ -30,13 +30,13 @@ def _class_index(label: Any, label2id: Mapping[str, int], n_labels: int, index: 
         label = int(label)
     if isinstance(label, int):
         if not 0 <= label < n_labels:
-            raise ValueError(f"record {index}: label {label} is outside the model's {n_labels} classes")
+            raise ValueError(f"record {index}: the label is outside the model's {n_labels} classes")
         return label
     if isinstance(label, str):
         lookup = {str(k).lower(): v for k, v in label2id.items()}
         if label.lower() in lookup:
             return int(lookup[label.lower()])
-    raise ValueError(f"record {index}: label {label!r} is not a class index or a name in label2id {dict(label2id)}")
+    raise ValueError(f"record {index}: the label is not a class index or a name in label2id {dict(label2id)}")
 
 
 @torch.no_grad()
@@ -62,7 +62,7 @@ def evaluate_classifier(
     labels: list[Any] = []
     for i, rec in enumerate(records, 1):
         if "text" not in rec or "label" not in rec:
-            raise ValueError(f"record {i} needs 'text' and 'label' (fields: {sorted(rec)})")
+            raise ValueError(f"record {i} needs 'text' and 'label'")
         if regression:
             labels.append(float(rec["label"]))
         else:
@@ -172,7 +172,7 @@ def evaluate_qa(
     for i, rec in enumerate(records, 1):
         missing = [k for k in ("id", "question", "context", "answers") if k not in rec]
         if missing:
-            raise ValueError(f"QA record {i} has no field {missing[0]!r} (fields: {sorted(rec)})")
+            raise ValueError(f"QA record {i} has no field {missing[0]!r}")
     if not 0 <= doc_stride < max_length // 2:
         raise ValueError(f"doc_stride ({doc_stride}) must be below half of max_length ({max_length}), e.g. a quarter")
     if version_2 is None:

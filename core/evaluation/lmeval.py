@@ -113,7 +113,7 @@ def _field(record: Mapping[str, Any], key: str, index: int, what: str) -> Any:
     if not isinstance(record, Mapping):
         raise ValueError(f"{what} record {index} is not a mapping (got {type(record).__name__})")
     if key not in record:
-        raise ValueError(f"{what} record {index} has no field {key!r} (fields: {sorted(record)})")
+        raise ValueError(f"{what} record {index} has no field {key!r}")
     return record[key]
 
 
@@ -128,7 +128,7 @@ def _sentiment_label(value: Any, index: int) -> int:
             return int(key)
         if key in _SENTIMENT_LABELS:
             return _SENTIMENT_LABELS[key]
-    raise ValueError(f"sentiment record {index}: label {value!r} is not 0/1 or one of {sorted(_SENTIMENT_LABELS)}")
+    raise ValueError(f"sentiment record {index}: the label is not 0/1 or one of {sorted(_SENTIMENT_LABELS)}")
 
 
 def sentiment_rows(records: Iterable[Mapping[str, Any]], text_field: str = "text", label_field: str = "label") -> list:

@@ -74,7 +74,7 @@ def _get(rec: Any, key: str, path: Path, index: int) -> Any:
     if not isinstance(rec, Mapping):
         raise ValueError(f"{path}: record {index} is not an object")
     if key not in rec or rec[key] is None:
-        raise ValueError(f"{path}: record {index} has no field {key!r} (fields: {sorted(rec)})")
+        raise ValueError(f"{path}: record {index} has no field {key!r}")
     return rec[key]
 
 

@@ -75,12 +75,18 @@ def app_server(tmp_path_factory):
 
 
 @pytest.fixture()
-def job_service(tmp_path):
-    """A JobService on SQLite and the filesystem broker under ``tmp_path`` (jobs queue; no worker runs them)."""
+def job_service(tmp_path, tmp_path_factory):
+    """A JobService on SQLite and the filesystem broker under ``tmp_path`` (jobs queue; no worker runs
+    them) whose web submissions may read the session's test models and texts (pytest's base temp dir)."""
     from jobs.service import JobService
     from jobs.settings import Settings
 
     data = tmp_path / "data"
-    settings = Settings(data_dir=data, database_url=f"sqlite:///{data / 'liar.db'}", broker_url="filesystem://")
+    settings = Settings(
+        data_dir=data,
+        database_url=f"sqlite:///{data / 'liar.db'}",
+        broker_url="filesystem://",
+        data_roots=(tmp_path_factory.getbasetemp(),),
+    )
     settings.ensure_dirs()
     return JobService(settings)

@@ -150,8 +150,15 @@ def test_forms_load_without_gradio_or_torch():
 
 
 def test_validate_submit_and_the_jobs_table(job_service, llama_dir, tmp_path):
-    message, text, path = forms.validate_form(job_service, _form(tmp_path, "/no/such/model"))
-    assert message.startswith("**⚠") and "does not exist" in message and (text, path) == ("", None)
+    # a path outside the folders the server reads from is refused before anything reads it (whether it
+    # exists or not: the answer does not tell)
+    for model in ("/no/such/model", "/etc"):
+        message, text, path = forms.validate_form(job_service, _form(tmp_path, model))
+        assert message.startswith("**⚠") and "outside the folders this server reads from" in message
+        assert (text, path) == ("", None)
+    inside = job_service.settings.data_dir / "no-such-model"
+    message, _, _ = forms.validate_form(job_service, _form(tmp_path, str(inside)))
+    assert "does not exist" in message
 
     message, text, path = forms.validate_form(job_service, _form(tmp_path, llama_dir, round_neurons=8))
     assert message == "✓ valid" and Path(path).read_text() == text
@@ -220,3 +227,35 @@ def test_gradio_fills_the_request_of_the_submit_handlers(job_service):
         request = gr.Request(username="ada")
         filled, *_ = helpers.special_args(block_fn.fn, inputs=list(inputs), request=request)
         assert filled[-1] is request, name
+
+
+def test_web_submissions_read_only_inside_the_data_roots(job_service, llama_dir, tmp_path_factory):
+    """Through the web app or the API, server-side paths must lie in the data roots (uploads land in
+    the data dir); the same recipe from the CLI on one's own machine is not confined."""
+    outside = Path("/tmp") / "liar-outside-roots.txt"
+    outside.write_text("the quick brown fox jumps over the lazy dog. " * 50)
+    try:
+        text = yaml.safe_dump(
+            {"model": str(llama_dir), "ratio": 0.3, "calibration": {"dataset": str(outside), "max_seq_length": 16}}
+        )
+        assert "outside the folders this server reads from" in forms.submit_yaml(job_service, text, None, "ada")
+        assert job_service.list() == []
+        job_service.submit(text)  # the CLI's path: unconfined
+        assert len(job_service.list()) == 1
+    finally:
+        outside.unlink()
+
+
+def test_uploads_are_stored_in_the_data_dir_by_content(job_service, tmp_path):
+    upload = tmp_path / "mine.txt"
+    upload.write_text("some calibration text")
+    stored = forms.store_upload(job_service, str(upload))
+    assert (
+        Path(stored).parent == job_service.settings.uploads_dir and Path(stored).read_text() == "some calibration text"
+    )
+    assert forms.store_upload(job_service, str(upload)) == stored  # same content, same file
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"x" * (forms.MAX_UPLOAD_MB * 2**20 + 1))
+    with pytest.raises(forms.SubmitError, match="the limit is"):
+        forms.store_upload(job_service, str(big))
+    assert len(list(job_service.settings.uploads_dir.iterdir())) == 1  # the big one was not stored

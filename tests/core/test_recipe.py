@@ -129,3 +129,21 @@ def test_unbounded_recipe_never_becomes_a_job(tmp_path, llama_dir, corpus):
     with pytest.raises(SubmitError, match="less than or equal to 100000"):
         service.submit(recipe_for(llama_dir, corpus), evaluations=[{"type": "perplexity", "max_windows": 10**9}])
     assert service.list() == []
+
+
+def test_file_errors_name_the_record_but_never_quote_its_contents(tmp_path):
+    """A calibration file's errors say which record and field is wrong, never the values or other
+    field names it holds (through the web app those could be any file the server can read)."""
+    from core.data.calibration import load_labels
+    from core.data.texts import read_records
+    from core.spec.recipe import CalibrationConfig
+
+    path = tmp_path / "secret.jsonl"
+    path.write_text('{"text": "fine", "label": 1}\n{"text": "also fine", "label": "TOP-SECRET-VALUE", "ssn": 1}\n')
+    cfg = CalibrationConfig(dataset=str(path), label_field="label")
+    with pytest.raises(ValueError, match="record 2: the label is not a number") as exc:
+        load_labels(cfg)
+    assert "TOP-SECRET" not in str(exc.value)
+    with pytest.raises(ValueError, match="record 1 has no field 'body'") as exc:
+        read_records(path, "body")
+    assert "ssn" not in str(exc.value) and "fine" not in str(exc.value)
