@@ -68,10 +68,17 @@ def test_login_records_the_account_as_submitter(tmp_path, app_server):
         with pytest.raises(Exception):  # noqa: B017 - no credentials, no access
             Client(url, verbose=False).predict("", api_name="/list_jobs")
         client = Client(url, auth=("alice", "s3cret"), verbose=False)
-        recipe = {
+        outside = {  # another server's files: outside this one's data folders
             "model": str(app_server["data"] / "models" / "tiny-llama-demo"),
             "ratio": 0.3,
             "calibration": {"dataset": str(app_server["data"] / "texts" / "tiny-demo.txt")},
+        }
+        with pytest.raises(Exception, match="outside the folders this server reads from"):
+            client.predict(yaml.safe_dump(outside), "mallory", api_name="/submit")
+        recipe = {
+            "model": str(data / "models" / "tiny-llama-demo"),
+            "ratio": 0.3,
+            "calibration": {"dataset": str(data / "texts" / "tiny-demo.txt")},
         }
         job = client.predict(yaml.safe_dump(recipe), "mallory", api_name="/submit")
         info = json.loads(client.predict(job["id"], api_name="/show_job"))

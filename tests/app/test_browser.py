@@ -68,7 +68,7 @@ def _fill(page, label: str, value: str) -> None:
 
 def test_invalid_form_shows_error_and_creates_no_job(page, app_server):
     before = len(_jobs(app_server))
-    _fill(page, "Model", "/no/such/model")
+    _fill(page, "Model", str(app_server["data"] / "models" / "no-such-model"))
     page.get_by_role("button", name="Submit", exact=True).click()
     status = page.locator("#submit-status")
     status.get_by_text(re.compile("does not exist")).wait_for()

@@ -106,7 +106,7 @@ def test_cloze_items_are_seeded_next_words_with_distinct_distractors(corpus):
 def test_builders_name_bad_records(tmp_path):
     with pytest.raises(ValueError, match=r"sentiment record 2 has no field 'label'"):
         write_rt_sentiment_task(tmp_path, [{"text": "fine", "label": 1}, {"text": "no label"}])
-    with pytest.raises(ValueError, match=r"sentiment record 1: label 'meh'"):
+    with pytest.raises(ValueError, match=r"sentiment record 1: the label is not 0/1"):
         write_rt_sentiment_task(tmp_path, [{"text": "fine", "label": "meh"}])
     with pytest.raises(ValueError, match=r"cloze record 1: 'label' must index 'choices'"):
         write_cloze_task(tmp_path, [{"context": "the", "choices": ["a", "b"], "label": 2}])
