@@ -9,10 +9,12 @@ import datetime as dt
 import enum
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, create_engine, event
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, create_engine, event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
 
@@ -114,15 +116,86 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
-def upgrade(url: str) -> None:
-    """Apply every Alembic migration up to head."""
-    from alembic import command
+MIGRATION_LOCK_KEY = 0x4C494152  # "LIAR": the PostgreSQL advisory lock that serialises schema upgrades
+
+
+class SchemaError(RuntimeError):
+    """The database's schema does not match this code, in one sentence."""
+
+
+def _alembic_config(url: str):
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    command.upgrade(cfg, "head")
+    return cfg
+
+
+@contextmanager
+def _migration_lock(url: str, engine: Engine) -> Iterator[None]:
+    """One schema upgrade at a time across processes: a PostgreSQL advisory lock (held on its own
+    connection for the duration), or an exclusive file lock beside a SQLite database."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK_KEY})
+                conn.commit()
+    elif engine.dialect.name == "sqlite" and url.startswith("sqlite:///"):
+        import fcntl
+
+        lock_path = Path(url[len("sqlite:///") :] + ".migrate-lock")
+        with lock_path.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+    else:
+        yield
+
+
+def _current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(url: str, engine: Engine | None = None, auto: bool = True) -> str:
+    """Apply every Alembic migration up to head, one process at a time, and return the revision; a
+    database whose schema is newer than this code (a revision it does not know) is refused with
+    :class:`SchemaError`, and so is an older one when ``auto`` is off (``LIAR_AUTO_MIGRATE=0``: a
+    deployment that migrates once, with ``liar db upgrade``, before starting the app and workers)."""
+    from alembic import command
+    from alembic.script import ScriptDirectory
+
+    cfg = _alembic_config(url)
+    own = engine is None
+    engine = engine or create_engine(url, future=True)
+    try:
+        with _migration_lock(url, engine):
+            script = ScriptDirectory.from_config(cfg)
+            current, head = _current_revision(engine), script.get_current_head()
+            if current is not None and current != head and current not in {r.revision for r in script.walk_revisions()}:
+                raise SchemaError(
+                    f"the database schema is at revision {current}, newer than this code knows (its latest is "
+                    f"{head}): upgrade liar-prune on this machine"
+                )
+            if current != head and not auto:
+                raise SchemaError(
+                    f"the database schema is at revision {current or 'none (empty)'}, older than this code's "
+                    f"{head}: run `liar db upgrade` first (or unset LIAR_AUTO_MIGRATE=0)"
+                )
+            if current != head:
+                command.upgrade(cfg, "head")
+            return head
+    finally:
+        if own:
+            engine.dispose()
 
 
 def connect(url: str) -> sessionmaker:
@@ -134,7 +207,7 @@ def connect(url: str) -> sessionmaker:
             engine = create_engine(url, pool_pre_ping=True, future=True)
             if engine.dialect.name == "sqlite":
                 event.listen(engine, "connect", _sqlite_pragmas)
-            upgrade(url)
+            upgrade(url, engine, auto=os.environ.get("LIAR_AUTO_MIGRATE", "1") != "0")
             _engines[url], _owner_pid[url] = engine, os.getpid()
         elif _owner_pid[url] != os.getpid():
             # a forked worker child must not share its parent's pooled connections

@@ -134,8 +134,31 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from jobs.db import SchemaError, upgrade
+    from jobs.settings import Settings
+
+    settings = Settings.from_env()
+    settings.ensure_dirs()
+    try:
+        revision = upgrade(settings.database_url)
+    except SchemaError as exc:
+        return fail(str(exc))
+    except Exception as exc:  # unreachable server, bad URL: one line, not a traceback
+        return fail(
+            f"could not upgrade the database {settings.database_url.split('@')[-1]}: {type(exc).__name__}: {exc}"
+        )
+    print(f"database schema at revision {revision}")
+    return 0
+
+
 def register(sub) -> None:
-    """Add ``worker`` and ``jobs`` (with its own subcommands) to the ``liar`` subcommands."""
+    """Add ``worker``, ``jobs`` and ``db`` (with their subcommands) to the ``liar`` subcommands."""
+    d = sub.add_parser("db", help="the jobs database")
+    dsub = d.add_subparsers(dest="db_command", required=True)
+    up = dsub.add_parser("upgrade", help="bring the schema to this code's revision (once, before the app and workers)")
+    up.set_defaults(func=cmd_db_upgrade)
+
     w = sub.add_parser("worker", help="run a job worker (one job at a time, fresh process per job)")
     w.add_argument("--gpu", help="GPU index for this worker (sets CUDA_VISIBLE_DEVICES)")
     w.add_argument("--name", help="worker name (default liar-gpuN-PID@host)")
