@@ -38,7 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ENGINE_VERBS:
         quiet_transformers()
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `liar jobs list | head`: the reader left; stop quietly, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not complain
+        return 0
 
 
 if __name__ == "__main__":

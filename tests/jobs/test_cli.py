@@ -88,3 +88,23 @@ def test_ppl_length_defaults_to_what_the_model_can_take(tmp_path, job_models, mo
     assert main(["jobs", "show", str(job_id), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert [e["seq_len"] for e in info["evaluations"]] == [256]
+
+
+def test_listing_into_a_closed_pipe_ends_quietly(tmp_path, job_models):
+    """`liar jobs list | head` ended with a BrokenPipe traceback: here the reader has gone before the
+    command writes a byte (it closes its end at once; the command needs a second to start)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIAR_")}
+    env["LIAR_DATA_DIR"] = str(tmp_path / "data")
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(recipe(job_models)))
+    liar = [sys.executable, "-m", "app.cli"]
+    subprocess.run([*liar, "jobs", "submit", str(good)], env=env, check=True, capture_output=True)
+    proc = subprocess.Popen([*liar, "jobs", "list"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    stderr = proc.communicate(timeout=120)[1].decode()
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+    assert proc.returncode == 0
