@@ -67,7 +67,7 @@ class JobService:
                     self._check_paths(_yaml_mapping(recipe), evaluations)
                 parsed = Recipe.from_yaml(recipe)
             else:
-                if confine:
+                if confine and isinstance(recipe, dict):
                     self._check_paths(recipe, evaluations)
                 parsed = Recipe.model_validate(recipe)
             evals = [JobEvaluation.model_validate(e).model_dump(by_alias=True) for e in evaluations or []]
