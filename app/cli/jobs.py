@@ -2,6 +2,7 @@
 
 liar worker [--gpu 0]
 liar jobs submit RECIPE.yaml [--user NAME] [--ppl FILE] [--sweep-ratios 0.2 0.5 --sweep-methods liar ls]
+liar jobs submit --model M --ratio 0.3 --calibration calib.txt [--criterion flap ...]   (the flags of liar prune)
 liar jobs list [--status RUNNING]
 liar jobs show ID [--json]
 liar jobs cancel ID
@@ -15,6 +16,7 @@ import os
 from pathlib import Path
 
 from app.cli.common import fail
+from app.cli.prune import add_recipe_flags, recipe_from_args
 
 SHOWN_FIELDS = (
     "id",
@@ -50,7 +52,25 @@ def _service():
     return JobService()
 
 
-def _ppl_seq_len(args: argparse.Namespace) -> int:
+_RECIPE_FLAGS = ("model", "modules", "ratio", "allocation", "round_neurons", "criterion", "reconstruction", "damp")
+_RECIPE_FLAGS += ("calibration", "samples", "seq_len", "holdout", "seed", "batch_size", "dtype", "device")
+
+
+def _recipe_source(args: argparse.Namespace) -> str | dict:
+    """The recipe file as given (the service reads it), or — with flags — the recipe they make."""
+    from pydantic import ValidationError
+
+    from core.spec.errors import validation_lines
+
+    if args.recipe and all(getattr(args, k) is None for k in _RECIPE_FLAGS):
+        return args.recipe
+    try:
+        return recipe_from_args(args).model_dump(mode="json", exclude_none=True)
+    except ValidationError as exc:
+        raise ValueError("invalid recipe: " + "; ".join(validation_lines(exc))) from None
+
+
+def _ppl_seq_len(args: argparse.Namespace, recipe: str | dict) -> int:
     """--ppl-seq-len, else 512 or the model's positions if fewer (a 256-position model gets 256)."""
     if args.ppl_seq_len is not None:
         return args.ppl_seq_len
@@ -58,10 +78,12 @@ def _ppl_seq_len(args: argparse.Namespace) -> int:
 
     from core.pipeline.preflight import model_positions
 
-    try:
-        model = (yaml.safe_load(Path(args.recipe).read_text(encoding="utf-8")) or {}).get("model")
-    except (OSError, yaml.YAMLError, AttributeError):
-        model = None  # the service says what is wrong with the recipe
+    model = recipe.get("model") if isinstance(recipe, dict) else None
+    if model is None:
+        try:
+            model = (yaml.safe_load(Path(recipe).read_text(encoding="utf-8")) or {}).get("model")
+        except (OSError, yaml.YAMLError, AttributeError):
+            model = None  # the service says what is wrong with the recipe
     positions = model_positions(str(model)) if isinstance(model, str) else None
     return min(512, positions or 512)
 
@@ -69,15 +91,19 @@ def _ppl_seq_len(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     from jobs.service import SubmitError
 
+    try:
+        recipe = _recipe_source(args)
+    except (ValueError, FileNotFoundError) as exc:
+        return fail(str(exc))
     evaluations = None
     if args.ppl:
-        evaluations = [{"type": "perplexity", "dataset": args.ppl, "seq_len": _ppl_seq_len(args)}]
+        evaluations = [{"type": "perplexity", "dataset": args.ppl, "seq_len": _ppl_seq_len(args, recipe)}]
     user = args.user or os.environ.get("USER")
     try:
         service = _service()
         if args.sweep_ratios or args.sweep_methods or args.sweep_criteria:
             group, ids = service.submit_sweep(
-                args.recipe,
+                recipe,
                 args.sweep_ratios,
                 args.sweep_methods,
                 args.sweep_criteria,
@@ -86,7 +112,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             )
             print(json.dumps({"group_id": group, "jobs": ids}) if args.json else f"group {group}: jobs {ids}")
         else:
-            job_id = service.submit(args.recipe, submitted_by=user, evaluations=evaluations)
+            job_id = service.submit(recipe, submitted_by=user, evaluations=evaluations)
             print(json.dumps({"id": job_id}) if args.json else job_id)
     except (SubmitError, RuntimeError) as exc:
         return fail(str(exc))
@@ -168,7 +194,7 @@ def register(sub) -> None:
     j = sub.add_parser("jobs", help="submit, list, show and cancel pruning jobs")
     jsub = j.add_subparsers(dest="jobs_command", required=True)
     s = jsub.add_parser("submit", help="queue a recipe; prints the job id")
-    s.add_argument("recipe", help="recipe YAML/JSON file")
+    add_recipe_flags(s)
     s.add_argument("--user", help="submitted-by name (default $USER)")
     s.add_argument("--ppl", help="evaluate perplexity on this named set or text file after pruning")
     s.add_argument(

@@ -284,8 +284,8 @@ def register(sub) -> None:
     d.set_defaults(func=cmd_demo)
 
 
-def _register_prune(sub) -> None:
-    p = sub.add_parser("prune", help="prune a model and save the pruned checkpoint")
+def add_recipe_flags(p: argparse.ArgumentParser) -> None:
+    """The recipe file and the flags that override or replace it (``liar prune``, ``liar jobs submit``)."""
     p.add_argument("recipe", nargs="?", help="recipe YAML (flags below override its fields)")
     p.add_argument("--model", help="Hugging Face id or local directory")
     p.add_argument("--modules", choices=["heads", "neurons", "both"])
@@ -308,6 +308,11 @@ def _register_prune(sub) -> None:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--dtype", choices=DTYPES)
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
+
+
+def _register_prune(sub) -> None:
+    p = sub.add_parser("prune", help="prune a model and save the pruned checkpoint")
+    add_recipe_flags(p)
     p.add_argument("--output", "-o", required=True, help="directory for the pruned checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     p.add_argument("--ppl", help="also measure perplexity on this named set or text file")

@@ -108,3 +108,22 @@ def test_listing_into_a_closed_pipe_ends_quietly(tmp_path, job_models):
     stderr = proc.communicate(timeout=120)[1].decode()
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
     assert proc.returncode == 0
+
+
+def test_submit_in_the_flag_form_of_prune(tmp_path, job_models, monkeypatch, capsys):
+    """`liar jobs submit --model M --ratio R --calibration C …` without writing YAML, as `liar prune`."""
+    monkeypatch.setenv("LIAR_DATA_DIR", str(tmp_path / "data"))
+    for k in ("LIAR_DATABASE_URL", "LIAR_BROKER_URL"):
+        monkeypatch.delenv(k, raising=False)
+    flags = ["--model", str(job_models["quick"]), "--ratio", "0.25", "--calibration", str(job_models["calib"])]
+    flags += ["--criterion", "flap", "--samples", "8", "--seq-len", "32", "--json"]
+    assert main(["jobs", "submit", *flags]) == 0
+    job_id = json.loads(capsys.readouterr().out)["id"]
+    assert main(["jobs", "show", str(job_id), "--json"]) == 0
+    stored = json.loads(capsys.readouterr().out)["recipe"]
+    assert stored["ratio"] == 0.25 and stored["criterion"]["name"] == "flap"
+    assert stored["calibration"]["num_calibration_samples"] == 8
+    assert main(["jobs", "submit", "--model", str(job_models["quick"])]) == 2
+    assert "give a recipe file or at least --ratio, --calibration" in capsys.readouterr().err
+    assert main(["jobs", "submit", *flags[:4], "--calibration", str(job_models["calib"]), "--samples", "0"]) == 2
+    assert "num_calibration_samples" in capsys.readouterr().err
