@@ -14,10 +14,16 @@ from jobs.service import JobService, SubmitError
 def build(service: JobService) -> None:
     """Register the endpoints on the current ``gr.Blocks``."""
 
-    def api_submit(recipe_yaml: str, user: str = "", request: gr.Request = None) -> dict:
-        """Submit a recipe given as YAML; returns {"id": N} or raises with the validation message."""
+    def api_submit(
+        recipe_yaml: str, user: str = "", ppl: str = "", ppl_seq_len: int = 0, request: gr.Request = None
+    ) -> dict:
+        """Submit a recipe given as YAML; returns {"id": N} or raises with the validation message.
+        ``ppl``: evaluate perplexity after pruning on this named set or text file (in the server's data
+        folders), over ``ppl_seq_len``-token windows (0: 512, or the model's positions if fewer)."""
         try:
-            return {"id": service.submit(recipe_yaml, submitted_by=forms.submitter(user, request), confine=True)}
+            evaluations = forms.api_evaluations(recipe_yaml, ppl, ppl_seq_len)
+            submitter = forms.submitter(user, request)
+            return {"id": service.submit(recipe_yaml, submitted_by=submitter, evaluations=evaluations, confine=True)}
         except SubmitError as exc:
             raise gr.Error(str(exc)) from None
 

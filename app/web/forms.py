@@ -221,6 +221,24 @@ def submit_form(service: JobService, form, user: str | None) -> str:
     return msg
 
 
+def api_evaluations(recipe_yaml: str, ppl: str | None, seq_len: int | float | None) -> list[dict[str, Any]]:
+    """The perplexity evaluation an API submission asks for (none without ``ppl``); the window length
+    defaults to 512, or to the model's positions if fewer."""
+    if not ppl:
+        return []
+    length = int(seq_len or 0)
+    if length <= 0:
+        from core.pipeline.preflight import model_positions
+
+        try:
+            model = (yaml.safe_load(recipe_yaml) or {}).get("model")
+        except (yaml.YAMLError, AttributeError):
+            model = None  # the service reports what is wrong with the recipe
+        positions = model_positions(model) if isinstance(model, str) else None
+        length = min(512, positions or 512)
+    return [{"type": "perplexity", "dataset": str(ppl), "seq_len": length}]
+
+
 def submit_yaml(service: JobService, text: str, evaluate: str | None, user: str | None) -> str:
     """Submit a recipe pasted or edited as YAML. Returns the status line."""
     if not text or not text.strip():

@@ -31,6 +31,14 @@ def test_named_endpoints(app_server, tmp_path):
     with pytest.raises(Exception, match="ratio must lie strictly between 0 and 1"):
         client.predict(yaml.safe_dump({**recipe, "ratio": 1.5}), "ada", api_name="/submit")
 
+    # a perplexity evaluation through the API: the window defaults to the demo model's 256 positions
+    held = str(data / "texts" / "tiny-demo-heldout.txt")
+    with_ppl = client.predict(yaml.safe_dump(recipe), "ada", held, api_name="/submit")
+    shown = json.loads(client.predict(with_ppl["id"], api_name="/show_job"))
+    assert [(e["dataset"], e["seq_len"]) for e in shown["evaluations"]] == [(held, 256)]
+    with pytest.raises(Exception, match="exceeds the model's limit of 256 positions"):
+        client.predict(yaml.safe_dump(recipe), "ada", held, 512, api_name="/submit")
+
     info = wait_for(
         lambda: (
             (i := json.loads(client.predict(job["id"], api_name="/show_job")))["status"] in ("SUCCEEDED", "FAILED")
@@ -41,7 +49,7 @@ def test_named_endpoints(app_server, tmp_path):
     )
     assert info["status"] == "SUCCEEDED" and info["submitted_by"] == "ada"
     rows = json.loads(client.predict("", api_name="/list_jobs"))
-    assert [r["id"] for r in rows] == [job["id"]]  # the invalid submission created nothing
+    assert [r["id"] for r in rows] == [with_ppl["id"], job["id"]]  # the invalid submissions created nothing
 
     path = client.predict(job["id"], api_name="/download")
     with tarfile.open(path) as tar:
