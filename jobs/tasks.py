@@ -182,13 +182,26 @@ def _load_job(sf, job_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None]):
-    """Run ``core.pipeline.sequential.prune`` on the recipe, reporting through ``progress``."""
+    """Run ``core.pipeline.sequential.prune`` on the recipe, reporting through ``progress``; the
+    dense model's prefill speed is measured first and the pruned model's after, on this worker, and
+    stored with the metrics (``prefill_tok_s_dense``, ``prefill_tok_s``, ``prefill_speedup``)."""
     from transformers.utils import logging as hf_logging
 
-    from core.pipeline.sequential import prune  # imported in the child only (see jobs.celery_app)
+    # imported in the child only (see jobs.celery_app)
+    from core.evaluation.speed import prefill_tokens_per_second
+    from core.models.loading import load_model
+    from core.pipeline.sequential import prune
 
     hf_logging.disable_progress_bar()
-    return prune(recipe, progress=progress)
+    progress("load", 0, 1)
+    model, tokenizer, _ = load_model(recipe["model"], recipe.get("dtype", "auto"), recipe.get("device", "auto"))
+    dense = prefill_tokens_per_second(model)
+    result = prune(recipe, model=model, tokenizer=tokenizer, progress=progress)
+    pruned = prefill_tokens_per_second(result.model)
+    result.metrics.update(
+        prefill_tok_s_dense=round(dense, 1), prefill_tok_s=round(pruned, 1), prefill_speedup=round(pruned / dense, 4)
+    )
+    return result
 
 
 def _run_evaluations(result, evaluations: list[dict[str, Any]], progress: Callable[[str, int, int], None]) -> None:

@@ -33,3 +33,13 @@ def test_perplexity_errors(llama_dir):
         perplexity(model, tok, ["the model"], seq_len=1000)
     with pytest.raises(FileNotFoundError, match="neither a named set nor a file"):
         perplexity(model, tok, "/no/such.txt", seq_len=8)
+
+
+def test_prefill_speed_is_measured_and_capped_by_positions(llama_dir):
+    from core.evaluation.speed import prefill_tokens_per_second
+    from core.models.loading import load_model
+
+    model, _, _ = load_model(str(llama_dir), "float32", "cpu")
+    model.train()
+    speed = prefill_tokens_per_second(model, batch=2, seq_len=10**6, repeats=2)  # capped at 256 positions
+    assert speed > 0 and model.training  # the mode is restored

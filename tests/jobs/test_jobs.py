@@ -35,6 +35,9 @@ def test_submit_runs_to_success_with_metrics_and_loadable_checkpoint(stack, job_
     assert info["status"] == "SUCCEEDED", info["error"]
     assert info["submitted_by"] == "ada" and info["layer"] == info["n_layers"] == 2
     assert info["metrics"]["perplexity"] > 1 and 0.25 < info["metrics"]["achieved_ratio"] < 0.35
+    m = info["metrics"]  # the realised speed, measured on the worker before and after pruning
+    assert m["prefill_tok_s_dense"] > 0 and m["prefill_tok_s"] > 0
+    assert m["prefill_speedup"] == pytest.approx(m["prefill_tok_s"] / m["prefill_tok_s_dense"], rel=1e-2)
     assert len(info["report"]) > 0 and info["log"][0]["message"] == "submitted by ada"
     kinds = {a["kind"]: a for a in info["artifacts"]}
     assert kinds["archive"]["sha256"] and kinds["archive"]["size"] > 0
