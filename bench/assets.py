@@ -219,12 +219,14 @@ def smollm2_recipe(
     holdout: int = 8,
     damp: float = 1e-3,
 ) -> dict:
-    """The recipe the SmolLM2 benchmarks share (float32 on CPU, seed 0, batches of 16)."""
+    """The recipe the SmolLM2 benchmarks share (float32 on CPU, seed 0, batches of 16). Kept widths are
+    exact (``round_to.neurons: 1``, not the ``auto`` default): these tables compare with the paper."""
     return {
         "model": str(smollm2_dir()),
         "ratio": ratio,
         "modules": modules,
         "allocation": allocation,
+        "round_to": {"neurons": 1},
         "criterion": criterion,
         "reconstruction": {"method": method, "damp": damp},
         "dtype": "float32",
