@@ -143,6 +143,7 @@ def run(args) -> dict:
                     "allocation": setup["allocation"],
                     "criterion": {"name": name, "options": setup["options"]},
                     "reconstruction": {"method": method, "damp": args.damp, "positions": args.positions},
+                    "round_to": {"neurons": 1},  # exact widths: the table compares with the paper
                     "dtype": "float32",
                     "device": "cpu",
                     "calibration": {
