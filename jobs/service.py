@@ -62,14 +62,11 @@ class JobService:
                 if confine:
                     raise SubmitError("a web submission passes the recipe itself, not a server-side file")
                 parsed = Recipe.load(recipe)
-            elif isinstance(recipe, str):
-                if confine:
-                    self._check_paths(_yaml_mapping(recipe), evaluations)
-                parsed = Recipe.from_yaml(recipe)
             else:
-                if confine and isinstance(recipe, dict):
-                    self._check_paths(recipe, evaluations)
-                parsed = Recipe.model_validate(recipe)
+                data = Recipe.parse_yaml(recipe) if isinstance(recipe, str) else recipe
+                if confine and isinstance(data, dict):
+                    self._check_paths(data, evaluations)
+                parsed = Recipe.model_validate(data)
             evals = [JobEvaluation.model_validate(e).model_dump(by_alias=True) for e in evaluations or []]
             # what the model's config can tell before anything is queued (evaluation lengths included)
             preflight(parsed, [int(e["seq_len"]) for e in evals if e.get("seq_len") is not None])
@@ -339,13 +336,3 @@ class JobService:
         for job_id in resend:
             self._send(job_id)
         return touched
-
-
-def _yaml_mapping(text: str) -> dict:
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return {}  # Recipe.from_yaml reports the syntax error
-    return data if isinstance(data, dict) else {}

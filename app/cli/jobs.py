@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from app.cli.common import fail
-from app.cli.prune import add_recipe_flags, recipe_from_args
+from app.cli.prune import add_recipe_flags, recipe_flags_given, recipe_from_args
 
 SHOWN_FIELDS = (
     "id",
@@ -52,17 +52,13 @@ def _service():
     return JobService()
 
 
-_RECIPE_FLAGS = ("model", "modules", "ratio", "allocation", "round_neurons", "criterion", "reconstruction", "damp")
-_RECIPE_FLAGS += ("calibration", "samples", "seq_len", "holdout", "seed", "batch_size", "dtype", "device")
-
-
 def _recipe_source(args: argparse.Namespace) -> str | dict:
     """The recipe file as given (the service reads it), or — with flags — the recipe they make."""
     from pydantic import ValidationError
 
     from core.spec.errors import validation_lines
 
-    if args.recipe and all(getattr(args, k) is None for k in _RECIPE_FLAGS):
+    if args.recipe and not recipe_flags_given(args):
         return args.recipe
     try:
         return recipe_from_args(args).model_dump(mode="json", exclude_none=True)
@@ -74,18 +70,14 @@ def _ppl_seq_len(args: argparse.Namespace, recipe: str | dict) -> int:
     """--ppl-seq-len, else 512 or the model's positions if fewer (a 256-position model gets 256)."""
     if args.ppl_seq_len is not None:
         return args.ppl_seq_len
-    import yaml
+    from core.pipeline.preflight import default_eval_seq_len
+    from core.spec.recipe import Recipe
 
-    from core.pipeline.preflight import model_positions
-
-    model = recipe.get("model") if isinstance(recipe, dict) else None
-    if model is None:
-        try:
-            model = (yaml.safe_load(Path(recipe).read_text(encoding="utf-8")) or {}).get("model")
-        except (OSError, yaml.YAMLError, AttributeError):
-            model = None  # the service says what is wrong with the recipe
-    positions = model_positions(str(model)) if isinstance(model, str) else None
-    return min(512, positions or 512)
+    try:
+        data = recipe if isinstance(recipe, dict) else Recipe.parse_yaml(Path(recipe).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}  # the service says what is wrong with the recipe
+    return default_eval_seq_len(data.get("model"))
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

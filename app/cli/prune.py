@@ -284,6 +284,16 @@ def register(sub) -> None:
     d.set_defaults(func=cmd_demo)
 
 
+# the destinations of add_recipe_flags' flags (all but the recipe file)
+RECIPE_FLAGS = ("model", "modules", "ratio", "allocation", "round_neurons", "criterion", "reconstruction", "damp")
+RECIPE_FLAGS += ("calibration", "samples", "seq_len", "holdout", "seed", "batch_size", "dtype", "device")
+
+
+def recipe_flags_given(args: argparse.Namespace) -> bool:
+    """Whether any flag of :func:`add_recipe_flags` was given."""
+    return any(getattr(args, k) is not None for k in RECIPE_FLAGS)
+
+
 def add_recipe_flags(p: argparse.ArgumentParser) -> None:
     """The recipe file and the flags that override or replace it (``liar prune``, ``liar jobs submit``)."""
     p.add_argument("recipe", nargs="?", help="recipe YAML (flags below override its fields)")

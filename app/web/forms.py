@@ -17,7 +17,7 @@ import yaml
 from core.models.liar_families import family_of, supported_model_types
 from core.spec.criteria import CRITERIA as _CRITERIA
 from core.spec.recipe import METHODS as _METHODS
-from core.spec.recipe import NAMED_DATASETS
+from core.spec.recipe import NAMED_DATASETS, Recipe
 from jobs.service import JobService, SubmitError
 
 METHODS = list(_METHODS)
@@ -123,10 +123,6 @@ def build_recipe(
     source = upload if upload else calibration
     if not source:
         raise SubmitError("choose a calibration set or upload a .txt / .jsonl file")
-    if upload:
-        size = Path(upload).stat().st_size
-        if size > MAX_UPLOAD_MB * 2**20:
-            raise SubmitError(f"the uploaded file is {size / 2**20:.0f} MB; the limit is {MAX_UPLOAD_MB} MB")
     if round_neurons in (None, "", "auto"):
         multiple: int | str = "auto"
     else:
@@ -228,14 +224,13 @@ def api_evaluations(recipe_yaml: str, ppl: str | None, seq_len: int | float | No
         return []
     length = int(seq_len or 0)
     if length <= 0:
-        from core.pipeline.preflight import model_positions
+        from core.pipeline.preflight import default_eval_seq_len
 
         try:
-            model = (yaml.safe_load(recipe_yaml) or {}).get("model")
-        except (yaml.YAMLError, AttributeError):
+            model = Recipe.parse_yaml(recipe_yaml).get("model")
+        except ValueError:
             model = None  # the service reports what is wrong with the recipe
-        positions = model_positions(model) if isinstance(model, str) else None
-        length = min(512, positions or 512)
+        length = default_eval_seq_len(model)
     return [{"type": "perplexity", "dataset": str(ppl), "seq_len": length}]
 
 
@@ -244,11 +239,14 @@ def submit_yaml(service: JobService, text: str, evaluate: str | None, user: str 
     if not text or not text.strip():
         return shown("the recipe box is empty: validate the form or paste a recipe")
     try:
-        seq = (yaml.safe_load(text) or {}).get("calibration", {}).get("max_seq_length", 128)
-        evals = evaluations_for(evaluate, seq)
-        job_id = service.submit(text, submitted_by=user or None, evaluations=evals, confine=True)
-    except (SubmitError, RuntimeError, AttributeError, yaml.YAMLError) as exc:
+        data = Recipe.parse_yaml(text)  # parsed once, here; the service validates the mapping
+        calibration = data.get("calibration") if isinstance(data.get("calibration"), dict) else {}
+        evals = evaluations_for(evaluate, calibration.get("max_seq_length", 128))
+        job_id = service.submit(data, submitted_by=user or None, evaluations=evals, confine=True)
+    except (SubmitError, RuntimeError) as exc:
         return shown(str(exc))
+    except (ValueError, TypeError) as exc:  # the YAML itself, or a max_seq_length that is no number
+        return shown(f"invalid recipe: {exc}")
     return f"✓ submitted job {job_id}"
 
 

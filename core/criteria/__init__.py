@@ -2,6 +2,7 @@
 
 from core.criteria import flap, kcm, kwon, magnitude, random_baseline, snip, taylor  # noqa: F401  (registration)
 from core.criteria.base import REGISTRY, Criterion, LayerInputs, Scores
+from core.spec.criteria import parse_options
 
 __all__ = ["REGISTRY", "Criterion", "LayerInputs", "Scores", "get"]
 
@@ -14,6 +15,4 @@ def get(name: str) -> Criterion:
 
 def score_layer(name: str, layer, adapter, layer_idx: int, options: dict | None = None, data=None) -> Scores:
     """Score one layer with criterion ``name`` and plain ``options`` (validated against its schema)."""
-    from core.spec.criteria import parse_options
-
     return get(name).score(layer, adapter, layer_idx, parse_options(name, options or {}), data)

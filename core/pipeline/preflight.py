@@ -23,10 +23,11 @@ def as_recipe(recipe: Recipe | dict | str | Path) -> Recipe:
     return Recipe.load(recipe)
 
 
-def check_model_fit(recipe: Recipe, config: Any) -> None:
+def check_model_fit(recipe: Recipe, config: Any, eval_lengths: list[int] | tuple[int, ...] = ()) -> None:
     """The recipe checks that need the model's config (``ValueError`` with the reason): sequence length
-    within the model's positions, ``positions: first`` only for encoders, not an already pruned model.
-    :func:`prune` runs them after loading; :func:`preflight` before a job is queued."""
+    (and the window lengths of the evaluations to follow) within the model's positions, ``positions:
+    first`` only for encoders, not an already pruned model. :func:`prune` runs them after loading;
+    :func:`preflight` before a job is queued."""
     model_type = getattr(config, "model_type", None)
     if getattr(config, "liar_layout", None) is not None or str(model_type or "").startswith(PRUNED_PREFIX):
         raise ValueError("this model is already pruned; prune the original model with a larger ratio instead")
@@ -38,6 +39,12 @@ def check_model_fit(recipe: Recipe, config: Any) -> None:
         raise ValueError(
             f"max_seq_length {recipe.calibration.max_seq_length} exceeds the model's limit of {limit} positions"
         )
+    for length in eval_lengths:
+        if limit is not None and length > limit:
+            raise ValueError(
+                f"evaluation seq_len {length} exceeds the model's limit of {limit} positions; "
+                f"evaluate with seq_len {limit} or less"
+            )
     if recipe.reconstruction.positions == "first" and family.kind != "encoder":
         raise ValueError(
             "reconstruction.positions 'first' fits only each sequence's first ([CLS]) token, which is meant for "
@@ -71,6 +78,13 @@ def model_positions(model: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def default_eval_seq_len(model: object, preferred: int = 512) -> int:
+    """An evaluation window for ``model`` when none is asked for: ``preferred``, or the model's positions
+    if fewer (a 256-position model gets 256) when its config is readable offline."""
+    positions = model_positions(model) if isinstance(model, str) else None
+    return min(preferred, positions or preferred)
+
+
 def preflight(recipe: Recipe | dict | str | Path, eval_lengths: list[int] | tuple[int, ...] = ()) -> None:
     """:func:`check_model_fit` with the model's config, when it can be read without downloading (a local
     directory, or a hub id already in the local cache); otherwise nothing — :func:`prune` checks again.
@@ -80,12 +94,4 @@ def preflight(recipe: Recipe | dict | str | Path, eval_lengths: list[int] | tupl
     recipe = as_recipe(recipe)
     raw = _cached_config(recipe.model)
     if raw is not None:
-        config = SimpleNamespace(**raw)
-        check_model_fit(recipe, config)
-        limit = getattr(config, "max_position_embeddings", None)
-        for length in eval_lengths:
-            if limit is not None and length > limit:
-                raise ValueError(
-                    f"evaluation seq_len {length} exceeds the model's limit of {limit} positions; "
-                    f"evaluate with seq_len {limit} or less"
-                )
+        check_model_fit(recipe, SimpleNamespace(**raw), eval_lengths)

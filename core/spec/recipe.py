@@ -198,6 +198,12 @@ class Recipe(_Strict):
 
     @classmethod
     def from_yaml(cls, text: str) -> Recipe:
+        return cls.model_validate(cls.parse_yaml(text))
+
+    @staticmethod
+    def parse_yaml(text: str) -> dict[str, Any]:
+        """The mapping of a recipe's YAML text, not yet validated; ``ValueError`` for bad YAML or a
+        document that is not a mapping."""
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -207,7 +213,7 @@ class Recipe(_Strict):
             raise ValueError(f"the recipe is not valid YAML{at}: {problem}") from None
         if not isinstance(data, dict):
             raise ValueError(f"a recipe must be a YAML mapping of fields, not a {type(data).__name__}")
-        return cls.model_validate(data)
+        return data
 
     @classmethod
     def load(cls, path: str | Path) -> Recipe:

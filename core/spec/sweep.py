@@ -439,12 +439,9 @@ def _load_base(base: dict[str, Any] | str) -> dict[str, Any]:
     if not path.is_file():
         raise GridError([f"base: recipe file {base!r} does not exist"])
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise GridError([f"base: {str(path)!r} is not valid YAML ({getattr(exc, 'problem', None) or exc})"]) from None
-    if not isinstance(data, dict):
-        raise GridError([f"base: {str(path)!r} is not a YAML mapping"])
-    return data
+        return Recipe.parse_yaml(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # bad YAML, or not a mapping: the recipe reader's sentence
+        raise GridError([f"base: {str(path)!r}: {exc}"]) from None
 
 
 def parse_grid(data: Any, source: str = "<grid>") -> Sweep:

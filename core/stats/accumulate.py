@@ -25,6 +25,9 @@ products of the full ``XᵀX``), and the lower triangle is mirrored from it when
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 MIN_BLOCK = 256
@@ -39,26 +42,34 @@ def _edges(c: int) -> list[int]:
     return [c * i // k for i in range(k + 1)]
 
 
+@contextmanager
+def tf32(enabled: bool) -> Iterator[None]:
+    """CUDA float32 matrix products with (or without) TF32 inside the block; the setting is restored."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+_mm_out_dtype = True  # whether torch.mm(..., out_dtype=float32) works here; found out on first use
+
+
 def gram_product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``aᵀ b`` in ``dtype`` (float32 or float64) with the precision rules of the module docstring."""
+    global _mm_out_dtype
     if dtype == torch.float32 and a.is_cuda and a.dtype in _HALF:
-        try:  # bf16/fp16 tensor cores writing a float32 result
-            return torch.mm(a.T, b, out_dtype=torch.float32)
-        except (RuntimeError, TypeError):  # older torch: TF32 on the exact float32 copies
-            a32, b32 = a.float(), b.float()
-            tf32 = torch.backends.cuda.matmul.allow_tf32
-            torch.backends.cuda.matmul.allow_tf32 = True
-            try:
-                return a32.T @ b32
-            finally:
-                torch.backends.cuda.matmul.allow_tf32 = tf32
+        if _mm_out_dtype:
+            try:  # bf16/fp16 tensor cores writing a float32 result
+                return torch.mm(a.T, b, out_dtype=torch.float32)
+            except (RuntimeError, TypeError):  # older torch: TF32 on the exact float32 copies from now on
+                _mm_out_dtype = False
+        with tf32(True):
+            return a.float().T @ b.float()
     a, b = a.to(dtype), b.to(dtype)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # TF32 would drop mantissa bits of float32 inputs
-    try:
+    with tf32(False):  # TF32 would drop mantissa bits of float32 inputs
         return a.T @ b
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 class InputStats:

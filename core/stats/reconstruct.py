@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from core.stats.accumulate import InputStats
+from core.stats.accumulate import InputStats, tf32
 
 SOLVE_PRECISION = torch.float64
 MASK_TUNING_RANGE = (-10.0, 10.0)  # acceptable range of tuned scales, as in Kwon et al.
@@ -307,9 +307,7 @@ def _error_tensors_tf32(weight, bias, keep, candidates, stats: InputStats) -> li
     w = weight.float()
     b = torch.zeros(w.shape[0], device=w.device) if bias is None else bias.float()
     u = keep.nonzero().squeeze(1)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
+    with tf32(True):
 
         def sq_norm(d: torch.Tensor, c: torch.Tensor) -> torch.Tensor:  # ‖X dᵀ + 1 cᵀ‖²
             return (
@@ -326,8 +324,6 @@ def _error_tensors_tf32(weight, bias, keep, candidates, stats: InputStats) -> li
             b_new = b if new_bias is None else new_bias.float()
             out.append(torch.where(den > 0, sq_norm(delta, b - b_new).clamp_min(0) / den, torch.zeros_like(den)))
         return out
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 def relative_output_error_from_inputs(
