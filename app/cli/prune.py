@@ -31,6 +31,7 @@ def recipe_from_args(args: argparse.Namespace):
         "allocation": args.allocation,
         "dtype": args.dtype,
         "device": args.device,
+        "execution": args.execution,
     }
     if args.recipe:
         recipe = Recipe.load(args.recipe)
@@ -95,28 +96,36 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from core.pipeline.sequential import prune
 
     try:
-        result = prune(recipe, show_progress=not args.quiet)
-    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        result = prune(recipe, show_progress=not args.quiet, output_dir=out, overwrite=args.overwrite)
+    except (ValueError, RuntimeError, OSError) as exc:
         return fail(str(exc))
-    if args.ppl:
-        from core.evaluation.perplexity import perplexity
-
-        result.metrics.update(
-            perplexity(
-                result.model,
-                result.tokenizer,
-                args.ppl,
-                seq_len=args.ppl_seq_len or recipe.calibration.max_seq_length,
-                show_progress=not args.quiet,
-            )
-        )
-    path = result.save(out, overwrite=args.overwrite)
+    try:
+        if args.ppl:
+            result.metrics.update(_perplexity(result, args.ppl, args.ppl_seq_len, args.quiet))
+        path = result.save(out, overwrite=args.overwrite)
+    except (ValueError, RuntimeError, OSError) as exc:
+        return fail(str(exc))
+    finally:
+        result.discard()
     summary = result.summary()
     if args.json:
         print(json.dumps({**summary, "output": str(path)}, indent=2))
     else:
         _print_prune_summary(recipe, summary, path)
     return 0
+
+
+def _perplexity(result, source: str, seq_len: int | None, quiet: bool) -> dict:
+    """Perplexity of the pruned model: in memory, or block by block from a streamed run's checkpoint."""
+    from core.evaluation.perplexity import perplexity, perplexity_streamed
+
+    recipe = result.recipe
+    kwargs = dict(seq_len=seq_len or recipe.calibration.max_seq_length, show_progress=not quiet)
+    if result.streamed:
+        return perplexity_streamed(
+            result.checkpoint, result.tokenizer, source, device=recipe.device, dtype=recipe.dtype, **kwargs
+        )
+    return perplexity(result.model, result.tokenizer, source, **kwargs)
 
 
 def _print_prune_summary(recipe, summary: dict, path: Path) -> None:
@@ -286,7 +295,7 @@ def register(sub) -> None:
 
 # the destinations of add_recipe_flags' flags (all but the recipe file)
 RECIPE_FLAGS = ("model", "modules", "ratio", "allocation", "round_neurons", "criterion", "reconstruction", "damp")
-RECIPE_FLAGS += ("calibration", "samples", "seq_len", "holdout", "seed", "batch_size", "dtype", "device")
+RECIPE_FLAGS += ("calibration", "samples", "seq_len", "holdout", "seed", "batch_size", "dtype", "device", "execution")
 
 
 def recipe_flags_given(args: argparse.Namespace) -> bool:
@@ -318,6 +327,13 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--dtype", choices=DTYPES)
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
+    p.add_argument(
+        "--execution",
+        choices=["auto", "stream", "memory"],
+        help="stream: one block at a time from the checkpoint's shards, written out as it is pruned (what auto "
+        "picks for a model directory or hub id, unless the criterion needs whole-model gradients); memory: the "
+        "whole model on the device",
+    )
 
 
 def _register_prune(sub) -> None:

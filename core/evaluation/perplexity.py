@@ -28,7 +28,60 @@ def perplexity(
     show_progress: bool = False,
 ) -> dict[str, float]:
     """Returns ``{"perplexity", "nll", "tokens", "windows", "seq_len"}``."""
-    limit = getattr(model.config, "max_position_embeddings", None)
+    windows = _windows(model.config, tokenizer, source, seq_len, max_windows)
+    device = next(model.parameters()).device
+    total_nll = 0.0
+    for i in tqdm(range(0, len(windows), batch_size), desc="perplexity", disable=not show_progress):
+        batch = windows[i : i + batch_size].to(device)
+        total_nll += _nll(model(input_ids=batch, use_cache=False).logits, batch)
+    return _summary(total_nll, windows)
+
+
+@torch.no_grad()
+def perplexity_streamed(
+    directory: str | Path,
+    tokenizer,
+    source: str | Path | list[str],
+    seq_len: int = 512,
+    batch_size: int = 4,
+    max_windows: int | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    show_progress: bool = False,
+) -> dict[str, float]:
+    """:func:`perplexity` of a checkpoint whose blocks are read one at a time (for models larger
+    than the device): every window passes through block ℓ before block ℓ+1 is read; only the
+    embeddings, the head, one block and the windows' hidden states are on the device."""
+    from core.models.config_file import read_config
+    from core.models.loading import resolve_device, resolve_dtype
+    from core.models.streaming import StreamedModel, block_inputs
+
+    dev = resolve_device(device)
+    sm = StreamedModel(directory, resolve_dtype(dtype, _Attrs(read_config(directory)), dev), dev)
+    if sm.adapter.kind != "decoder" or sm.adapter.family.final_norm is None:
+        raise ValueError("perplexity needs a causal language model")
+    windows = _windows(sm.model.config, tokenizer, source, seq_len, max_windows)
+    sm.load_outer()
+    batches = [windows[i : i + batch_size].to(dev) for i in range(0, len(windows), batch_size)]
+    hidden, extra = block_inputs(sm.model, sm.adapter, [{"input_ids": b, "use_cache": False} for b in batches])
+    for li in tqdm(range(len(sm.layers)), desc="perplexity", unit="layer", disable=not show_progress):
+        layer = sm.load_block(li)
+        for i, (args, kwargs) in enumerate(extra):
+            out = layer(hidden[i], *args, **kwargs)
+            hidden[i] = out[0] if isinstance(out, tuple) else out
+        sm.free_block(li)
+    norm, head = sm.model.base_model.get_submodule(sm.adapter.family.final_norm), sm.model.get_output_embeddings()
+    total_nll = sum(_nll(head(norm(h)), b) for h, b in zip(hidden, batches))
+    return _summary(total_nll, windows)
+
+
+class _Attrs:
+    def __init__(self, raw: dict):
+        self.__dict__.update(raw)
+
+
+def _windows(config, tokenizer, source, seq_len: int, max_windows: int | None) -> torch.Tensor:
+    limit = getattr(config, "max_position_embeddings", None)
     if seq_len < 2:
         raise ValueError("seq_len must be at least 2")
     if limit is not None and seq_len > limit:
@@ -40,20 +93,24 @@ def perplexity(
         n_windows = min(n_windows, max_windows)
     if n_windows == 0:
         raise ValueError(f"the evaluation text has {len(ids)} tokens, fewer than one window of {seq_len}")
-    windows = ids[: n_windows * seq_len].view(n_windows, seq_len)
-    device = next(model.parameters()).device
-    total_nll, total_tokens = 0.0, 0
-    for i in tqdm(range(0, n_windows, batch_size), desc="perplexity", disable=not show_progress):
-        batch = windows[i : i + batch_size].to(device)
-        logits = model(input_ids=batch, use_cache=False).logits.float()
-        nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum")
-        total_nll += float(nll)
-        total_tokens += batch[:, 1:].numel()
+    return ids[: n_windows * seq_len].view(n_windows, seq_len)
+
+
+def _nll(logits: torch.Tensor, batch: torch.Tensor) -> float:
+    """Summed next-token negative log-likelihood of a batch of windows."""
+    logits = logits.float()
+    return float(
+        F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum")
+    )
+
+
+def _summary(total_nll: float, windows: torch.Tensor) -> dict[str, float]:
+    total_tokens = windows[:, 1:].numel()
     mean = total_nll / total_tokens
     return {
         "perplexity": math.exp(mean),
         "nll": mean,
         "tokens": total_tokens,
-        "windows": n_windows,
-        "seq_len": seq_len,
+        "windows": windows.shape[0],
+        "seq_len": windows.shape[1],
     }

@@ -26,7 +26,9 @@ from typing import Any
 from torch import nn
 
 from core.models import modeling_liar
+from core.models.config_file import read_config
 from core.models.liar_families import FAMILIES
+from core.models.manifest import write_manifest
 from core.models.modeling_liar import CLASSES, ensure_bias, get_layers
 
 MODELING_FILE = Path(modeling_liar.__file__)
@@ -132,10 +134,10 @@ def _config_dict(model: nn.Module, family_name: str, layout: list[dict]) -> tupl
     return cfg, False
 
 
-def model_card(result, stock: bool) -> str:
+def model_card(result, stock: bool, architecture: str) -> str:
     r = result.recipe
     load = ('from transformers import {auto}\nmodel = {auto}.from_pretrained("PATH"{trust})').format(
-        auto=_auto_name(result.model),
+        auto=_auto_name(architecture),
         trust="" if stock else ", trust_remote_code=True",
     )
     rows = "\n".join(
@@ -181,12 +183,36 @@ The full recipe is in `recipe.yaml`; all numbers in `metrics.json`.
 """
 
 
-def _auto_name(model: nn.Module) -> str:
-    name = type(model).__name__
+def _auto_name(name: str) -> str:
     for suffix, auto in _AUTO_FOR_SUFFIX.items():
         if name.endswith(suffix):
             return auto
     return "AutoModel"
+
+
+def write_config(model: nn.Module, family_name: str, layout: list[dict], directory: Path) -> bool:
+    """Write ``config.json`` (and the bundled code for the ``liar_`` form); returns whether the
+    stock form was chosen (which may add zero biases to ``model``, see :func:`_add_stock_biases`)."""
+    cfg, stock = _config_dict(model, family_name, layout)
+    (directory / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    if not stock:
+        shutil.copyfile(MODELING_FILE, directory / MODELING_FILE.name)
+        shutil.copyfile(FAMILIES_FILE, directory / FAMILIES_FILE.name)
+    return stock
+
+
+def finish_checkpoint(result, directory: Path, out: Path, stock: bool, digests: dict[str, str] | None = None) -> Path:
+    """Add the metrics, the model card and ``SHA256SUMS`` to a written checkpoint in ``directory``
+    and move it to ``out`` (replacing what is there)."""
+    metrics = {**result.summary(), "stock_architecture": stock, "layers": result.layer_rows()}
+    (directory / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    architecture = (read_config(directory).get("architectures") or [""])[0]
+    (directory / "README.md").write_text(model_card(result, stock, architecture))
+    write_manifest(directory, digests)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(directory, out)
+    return out
 
 
 def save_pruned(result, output_dir: str | Path, overwrite: bool = False) -> Path:
@@ -196,22 +222,15 @@ def save_pruned(result, output_dir: str | Path, overwrite: bool = False) -> Path
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
-        cfg, stock = _config_dict(result.model, result.adapter.name, layout)
+        tmp.mkdir()
+        stock = write_config(result.model, result.adapter.name, layout, tmp)
+        config_text = (tmp / "config.json").read_text()
         result.model.save_pretrained(tmp, safe_serialization=True, max_shard_size="2GB")
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        if not stock:
-            shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
-            shutil.copyfile(FAMILIES_FILE, tmp / FAMILIES_FILE.name)
+        (tmp / "config.json").write_text(config_text)  # save_pretrained wrote the model's own
         if result.tokenizer is not None:
             result.tokenizer.save_pretrained(tmp)
         (tmp / "recipe.yaml").write_text(result.recipe.to_yaml())
-        metrics = {**result.summary(), "stock_architecture": stock, "layers": result.layer_rows()}
-        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        (tmp / "README.md").write_text(model_card(result, stock))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        return finish_checkpoint(result, tmp, out, stock)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return out

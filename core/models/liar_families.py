@@ -42,6 +42,7 @@ class Family:
     # pruned block is replayed from stored inputs, its input norm is skipped as well. None: no such norm.
     attn_input_norm: str | None = None
     ffn_input_norm: str | None = None
+    final_norm: str | None = None  # path from ``model.base_model`` to the norm after the last block
 
 
 _DECODER = dict(
@@ -58,6 +59,7 @@ _DECODER = dict(
     gqa=True,
     attn_input_norm="input_layernorm",
     ffn_input_norm="post_attention_layernorm",
+    final_norm="norm",
 )
 
 FAMILIES: dict[str, Family] = {

@@ -37,7 +37,7 @@ def resolve_dtype(dtype: str, config, device: torch.device) -> torch.dtype:
     return stored if stored in (torch.float16, torch.bfloat16) else torch.float32
 
 
-def _model_class(config, kind: str):
+def model_class(config, kind: str):
     import transformers
 
     archs = getattr(config, "architectures", None) or []
@@ -72,7 +72,7 @@ def load_model(name: str, dtype: str = "auto", device: str = "auto"):
     adapter = adapter_for(config)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, config, dev)
-    model = _model_class(config, adapter.kind).from_pretrained(src, dtype=torch_dtype).to(dev).eval()
+    model = model_class(config, adapter.kind).from_pretrained(src, dtype=torch_dtype).to(dev).eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(src)
     except Exception as exc:
@@ -106,7 +106,7 @@ def load_pruned(path: str | Path, dtype: torch.dtype | None = None, device: str 
         family = family_of(config.model_type)
         if family is None:
             raise ValueError(f"model type {config.model_type!r} in {cfg_file} is not supported")
-        model = _model_class(config, family.kind).from_pretrained(path, **kwargs)
+        model = model_class(config, family.kind).from_pretrained(path, **kwargs)
     model = model.to(device).eval()
     tokenizer = None
     if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):

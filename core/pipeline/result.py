@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ class LayerReport:
 
 @dataclass
 class PruneResult:
-    model: nn.Module
+    model: nn.Module | None  # None after a streamed run: the pruned weights are in ``checkpoint``
     tokenizer: Any
     recipe: Recipe
     adapter: Adapter
@@ -43,6 +44,11 @@ class PruneResult:
     peak_memory_mb: float
     metrics: dict[str, Any] = field(default_factory=dict)
     scores: list[Scores] = field(default_factory=list, repr=False)  # the criterion's scores (reusable)
+    # a streamed run's checkpoint, written but not yet finished by :meth:`save` (no metrics, card or
+    # SHA256SUMS yet), whether it is in stock form, and the digests of the shards written
+    checkpoint: Path | None = None
+    stock: bool = False
+    digests: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def achieved_ratio(self) -> float:
@@ -68,7 +74,37 @@ class PruneResult:
         """The per-layer report as plain dicts (``metrics.json``, job metrics, sweep records)."""
         return [asdict(r) for r in self.report]
 
-    def save(self, output_dir: str | Path, overwrite: bool = False) -> Path:
-        from core.models.export import save_pruned
+    @property
+    def streamed(self) -> bool:
+        return self.model is None
 
-        return save_pruned(self, output_dir, overwrite=overwrite)
+    def save(self, output_dir: str | Path, overwrite: bool = False) -> Path:
+        """Write the checkpoint to ``output_dir``; after a streamed run, finish the one it wrote
+        (metrics, model card, ``SHA256SUMS``) and move it there."""
+        from core.models.export import check_output_dir, finish_checkpoint, save_pruned
+
+        if not self.streamed:
+            return save_pruned(self, output_dir, overwrite=overwrite)
+        if self.checkpoint is None or not self.checkpoint.is_dir():
+            raise FileNotFoundError("this streamed result's checkpoint was already saved or discarded")
+        out = check_output_dir(output_dir, overwrite)
+        done = finish_checkpoint(self, self.checkpoint, out, self.stock, self.digests)
+        self.checkpoint = None
+        return done
+
+    def discard(self) -> None:
+        """Remove a streamed run's unfinished checkpoint (after a failure between prune and save)."""
+        if self.checkpoint is not None:
+            shutil.rmtree(self.checkpoint, ignore_errors=True)
+            self.checkpoint = None
+
+    def load_model(self, device: str | None = None):
+        """The pruned model in memory: the one held, or the streamed run's checkpoint loaded onto
+        ``device`` (default: the recipe's) in the run's dtype."""
+        if self.model is not None:
+            return self.model
+        from core.models.loading import load_pruned, resolve_device, resolve_dtype
+
+        dev = resolve_device(device or self.recipe.device)
+        model, _ = load_pruned(self.checkpoint, dtype=None, device=dev)
+        return model.to(resolve_dtype(self.recipe.dtype, model.config, dev))

@@ -14,11 +14,9 @@ from torch import nn
 from core.data.calibration import CalibrationBatch
 from core.models.adapter import Adapter
 from core.models.modeling_liar import set_module
+from core.models.streaming import Stop as _Stop
+from core.models.streaming import block_inputs
 from core.stats.accumulate import InputStats
-
-
-class _Stop(Exception):
-    """Raised from a hook to skip the rest of a forward pass."""
 
 
 class BlockRunner:
@@ -31,29 +29,10 @@ class BlockRunner:
         self.masks = [b.token_mask(adapter.kind, device) for b in batches]
         if positions == "first":  # statistics of each sequence's first token only
             self.masks = [_first_only(m) for m in self.masks]
-        self.hidden: list[torch.Tensor] = []
-        self.extra: list[tuple[tuple, dict]] = []
         self.kept: dict[str, list[torch.Tensor]] = {}
         self.replays: dict[str, tuple[nn.Module, nn.Module]] = {}
         self.batch = 0
-        layer0 = adapter.layers(model)[0]
-
-        def grab(_mod, args, kwargs):
-            kwargs = dict(kwargs)
-            hs = args[0] if args else kwargs.pop("hidden_states")
-            self.hidden.append(hs.detach())
-            self.extra.append((tuple(args[1:]), kwargs))
-            raise _Stop
-
-        handle = layer0.register_forward_pre_hook(grab, with_kwargs=True)
-        try:
-            for b in batches:
-                try:
-                    model.base_model(**b.model_inputs(adapter.kind, device))
-                except _Stop:
-                    pass
-        finally:
-            handle.remove()
+        self.hidden, self.extra = block_inputs(model, adapter, [b.model_inputs(adapter.kind, device) for b in batches])
 
     def run(self, layer: nn.Module, i: int) -> torch.Tensor:
         self.batch = i

@@ -15,235 +15,74 @@ the model's dtype) and the statistics of one projection (C_in² in float32/float
 
 from __future__ import annotations
 
-import resource
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from core import criteria
-from core.allocation import Plan, allocate
-from core.allocation.plan import auto_multiple
 from core.criteria import Scores
 from core.data.calibration import CalibrationBatch, calibration_batches
-from core.models.adapter import Adapter, adapter_for, block_parameters, unit_costs
+from core.models.adapter import adapter_for, block_parameters
 from core.models.loading import ensure_pad_token, load_model
-from core.models.modeling_liar import ensure_bias, prune_heads_, prune_neurons_
+from core.models.safetensors_io import INDEX, SINGLE
+from core.models.streaming import checkpoint_directory
+from core.pipeline.blocks import BlockIO, Progress, make_plan, peak_memory_mb, reconstruct_blocks, round_to
 from core.pipeline.preflight import as_recipe, check_model_fit
-from core.pipeline.result import LayerReport, PruneResult
-from core.pipeline.runner import BlockRunner
+from core.pipeline.result import PruneResult
 from core.pipeline.scoring import score_layers, split_batches
+from core.pipeline.streamed import StreamSource, check_streamable
 from core.spec.recipe import Recipe
-from core.stats.accumulate import InputStats
-from core.stats.reconstruct import (
-    reconstruct_from_stats,
-    relative_output_error_from_inputs,
-    relative_output_error_tensors,
-)
-
-Progress = Callable[[str, int, int], None]
-"""``progress(stage, done, total)``; raising from it aborts the run (cooperative cancellation)."""
 
 
 def _no_progress(stage: str, done: int, total: int) -> None:
     pass
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (KiB on Linux)
+class _MemorySource:
+    """The whole model on its device (loaded from ``recipe.model`` or passed in)."""
 
+    def __init__(self, recipe: Recipe, model, tokenizer, calibration):
+        if model is None:
+            model, tokenizer, adapter = load_model(recipe.model, recipe.dtype, recipe.device)
+        else:
+            adapter = adapter_for(model)
+            model.eval()
+        if tokenizer is None and calibration is None:
+            raise ValueError("a tokenizer is needed when a model object is passed")
+        ensure_pad_token(tokenizer)
+        self.model, self.tokenizer, self.adapter = model, tokenizer, adapter
+        self.device = next(model.parameters()).device
+        self.io = BlockIO()
 
-class _NoStats:
-    """The sink of held-aside batches: their inputs are kept raw by the runner, not accumulated."""
+    def score(self, recipe: Recipe, batches: list[CalibrationBatch]) -> list[Scores]:
+        return score_layers(self.model, self.adapter, recipe, batches, self.device)
 
-    def add_batch(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+    def abort(self) -> None:
         pass
 
 
-_NO_STATS = _NoStats()
-
-
-@dataclass
-class _Unit:
-    """One pruned projection of a block: what to keep, and the surgery that removes the rest."""
-
-    module: str  # "attention" | "ffn"
-    path: str  # the projection whose input channels are pruned and which is reconstructed
-    keep: torch.Tensor  # (C_in,) bool over the projection's input channels
-    group: int  # channels per unit (head_dim for heads, 1 for neurons)
-    shrink: Callable[[], None]  # surgery on the block
-    kept: int
-    total: int
-
-
-class _LayerFitter:
-    """Streams a projection's inputs, applies the surgery and writes the reconstructed weights."""
-
-    def __init__(self, runner: BlockRunner, recipe: Recipe, n_fit: int, has_held: bool, device: torch.device):
-        self.runner, self.n_fit, self.has_held, self.device = runner, n_fit, has_held, device
-        self.stats_dtype = getattr(torch, recipe.stats_dtype)
-        self.method, self.damp = recipe.reconstruction.method, recipe.reconstruction.damp
-        self.reports: list[LayerReport] = []
-        self._pending: list[tuple[LayerReport, list[torch.Tensor]]] = []  # errors not read back yet
-
-    def finish(self) -> list[LayerReport]:
-        """Fill in the reports' errors with one read of the device (none inside the layer loop)."""
-        if self._pending:
-            values = torch.stack([e.to(torch.float64) for _, errs in self._pending for e in errs]).tolist()
-            for i, (report, _) in enumerate(self._pending):
-                report.error_before, report.error_after = values[2 * i], values[2 * i + 1]
-        self._pending = []
-        return self.reports
-
-    def fit(self, layer: nn.Module, li: int, unit: _Unit, added: list[str]) -> None:
-        t0 = time.perf_counter()
-        lin = layer.get_submodule(unit.path)
-        fit_stats = InputStats(lin.in_features, self.stats_dtype, self.device)
-        n_held = len(self.runner.hidden) - self.n_fit
-        channels = unit.keep.nonzero().squeeze(1).to(self.device)
-        sinks = [fit_stats] * self.n_fit + [_NO_STATS] * n_held
-        self.runner.collect(layer, unit.path, sinks, keep_inputs=True, keep_channels=channels, full_from=self.n_fit)
-        w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
-        keep = unit.keep.to(w.device)
-        new_w, new_b = reconstruct_from_stats(self.method, w, b, keep, fit_stats, self.damp, unit.group)
-        naive_w, naive_b = reconstruct_from_stats("none", w, b, keep, fit_stats)
-        candidates = [(naive_w, naive_b), (new_w, new_b)]
-        if self.has_held:  # the held-aside samples' raw inputs are kept by collect(): no Gram for them
-            errors = relative_output_error_from_inputs(
-                w, b, keep, candidates, self.runner.kept_rows(unit.path, self.n_fit)
-            )
-        else:
-            errors = relative_output_error_tensors(w, b, keep, candidates, fit_stats)
-        del fit_stats
-        unit.shrink()
-        lin = layer.get_submodule(unit.path)
-        lin.weight.copy_(new_w.to(lin.weight.dtype))
-        if new_b is not None:
-            if lin.bias is None:
-                ensure_bias(lin)
-                added.append(unit.path)
-            lin.bias.copy_(new_b.to(lin.bias.dtype))
-        self.reports.append(
-            LayerReport(
-                layer=li,
-                module=unit.module,
-                kept=unit.kept,
-                total=unit.total,
-                error_before=float("nan"),  # filled in by finish()
-                error_after=float("nan"),
-                measured_on="held-aside" if self.has_held else "calibration",
-                seconds=time.perf_counter() - t0,
-                peak_memory_mb=peak_memory_mb(self.device),
-            )
-        )
-        self._pending.append((self.reports[-1], [e.detach() for e in errors]))
-
-
-def _keep_mask(kept: list[int], total: int, width: int = 1) -> torch.Tensor:
-    keep = torch.zeros(total, dtype=torch.bool)
-    keep[kept] = True
-    return keep.repeat_interleave(width) if width > 1 else keep
-
-
-def _reconstruct_blocks(
-    model: nn.Module,
-    adapter: Adapter,
-    recipe: Recipe,
-    plan: Plan,
-    fit: CalibrationBatch,
-    held: CalibrationBatch,
-    report: Progress,
-    show_progress: bool,
-) -> tuple[list[LayerReport], list[dict[str, Any]]]:
-    """The block loop: prune and reconstruct each block on the pruned model's own inputs."""
-    device = next(model.parameters()).device
-    bs = recipe.calibration.batch_size
-    fit_batches = split_batches(fit, bs)
-    runner = BlockRunner(model, adapter, fit_batches + split_batches(held, bs), device, recipe.reconstruction.positions)
-    fitter = _LayerFitter(runner, recipe, len(fit_batches), len(held) > 0, device)
-    fam, layers = adapter.family, adapter.layers(model)
-    layout: list[dict[str, Any]] = []
-    bar = tqdm(total=len(layers), desc=f"prune+{recipe.reconstruction.method}", unit="layer", disable=not show_progress)
-    pruned = [
-        i for i, lp in enumerate(plan.layers) if len(lp.heads) < adapter.n_heads or len(lp.neurons) < adapter.n_neurons
-    ]
-    last_pruned = max(pruned, default=-1)
-    for li, layer in enumerate(layers):
-        report("reconstruct", li, len(layers))
-        lp = plan.layers[li]
-        added: list[str] = []
-        if len(lp.heads) < adapter.n_heads:
-            keep = _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
-            shrink = partial(prune_heads_, layer, fam, model.config, lp.heads, lp.kv_heads)
-            fitter.fit(
-                layer,
-                li,
-                _Unit("attention", fam.o, keep, adapter.head_dim, shrink, len(lp.heads), adapter.n_heads),
-                added,
-            )
-            # later passes over this block replay the pruned attention instead of recomputing it
-            runner.replay(layer, fam.attn, fam.o, keep, returns_tuple=True, input_norm=fam.attn_input_norm)
-        if len(lp.neurons) < adapter.n_neurons:
-            keep = _keep_mask(lp.neurons, adapter.n_neurons)
-            shrink = partial(prune_neurons_, layer, fam, lp.neurons)
-            fitter.fit(layer, li, _Unit("ffn", fam.ffn_out, keep, 1, shrink, len(lp.neurons), adapter.n_neurons), added)
-            runner.replay(layer, fam.ffn_block, fam.ffn_out, keep, returns_tuple=False, input_norm=fam.ffn_input_norm)
-        if li < last_pruned:  # the next block still has something to prune: feed it
-            runner.advance(layer)
-        runner.restore(layer)
-        layout.append({"heads": lp.heads, "kv_heads": lp.kv_heads, "neurons": len(lp.neurons), "bias": added})
-        bar.update(1)
-        if show_progress:  # reading the errors here synchronises a GPU run once per layer
-            errs = [r for r in fitter.finish() if r.layer == li]
-            bar.set_postfix_str(" ".join(f"{r.module[:4]} err {r.error_before:.3f}→{r.error_after:.3f}" for r in errs))
-    bar.close()
-    runner.hidden, runner.extra = [], []  # free the stored activations
-    report("reconstruct", len(layers), len(layers))
-    return fitter.finish(), layout
-
-
-def round_to(recipe: Recipe, adapter: Adapter, device: torch.device) -> tuple[int, int]:
-    """``(heads, neurons)`` multiples of the kept widths, ``auto`` resolved for this model and device."""
-    neurons = recipe.round_to.neurons
-    if neurons == "auto":
-        neurons = auto_multiple(adapter.n_neurons, device.type)
-    return recipe.round_to.heads, int(neurons)
-
-
-def _plan(model: nn.Module, adapter: Adapter, recipe: Recipe, scores: list[Scores], rounding: tuple[int, int]) -> Plan:
-    layers = adapter.layers(model)
-    return allocate(
-        scores,
-        adapter,
-        [unit_costs(layer, adapter) for layer in layers],
-        [sum(p.numel() for p in layer.parameters()) for layer in layers],
-        recipe.ratio,
-        recipe.modules,
-        recipe.allocation,
-        round_to=rounding,
-        global_search=criteria.get(recipe.criterion.name).global_search,
-    )
-
-
-def _model_and_tokenizer(recipe: Recipe, model, tokenizer, calibration) -> tuple[nn.Module, Any, Adapter]:
-    if model is None:
-        model, tokenizer, adapter = load_model(recipe.model, recipe.dtype, recipe.device)
-    else:
-        adapter = adapter_for(model)
-        model.eval()
-    if tokenizer is None and calibration is None:
-        raise ValueError("a tokenizer is needed when a model object is passed")
-    ensure_pad_token(tokenizer)
-    check_model_fit(recipe, model.config)
-    return model, tokenizer, adapter
+def execution_mode(recipe: Recipe, model: nn.Module | None, output_dir) -> tuple[str, Path | None]:
+    """``("stream", checkpoint directory)`` or ``("memory", None)`` for this run (see ``Recipe.execution``)."""
+    if recipe.execution == "memory":
+        return "memory", None
+    explicit = recipe.execution == "stream"
+    if explicit:
+        if model is not None:
+            raise ValueError("execution: stream reads the model from its checkpoint; do not pass a model object")
+        if output_dir is None:
+            raise ValueError("execution: stream writes the pruned model as it goes; give an output directory")
+        check_streamable(recipe)
+    elif model is not None or output_dir is None or criteria.get(recipe.criterion.name).needs == "gradients":
+        return "memory", None
+    directory = checkpoint_directory(recipe.model)
+    if directory is None or not ((directory / INDEX).is_file() or (directory / SINGLE).is_file()):
+        if explicit:
+            raise ValueError(f"execution: stream needs safetensors weights; {recipe.model!r} has none")
+        return "memory", None
+    return "stream", directory
 
 
 @torch.no_grad()
@@ -256,22 +95,46 @@ def prune(
     scores: list[Scores] | None = None,
     progress: Progress | None = None,
     show_progress: bool = False,
+    output_dir: str | Path | None = None,
+    overwrite: bool = False,
 ) -> PruneResult:
-    """Prune and reconstruct a model as the recipe says; returns the pruned model in memory.
+    """Prune and reconstruct a model as the recipe says.
 
     ``model`` / ``tokenizer`` may be passed to skip loading ``recipe.model``; ``calibration`` —
     pre-tokenised ``(fit, held_aside)`` batches — to skip the recipe's calibration source; ``scores`` —
     the :attr:`PruneResult.scores` of an earlier run of the same model and criterion — to skip scoring
     (criteria do not depend on the ratio or the reconstruction method, so sweeps score once).
     ``progress(stage, i, n)`` is called at every stage and after every block.
+
+    With ``output_dir`` (where :meth:`PruneResult.save` will write the result) a model read from a
+    directory or the hub is *streamed* (``recipe.execution``, default ``auto``): one block at a time
+    from its shards, written out as it is pruned; the result then holds no model, its checkpoint
+    does. Without it, or for a model object, the whole model is pruned in memory.
     """
     recipe = as_recipe(recipe)
     report = progress or _no_progress
     t_start = time.perf_counter()
+    mode, directory = execution_mode(recipe, model, output_dir)
 
     report("load", 0, 1)
-    model, tokenizer, adapter = _model_and_tokenizer(recipe, model, tokenizer, calibration)
-    device = next(model.parameters()).device
+    if mode == "stream":
+        source = StreamSource(recipe, directory, output_dir, overwrite, tokenizer)
+    else:
+        source = _MemorySource(recipe, model, tokenizer, calibration)
+    try:
+        result = _run(recipe, source, calibration, scores, report, show_progress)
+    except BaseException:
+        source.abort()
+        raise
+    result.seconds = time.perf_counter() - t_start
+    result.metrics["execution"] = mode
+    report("done", 1, 1)
+    return result
+
+
+def _run(recipe: Recipe, source, calibration, scores, report: Progress, show_progress: bool) -> PruneResult:
+    model, adapter, device, tokenizer = source.model, source.adapter, source.device, source.tokenizer
+    check_model_fit(recipe, model.config)
     report("load", 1, 1)
 
     report("calibration", 0, 1)
@@ -283,19 +146,20 @@ def prune(
     n_layers = adapter.n_layers
     report("scoring", 0, n_layers)
     if scores is None:
-        scores = score_layers(model, adapter, recipe, split_batches(fit, recipe.calibration.batch_size), device)
+        scores = source.score(recipe, split_batches(fit, recipe.calibration.batch_size))
     elif len(scores) != n_layers:
         raise ValueError(f"scores cover {len(scores)} layers but the model has {n_layers}")
     rounding = round_to(recipe, adapter, device)
-    plan = _plan(model, adapter, recipe, scores, rounding)
+    plan = make_plan(model, adapter, recipe, scores, rounding)
     report("scoring", n_layers, n_layers)
 
     params_before = sum(p.numel() for p in model.parameters())
     block_before = block_parameters(model, adapter)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    reports, layout = _reconstruct_blocks(model, adapter, recipe, plan, fit, held, report, show_progress)
-
+    reports, layout = reconstruct_blocks(
+        model, adapter, recipe, plan, (fit, held), device, report, show_progress, source.io
+    )
     model.config.liar_layout = layout
     model.config.liar_family = adapter.name
     result = PruneResult(
@@ -309,10 +173,14 @@ def prune(
         params_after=sum(p.numel() for p in model.parameters()),
         block_params_before=block_before,
         block_params_after=block_parameters(model, adapter),
-        seconds=time.perf_counter() - t_start,
+        seconds=0.0,
         peak_memory_mb=peak_memory_mb(device),
         scores=scores,
         metrics={"round_to_heads": rounding[0], "round_to_neurons": rounding[1]},
     )
-    report("done", 1, 1)
+    if isinstance(source, StreamSource):
+        report("write", 0, 1)
+        result.model = None
+        result.checkpoint, result.stock, result.digests = source.finish(recipe, layout)
+        report("write", 1, 1)
     return result

@@ -161,6 +161,12 @@ class Recipe(_Strict):
     stats_dtype: Literal["float32", "float64"] = Field(
         "float32", description="precision of each batch's XᵀX product (running totals are float64)"
     )
+    execution: Literal["auto", "stream", "memory"] = Field(
+        "auto",
+        description="stream: one block at a time from the checkpoint's shards, written out as it is pruned "
+        "(auto picks it when the model is read from a directory or the hub and the result is saved); "
+        "memory: the whole model on the device",
+    )
 
     @model_validator(mode="after")
     def _criterion_fits(self) -> Recipe:

@@ -1,0 +1,205 @@
+"""A model whose blocks live on disk: the skeleton without weights, one block materialised at a time.
+
+:class:`StreamedModel` builds the Hugging Face model with every *parameter* on the meta device (no
+memory) while buffers are real (rotary frequencies, position ids), loads the parameters outside the
+blocks (embeddings, final norm, head) onto the device, and materialises one block at a time from
+the checkpoint's safetensors shards (:class:`core.models.safetensors_io.CheckpointReader`) — for
+pruning, scoring or evaluation — and frees it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from core.models import modeling_liar
+from core.models.adapter import Adapter, adapter_for
+from core.models.config_file import read_config
+from core.models.liar_families import PRUNED_PREFIX
+from core.models.loading import model_class
+from core.models.safetensors_io import CheckpointError, CheckpointReader
+
+META = torch.device("meta")
+
+
+@contextmanager
+def params_on_meta() -> Iterator[None]:
+    """Build modules with their parameters on the meta device and their buffers where they are made:
+    a parameter is moved to meta as it is registered, so an initialiser that runs afterwards touches
+    no memory."""
+    original = nn.Module.register_parameter
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.to(META), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = register
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original
+
+
+def _skeleton(directory: Path, dtype: torch.dtype):
+    from transformers import AutoConfig
+
+    raw = read_config(directory)
+    if str(raw.get("model_type", "")).startswith(PRUNED_PREFIX):
+        classes = modeling_liar.CLASSES.get(raw.get("liar_family"), {})
+        config = classes["config"].from_pretrained(directory) if classes else None
+        arch = (raw.get("architectures") or [""])[0]
+        cls = next((c for k, c in classes.items() if k != "config" and c.__name__ == arch), None)
+        if cls is None:
+            raise ValueError(f"unknown pruned architecture {arch!r} in {directory / 'config.json'}")
+    else:
+        config = AutoConfig.from_pretrained(directory)
+        cls = model_class(config, adapter_for(config).kind)
+    with params_on_meta():
+        model = cls.from_config(config, dtype=dtype) if hasattr(cls, "from_config") else cls._from_config(config)
+    return model.eval()
+
+
+class StreamedModel:
+    """A checkpoint directory seen as a model whose blocks are materialised one at a time."""
+
+    def __init__(self, directory: str | Path, dtype: torch.dtype, device: torch.device):
+        self.directory, self.dtype, self.device = Path(directory), dtype, torch.device(device)
+        self.reader = CheckpointReader(self.directory)  # checks every shard first
+        self.model = _skeleton(self.directory, dtype)
+        self.adapter: Adapter = adapter_for(self.model)
+        self.layers = self.adapter.layers(self.model)
+        self._prefix = self._checkpoint_prefix()
+        block_ids = {id(p) for layer in self.layers for p in layer.parameters()}
+        self._outer = [
+            (name, p) for name, p in self.model.named_parameters(remove_duplicate=False) if id(p) not in block_ids
+        ]
+        self._layer_names = {id(layer): self._layer_prefix(i) for i, layer in enumerate(self.layers)}
+
+    # names -------------------------------------------------------------------------------------
+    def _checkpoint_prefix(self) -> tuple[str, str]:
+        """``(strip, add)`` turning a model parameter name into the checkpoint's name: checkpoints of a
+        base model lack the task model's ``<base_model_prefix>.`` (and the other way round)."""
+        prefix = getattr(self.model, "base_model_prefix", "") + "."
+        names = [n for n, _ in self.model.named_parameters()]
+        if any(n in self.reader for n in names):
+            return "", ""
+        if any(n.startswith(prefix) and n[len(prefix) :] in self.reader for n in names):
+            return prefix, ""
+        if any(prefix + n in self.reader for n in names):
+            return "", prefix
+        raise CheckpointError(
+            f"the tensors in {str(self.directory)!r} do not match a {type(self.model).__name__} "
+            f"(e.g. {names[0]!r} is not among them)"
+        )
+
+    def source_name(self, name: str) -> str:
+        strip, add = self._prefix
+        return add + (name[len(strip) :] if strip and name.startswith(strip) else name)
+
+    def _layer_prefix(self, i: int) -> str:
+        for name, module in self.model.named_modules():
+            if module is self.layers[i]:
+                return name + "."
+        raise AssertionError("layer not found in its model")
+
+    def layer_prefix(self, i: int) -> str:
+        """The layer's parameter-name prefix in the model (``model.layers.3.``)."""
+        return self._layer_names[id(self.layers[i])]
+
+    # loading -----------------------------------------------------------------------------------
+    def _read(self, name: str) -> torch.Tensor:
+        source = self.source_name(name)
+        if source not in self.reader:
+            raise CheckpointError(f"{str(self.directory)!r} has no tensor {source!r}")
+        floating = self.reader.entries[source].dtype.is_floating_point
+        return self.reader.read(source, self.device, self.dtype if floating else None)
+
+    def load_outer(self) -> None:
+        """Materialise everything outside the blocks on the device (tied parameters stay tied)."""
+        groups: dict[int, list[str]] = {}
+        for name, p in self._outer:
+            groups.setdefault(id(p), []).append(name)
+        for names in groups.values():
+            present = [n for n in names if self.source_name(n) in self.reader]
+            if not present:
+                raise CheckpointError(f"{str(self.directory)!r} has no tensor {self.source_name(names[0])!r}")
+            param = nn.Parameter(self._read(present[0]), requires_grad=False)
+            for n in names:
+                _set_param(self.model, n, param)
+        for module in self.model.modules():  # buffers were built on the host
+            for key, buf in module._buffers.items():
+                if buf is not None and buf.device != self.device:
+                    module._buffers[key] = buf.to(self.device)
+
+    def load_block(self, i: int) -> nn.Module:
+        layer, prefix = self.layers[i], self.layer_prefix(i)
+        for name, _ in list(layer.named_parameters()):
+            _set_param(layer, name, nn.Parameter(self._read(prefix + name), requires_grad=False))
+        return layer
+
+    def free_block(self, i: int) -> None:
+        """Put block i's parameters back on the meta device (its memory is released)."""
+        layer = self.layers[i]
+        for name, p in list(layer.named_parameters()):
+            _set_param(layer, name, nn.Parameter(p.detach().to(META), requires_grad=False))
+
+    def outer_state(self) -> list[tuple[str, torch.Tensor]]:
+        """The loaded parameters outside the blocks as ``(checkpoint name, tensor)``, each tied group
+        once under the name the checkpoint stores."""
+        outer = {name for name, _ in self._outer}
+        return [(name, p.detach()) for name, p in self.model.named_parameters() if name in outer]
+
+
+class Stop(Exception):
+    """Raised from a hook to skip the rest of a forward pass."""
+
+
+def block_inputs(model: nn.Module, adapter: Adapter, inputs: list[dict]) -> tuple[list[torch.Tensor], list]:
+    """The hidden states entering the first block, and the other arguments every block receives
+    (attention mask, position embeddings, ...), for each batch of base-model keyword ``inputs`` —
+    only the embeddings run (the first block is never entered)."""
+    hidden: list[torch.Tensor] = []
+    extra: list[tuple[tuple, dict]] = []
+
+    def grab(_mod, args, kwargs):
+        kwargs = dict(kwargs)
+        hidden.append((args[0] if args else kwargs.pop("hidden_states")).detach())
+        extra.append((tuple(args[1:]), kwargs))
+        raise Stop
+
+    handle = adapter.layers(model)[0].register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        for batch in inputs:
+            try:
+                model.base_model(**batch)
+            except Stop:
+                pass
+    finally:
+        handle.remove()
+    return hidden, extra
+
+
+def _set_param(root: nn.Module, name: str, param: nn.Parameter) -> None:
+    owner, _, leaf = name.rpartition(".")
+    module = root.get_submodule(owner) if owner else root
+    module._parameters[leaf] = param
+
+
+def checkpoint_directory(name: str) -> Path | None:
+    """The local directory a model name refers to, or the hub snapshot holding it (downloaded
+    without loading it when needed); None when it cannot be had as safetensors files."""
+    local = Path(name).expanduser()
+    if local.is_dir():
+        return local
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.py"])
+    except Exception:
+        return None
+    return Path(path)

@@ -1,0 +1,231 @@
+"""The block loop shared by in-memory and streamed runs: prune and reconstruct each block on the
+pruned model's own inputs, and the plan (keep-sets per layer) it follows."""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from core import criteria
+from core.allocation import Plan, allocate
+from core.allocation.plan import auto_multiple
+from core.criteria import Scores
+from core.data.calibration import CalibrationBatch
+from core.models.adapter import Adapter, unit_costs
+from core.models.modeling_liar import ensure_bias, prune_heads_, prune_neurons_
+from core.pipeline.result import LayerReport
+from core.pipeline.runner import BlockRunner
+from core.pipeline.scoring import split_batches
+from core.spec.recipe import Recipe
+from core.stats.accumulate import InputStats
+from core.stats.reconstruct import (
+    reconstruct_from_stats,
+    relative_output_error_from_inputs,
+    relative_output_error_tensors,
+)
+
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``; raising from it aborts the run (cooperative cancellation)."""
+
+
+class BlockIO:
+    """Where blocks come from and go to. In memory: nowhere (every block is already on the device);
+    a streamed run reads each block from the checkpoint before and writes and frees it after."""
+
+    def load(self, index: int) -> None:
+        pass
+
+    def done(self, index: int, layer: nn.Module) -> None:
+        pass
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (KiB on Linux)
+
+
+class _NoStats:
+    """The sink of held-aside batches: their inputs are kept raw by the runner, not accumulated."""
+
+    def add_batch(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        pass
+
+
+_NO_STATS = _NoStats()
+
+
+@dataclass
+class _Unit:
+    """One pruned projection of a block: what to keep, and the surgery that removes the rest."""
+
+    module: str  # "attention" | "ffn"
+    path: str  # the projection whose input channels are pruned and which is reconstructed
+    keep: torch.Tensor  # (C_in,) bool over the projection's input channels
+    group: int  # channels per unit (head_dim for heads, 1 for neurons)
+    shrink: Callable[[], None]  # surgery on the block
+    kept: int
+    total: int
+
+
+class _LayerFitter:
+    """Streams a projection's inputs, applies the surgery and writes the reconstructed weights."""
+
+    def __init__(self, runner: BlockRunner, recipe: Recipe, n_fit: int, has_held: bool, device: torch.device):
+        self.runner, self.n_fit, self.has_held, self.device = runner, n_fit, has_held, device
+        self.stats_dtype = getattr(torch, recipe.stats_dtype)
+        self.method, self.damp = recipe.reconstruction.method, recipe.reconstruction.damp
+        self.reports: list[LayerReport] = []
+        self._pending: list[tuple[LayerReport, list[torch.Tensor]]] = []  # errors not read back yet
+
+    def finish(self) -> list[LayerReport]:
+        """Fill in the reports' errors with one read of the device (none inside the layer loop)."""
+        if self._pending:
+            values = torch.stack([e.to(torch.float64) for _, errs in self._pending for e in errs]).tolist()
+            for i, (report, _) in enumerate(self._pending):
+                report.error_before, report.error_after = values[2 * i], values[2 * i + 1]
+        self._pending = []
+        return self.reports
+
+    def fit(self, layer: nn.Module, li: int, unit: _Unit, added: list[str]) -> None:
+        t0 = time.perf_counter()
+        lin = layer.get_submodule(unit.path)
+        fit_stats = InputStats(lin.in_features, self.stats_dtype, self.device)
+        n_held = len(self.runner.hidden) - self.n_fit
+        channels = unit.keep.nonzero().squeeze(1).to(self.device)
+        sinks = [fit_stats] * self.n_fit + [_NO_STATS] * n_held
+        self.runner.collect(layer, unit.path, sinks, keep_inputs=True, keep_channels=channels, full_from=self.n_fit)
+        w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
+        keep = unit.keep.to(w.device)
+        new_w, new_b = reconstruct_from_stats(self.method, w, b, keep, fit_stats, self.damp, unit.group)
+        naive_w, naive_b = reconstruct_from_stats("none", w, b, keep, fit_stats)
+        candidates = [(naive_w, naive_b), (new_w, new_b)]
+        if self.has_held:  # the held-aside samples' raw inputs are kept by collect(): no Gram for them
+            errors = relative_output_error_from_inputs(
+                w, b, keep, candidates, self.runner.kept_rows(unit.path, self.n_fit)
+            )
+        else:
+            errors = relative_output_error_tensors(w, b, keep, candidates, fit_stats)
+        del fit_stats
+        unit.shrink()
+        lin = layer.get_submodule(unit.path)
+        lin.weight.copy_(new_w.to(lin.weight.dtype))
+        if new_b is not None:
+            if lin.bias is None:
+                ensure_bias(lin)
+                added.append(unit.path)
+            lin.bias.copy_(new_b.to(lin.bias.dtype))
+        self.reports.append(
+            LayerReport(
+                layer=li,
+                module=unit.module,
+                kept=unit.kept,
+                total=unit.total,
+                error_before=float("nan"),  # filled in by finish()
+                error_after=float("nan"),
+                measured_on="held-aside" if self.has_held else "calibration",
+                seconds=time.perf_counter() - t0,
+                peak_memory_mb=peak_memory_mb(self.device),
+            )
+        )
+        self._pending.append((self.reports[-1], [e.detach() for e in errors]))
+
+
+def _keep_mask(kept: list[int], total: int, width: int = 1) -> torch.Tensor:
+    keep = torch.zeros(total, dtype=torch.bool)
+    keep[kept] = True
+    return keep.repeat_interleave(width) if width > 1 else keep
+
+
+def reconstruct_blocks(
+    model: nn.Module,
+    adapter: Adapter,
+    recipe: Recipe,
+    plan: Plan,
+    calibration: tuple[CalibrationBatch, CalibrationBatch],
+    device: torch.device,
+    report: Progress,
+    show_progress: bool,
+    io: BlockIO | None = None,
+) -> tuple[list[LayerReport], list[dict[str, Any]]]:
+    """The block loop: prune and reconstruct each block on the pruned model's own inputs."""
+    io = io or BlockIO()
+    fit, held = calibration
+    bs = recipe.calibration.batch_size
+    fit_batches = split_batches(fit, bs)
+    runner = BlockRunner(model, adapter, fit_batches + split_batches(held, bs), device, recipe.reconstruction.positions)
+    fitter = _LayerFitter(runner, recipe, len(fit_batches), len(held) > 0, device)
+    fam, layers = adapter.family, adapter.layers(model)
+    layout: list[dict[str, Any]] = []
+    bar = tqdm(total=len(layers), desc=f"prune+{recipe.reconstruction.method}", unit="layer", disable=not show_progress)
+    pruned = [
+        i for i, lp in enumerate(plan.layers) if len(lp.heads) < adapter.n_heads or len(lp.neurons) < adapter.n_neurons
+    ]
+    last_pruned = max(pruned, default=-1)
+    for li, layer in enumerate(layers):
+        report("reconstruct", li, len(layers))
+        io.load(li)
+        lp = plan.layers[li]
+        added: list[str] = []
+        if len(lp.heads) < adapter.n_heads:
+            keep = _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
+            shrink = partial(prune_heads_, layer, fam, model.config, lp.heads, lp.kv_heads)
+            fitter.fit(
+                layer,
+                li,
+                _Unit("attention", fam.o, keep, adapter.head_dim, shrink, len(lp.heads), adapter.n_heads),
+                added,
+            )
+            # later passes over this block replay the pruned attention instead of recomputing it
+            runner.replay(layer, fam.attn, fam.o, keep, returns_tuple=True, input_norm=fam.attn_input_norm)
+        if len(lp.neurons) < adapter.n_neurons:
+            keep = _keep_mask(lp.neurons, adapter.n_neurons)
+            shrink = partial(prune_neurons_, layer, fam, lp.neurons)
+            fitter.fit(layer, li, _Unit("ffn", fam.ffn_out, keep, 1, shrink, len(lp.neurons), adapter.n_neurons), added)
+            runner.replay(layer, fam.ffn_block, fam.ffn_out, keep, returns_tuple=False, input_norm=fam.ffn_input_norm)
+        if li < last_pruned:  # the next block still has something to prune: feed it
+            runner.advance(layer)
+        runner.restore(layer)
+        layout.append({"heads": lp.heads, "kv_heads": lp.kv_heads, "neurons": len(lp.neurons), "bias": added})
+        io.done(li, layer)
+        bar.update(1)
+        if show_progress:  # reading the errors here synchronises a GPU run once per layer
+            errs = [r for r in fitter.finish() if r.layer == li]
+            bar.set_postfix_str(" ".join(f"{r.module[:4]} err {r.error_before:.3f}→{r.error_after:.3f}" for r in errs))
+    bar.close()
+    runner.hidden, runner.extra = [], []  # free the stored activations
+    report("reconstruct", len(layers), len(layers))
+    return fitter.finish(), layout
+
+
+def round_to(recipe: Recipe, adapter: Adapter, device: torch.device) -> tuple[int, int]:
+    """``(heads, neurons)`` multiples of the kept widths, ``auto`` resolved for this model and device."""
+    neurons = recipe.round_to.neurons
+    if neurons == "auto":
+        neurons = auto_multiple(adapter.n_neurons, device.type)
+    return recipe.round_to.heads, int(neurons)
+
+
+def make_plan(
+    model: nn.Module, adapter: Adapter, recipe: Recipe, scores: list[Scores], rounding: tuple[int, int]
+) -> Plan:
+    layers = adapter.layers(model)
+    return allocate(
+        scores,
+        adapter,
+        [unit_costs(layer, adapter) for layer in layers],
+        [sum(p.numel() for p in layer.parameters()) for layer in layers],
+        recipe.ratio,
+        recipe.modules,
+        recipe.allocation,
+        round_to=rounding,
+        global_search=criteria.get(recipe.criterion.name).global_search,
+    )

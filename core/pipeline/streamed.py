@@ -1,0 +1,174 @@
+"""Streamed execution: the model's blocks are read from its safetensors shards one at a time, pruned,
+reconstructed, written to the output checkpoint and freed.
+
+Device memory holds the parameters outside the blocks (embeddings, final norm, head), one block, the
+calibration hidden states entering it and one projection's statistics; host memory holds one
+tensor in flight. The output is a sharded safetensors checkpoint — one shard for the parameters
+outside the blocks, one per block, and one of zero biases when the stock config needs them — with
+each shard hashed while it is written. Its config, tokenizer and recipe are written when the last
+block is done, so the checkpoint loads (and can be evaluated) before :meth:`PruneResult.save`
+finishes it with the metrics, the model card and ``SHA256SUMS``.
+
+Criteria that need gradients of the whole model (SNIP, Taylor, Kwon et al.) cannot be computed one
+block at a time; ``execution: auto`` runs them in memory and ``execution: stream`` refuses them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from core import criteria
+from core.criteria import LayerInputs
+from core.data.calibration import CalibrationBatch
+from core.models.config_file import read_config
+from core.models.export import check_output_dir, write_config
+from core.models.loading import ensure_pad_token, resolve_device, resolve_dtype
+from core.models.safetensors_io import INDEX, write_shard
+from core.models.streaming import StreamedModel
+from core.pipeline.blocks import BlockIO
+from core.pipeline.runner import BlockRunner
+from core.spec.criteria import parse_options
+from core.spec.recipe import Recipe
+from core.stats.accumulate import ChannelStats
+
+WHOLE_MODEL_CRITERIA_NOTE = "criteria that need gradients of the whole model cannot run block by block"
+
+
+def streamable_criteria() -> list[str]:
+    return sorted(name for name, c in criteria.REGISTRY.items() if c.needs != "gradients")
+
+
+def check_streamable(recipe: Recipe) -> None:
+    if criteria.get(recipe.criterion.name).needs == "gradients":
+        raise ValueError(
+            f"criterion {recipe.criterion.name!r} needs gradients of the whole model, which streamed execution "
+            f"cannot compute block by block; use execution: memory (the model must fit on the device) or one "
+            f"of {', '.join(streamable_criteria())}"
+        )
+
+
+def temporary_sibling(out: Path) -> Path:
+    return out.parent / f".{out.name}.tmp-{os.getpid()}"
+
+
+def shard_name(k: int, n: int) -> str:
+    return f"model-{k:05d}-of-{n:05d}.safetensors"
+
+
+class StreamSource:
+    """The streamed model with the checkpoint being written beside it."""
+
+    def __init__(self, recipe: Recipe, directory: Path, output_dir: str | Path, overwrite: bool, tokenizer=None):
+        self.out = check_output_dir(output_dir, overwrite)
+        device = resolve_device(recipe.device)
+        dtype = resolve_dtype(recipe.dtype, _Config(read_config(directory)), device)
+        self.sm = StreamedModel(directory, dtype, device)
+        self.model, self.adapter, self.device = self.sm.model, self.sm.adapter, device
+        self.tokenizer = tokenizer if tokenizer is not None else _tokenizer(directory, self.model.config)
+        ensure_pad_token(self.tokenizer)
+        self.tmp = temporary_sibling(self.out)
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir()
+        self.n_shards = self.adapter.n_layers + 1
+        self.weight_map: dict[str, str] = {}
+        self.digests: dict[str, str] = {}
+        self.sm.load_outer()
+        self._write(shard_name(1, self.n_shards), self.sm.outer_state())
+
+    def _write(self, file: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        self.digests[file] = write_shard(self.tmp / file, tensors)
+        self.weight_map.update({name: file for name, _ in tensors})
+
+    def score(self, recipe: Recipe, batches: list[CalibrationBatch]) -> list:
+        """Every layer's scores, each block read once (and run on the calibration data when the
+        criterion needs its inputs)."""
+        check_streamable(recipe)
+        name = recipe.criterion.name
+        criterion, opts = criteria.get(name), parse_options(name, recipe.criterion.options)
+        runner = BlockRunner(self.model, self.adapter, batches, self.device) if criterion.needs == "inputs" else None
+        fam, scores = self.adapter.family, []
+        for i, layer in enumerate(self.sm.layers):
+            self.sm.load_block(i)
+            data = None
+            if runner is not None:
+                data = LayerInputs(
+                    ChannelStats(layer.get_submodule(fam.o).in_features, self.device),
+                    ChannelStats(layer.get_submodule(fam.ffn_out).in_features, self.device),
+                )
+                handles = [
+                    layer.get_submodule(path).register_forward_pre_hook(
+                        lambda _m, a, sink=sink: sink.add_batch(a[0], runner.masks[runner.batch])
+                    )
+                    for path, sink in ((fam.o, data.attn), (fam.ffn_out, data.ffn))
+                ]
+                try:
+                    runner.advance(layer)
+                finally:
+                    for h in handles:
+                        h.remove()
+            scores.append(criterion.score(layer, self.adapter, i, opts, data))
+            self.sm.free_block(i)
+        return criterion.finalize(scores, opts)
+
+    @property
+    def io(self) -> BlockIO:
+        return _WriteBlocks(self)
+
+    def finish(self, recipe: Recipe, layout: list[dict]) -> tuple[Path, bool, dict[str, str]]:
+        """Write what follows the blocks: zero biases the stock config implies, the index, config,
+        bundled code, tokenizer and recipe. Returns ``(directory, stock, digests)``."""
+        stock = write_config(self.model, self.adapter.name, layout, self.tmp)
+        missing = [(n, p) for n, p in self.model.named_parameters() if n not in self.weight_map]
+        if any(not n.endswith(".bias") for n, _ in missing):
+            raise AssertionError(f"parameters not written: {[n for n, _ in missing]}")
+        if missing:  # biases added by the stock form to projections that had none: zeros
+            self._write(
+                "model-zero-biases.safetensors", [(n, torch.zeros(p.shape, dtype=self.sm.dtype)) for n, p in missing]
+            )
+        total = sum((self.tmp / f).stat().st_size for f in set(self.weight_map.values()))
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(self.weight_map.items()))}
+        (self.tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(self.tmp)
+        (self.tmp / "recipe.yaml").write_text(recipe.to_yaml())
+        return self.tmp, stock, self.digests
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class _WriteBlocks(BlockIO):
+    def __init__(self, source: StreamSource):
+        self.source = source
+
+    def load(self, index: int) -> None:
+        self.source.sm.load_block(index)
+
+    def done(self, index: int, layer: nn.Module) -> None:
+        s = self.source
+        prefix = s.sm.layer_prefix(index)
+        s._write(shard_name(index + 2, s.n_shards), [(prefix + n, p) for n, p in layer.named_parameters()])
+        s.sm.free_block(index)
+
+
+class _Config:
+    """Attribute access over a raw config dict (what :func:`resolve_dtype` reads)."""
+
+    def __init__(self, raw: dict):
+        self.__dict__.update(raw)
+
+
+def _tokenizer(directory: Path, config):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(directory, config=config)
+    except Exception as exc:
+        raise RuntimeError(f"could not load a tokenizer from {str(directory)!r}: {exc}") from exc

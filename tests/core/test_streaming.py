@@ -1,0 +1,244 @@
+"""Streamed execution (one block at a time from the checkpoint's shards) against the in-memory path."""
+
+import errno
+import hashlib
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from core import load_pruned, prune
+from core.evaluation.perplexity import perplexity, perplexity_streamed
+from core.models import safetensors_io
+from core.models.manifest import read_manifest
+from core.models.safetensors_io import CheckpointError, CheckpointReader, write_shard
+from core.models.streaming import StreamedModel, params_on_meta
+from tests.conftest import recipe_for
+
+
+def _both(model_dir, corpus, tmp_path, **kw):
+    """The same recipe run in memory and streamed; returns both saved checkpoints and results."""
+    recipe = recipe_for(model_dir, corpus, device="cpu", round_to={"neurons": 1}, **kw)
+    memory = prune({**recipe, "execution": "memory"})
+    memory_dir = memory.save(tmp_path / "memory")
+    streamed = prune({**recipe, "execution": "stream"}, output_dir=tmp_path / "stream")
+    assert streamed.streamed and streamed.model is None
+    stream_dir = streamed.save(tmp_path / "stream")
+    return memory, memory_dir, streamed, stream_dir
+
+
+def _assert_same_checkpoint(memory_dir, stream_dir, atol=1e-6):
+    a, _ = load_pruned(memory_dir)
+    b, _ = load_pruned(stream_dir)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert sa[name].shape == sb[name].shape, name
+        torch.testing.assert_close(sb[name], sa[name], atol=atol, rtol=0, msg=name)
+    ca, cb = (json.loads((d / "config.json").read_text()) for d in (memory_dir, stream_dir))
+    assert ca == cb
+
+
+@pytest.mark.parametrize(
+    ("family", "kw"),
+    [
+        ("llama", {}),
+        ("llama", {"modules": "heads", "reconstruction": {"method": "ls", "damp": 0.0}}),
+        ("llama", {"modules": "neurons", "reconstruction": {"method": "bias"}}),
+        ("llama", {"criterion": {"name": "flap", "options": {"structure": "AL-AM"}}, "allocation": "global"}),
+        ("llama", {"reconstruction": {"method": "mask_tuning"}}),
+        ("llama", {"reconstruction": {"method": "none"}, "calibration": {"holdout_samples": 0}}),
+        ("qwen2", {"criterion": {"name": "flap"}}),
+        ("mistral", {"modules": "neurons", "criterion": {"name": "kcm"}}),
+        ("bert", {}),
+        ("bert", {"criterion": {"name": "flap"}, "reconstruction": {"method": "bias"}}),
+    ],
+)
+def test_streamed_equals_in_memory(family, kw, model_dirs, mistral_dir, corpus, tmp_path):
+    model_dir = {**model_dirs, "mistral": mistral_dir}[family]
+    memory, memory_dir, streamed, stream_dir = _both(model_dir, corpus, tmp_path, **kw)
+    assert streamed.metrics["execution"] == "stream" and memory.metrics["execution"] == "memory"
+    units = lambda r: [[list(map(int, u)) for u in (lp.heads, lp.kv_heads, lp.neurons)] for lp in r.plan.layers]  # noqa: E731
+    assert units(streamed) == units(memory)
+    for a, b in zip(memory.report, streamed.report, strict=True):
+        assert (a.layer, a.module, a.kept) == (b.layer, b.module, b.kept)
+        assert b.error_after == pytest.approx(a.error_after, rel=1e-6, abs=1e-9)
+    assert (streamed.params_before, streamed.params_after) == (memory.params_before, memory.params_after)
+    _assert_same_checkpoint(memory_dir, stream_dir)
+    metrics = json.loads((stream_dir / "metrics.json").read_text())
+    assert metrics["stock_architecture"] == json.loads((memory_dir / "metrics.json").read_text())["stock_architecture"]
+
+
+def test_streamed_stock_form_with_added_biases_loads_with_from_pretrained(llama_dir, corpus, tmp_path):
+    """Uniform widths and an added FFN bias: the stock form needs zero biases on the other FFN
+    projections, written as their own shard; plain ``from_pretrained`` loads the result."""
+    from transformers import AutoModelForCausalLM
+
+    _, memory_dir, streamed, stream_dir = _both(
+        llama_dir, corpus, tmp_path, modules="neurons", reconstruction={"method": "bias"}
+    )
+    assert streamed.stock
+    assert (stream_dir / "model-zero-biases.safetensors").is_file()
+    _assert_same_checkpoint(memory_dir, stream_dir)
+    model = AutoModelForCausalLM.from_pretrained(stream_dir)
+    assert model.config.mlp_bias and model.model.layers[0].mlp.up_proj.bias is not None
+
+
+def test_streamed_checkpoint_manifest_matches_files(llama_dir, corpus, tmp_path):
+    _, _, streamed, stream_dir = _both(llama_dir, corpus, tmp_path)
+    entries = read_manifest(stream_dir)
+    names = {e.name for e in entries}
+    files = {p.name for p in stream_dir.iterdir() if p.name != "SHA256SUMS"}
+    assert names == files
+    for e in entries:
+        data = (stream_dir / e.name).read_bytes()
+        assert e.sha256 == hashlib.sha256(data).hexdigest() and e.size == len(data)
+    index = json.loads((stream_dir / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) <= files
+    # one shard for what lies outside the blocks, one per block
+    assert len({f for f in files if f.startswith("model-000")}) == streamed.adapter.n_layers + 1
+
+
+def test_streamed_perplexity_of_a_checkpoint_with_per_layer_widths(llama_dir, corpus, tmp_path):
+    """A pruned checkpoint in the liar_ form (layers of different widths) streams too: its skeleton
+    is built from the bundled classes, one block at a time."""
+    result = prune(recipe_for(llama_dir, corpus, device="cpu", ratio=0.2), output_dir=tmp_path / "pruned")
+    assert not result.stock
+    stream_ppl = perplexity_streamed(result.checkpoint, result.tokenizer, corpus[:8], seq_len=24, device="cpu")
+    pruned_dir = result.save(tmp_path / "pruned")
+    model, tokenizer = load_pruned(pruned_dir)
+    expected = perplexity(model, tokenizer, corpus[:8], seq_len=24)
+    assert stream_ppl["perplexity"] == pytest.approx(expected["perplexity"], rel=1e-5)
+
+
+def test_streamed_perplexity_equals_in_memory(qwen2_dir, corpus):
+    model, tokenizer = load_pruned(qwen2_dir)
+    texts = corpus[:10]
+    expected = perplexity(model, tokenizer, texts, seq_len=32, batch_size=3)
+    got = perplexity_streamed(qwen2_dir, tokenizer, texts, seq_len=32, batch_size=3, device="cpu")
+    assert got["windows"] == expected["windows"] and got["tokens"] == expected["tokens"]
+    assert got["perplexity"] == pytest.approx(expected["perplexity"], rel=1e-5)
+
+
+def test_skeleton_allocates_no_parameters_but_real_buffers(llama_dir):
+    with params_on_meta():
+        layer = torch.nn.Linear(1000, 1000)
+    assert layer.weight.is_meta and layer.bias.is_meta
+    sm = StreamedModel(llama_dir, torch.float32, torch.device("cpu"))
+    assert all(p.is_meta for p in sm.model.parameters())
+    buffers = dict(sm.model.named_buffers())
+    assert buffers and all(not b.is_meta for b in buffers.values())
+    sm.load_outer()
+    layer = sm.load_block(1)
+    assert not any(p.is_meta for p in layer.parameters())
+    assert all(p.is_meta for p in sm.layers[0].parameters())
+    sm.free_block(1)
+    assert all(p.is_meta for p in layer.parameters())
+
+
+def test_auto_streams_only_when_saving_a_model_read_from_disk(llama_dir, corpus, tmp_path):
+    recipe = recipe_for(llama_dir, corpus, device="cpu")
+    assert prune(recipe).metrics["execution"] == "memory"  # the caller wants the model object
+    result = prune(recipe, output_dir=tmp_path / "out")
+    assert result.metrics["execution"] == "stream"
+    result.discard()
+    assert not list(tmp_path.iterdir())  # the unfinished checkpoint is gone
+    snip = recipe_for(llama_dir, corpus, device="cpu", criterion={"name": "snip"})
+    assert prune(snip, output_dir=tmp_path / "snip").metrics["execution"] == "memory"
+
+
+def test_whole_model_gradient_criteria_are_refused_when_streaming(llama_dir, corpus, tmp_path):
+    recipe = recipe_for(llama_dir, corpus, device="cpu", criterion={"name": "taylor"}, execution="stream")
+    with pytest.raises(ValueError, match="needs gradients of the whole model.*execution: memory.*magnitude"):
+        prune(recipe, output_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="give an output directory"):
+        prune({**recipe, "criterion": {"name": "magnitude"}})
+
+
+def _sharded_copy(src, dst):
+    """``src`` (one model.safetensors) rewritten as two shards with an index."""
+    shutil.copytree(src, dst)
+    tensors = load_file(dst / "model.safetensors")
+    (dst / "model.safetensors").unlink()
+    names = sorted(tensors)
+    half = len(names) // 2
+    weight_map = {}
+    for i, part in enumerate((names[:half], names[half:]), 1):
+        file = f"model-0000{i}-of-00002.safetensors"
+        save_file({n: tensors[n] for n in part}, dst / file, metadata={"format": "pt"})
+        weight_map.update({n: file for n in part})
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return dst
+
+
+def test_missing_or_truncated_shard_is_named_and_nothing_is_written(llama_dir, corpus, tmp_path):
+    sharded = _sharded_copy(llama_dir, tmp_path / "sharded")
+    recipe = recipe_for(sharded, corpus, device="cpu", execution="stream")
+    shard = sharded / "model-00002-of-00002.safetensors"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) - 100])
+    with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors.*truncated"):
+        prune(recipe, output_dir=tmp_path / "out")
+    shard.unlink()
+    with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors.*missing"):
+        prune(recipe, output_dir=tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sharded"]
+
+
+def test_disk_full_while_writing_leaves_no_checkpoint(llama_dir, corpus, tmp_path, monkeypatch):
+    real = safetensors_io.write_shard
+    calls = []
+
+    def failing(path, tensors):
+        calls.append(path)
+        if len(calls) == 2:  # the first block's shard
+            raise OSError(errno.ENOSPC, f"disk full while writing {str(path)!r}")
+        return real(path, tensors)
+
+    monkeypatch.setattr("core.pipeline.streamed.write_shard", failing)
+    with pytest.raises(OSError, match="disk full while writing"):
+        prune(recipe_for(llama_dir, corpus, device="cpu"), output_dir=tmp_path / "out")
+    assert not list(tmp_path.iterdir())
+
+
+def test_reader_and_writer_round_trip_against_safetensors(tmp_path):
+    tensors = [
+        ("a.weight", torch.randn(3, 5)),
+        ("b", torch.randn(7).to(torch.bfloat16)),
+        ("empty", torch.zeros(0, 4)),
+        ("ids", torch.arange(5)),
+        ("half", torch.randn(2, 2).half()),
+    ]
+    digest = write_shard(tmp_path / "model.safetensors", tensors)
+    assert digest == hashlib.sha256((tmp_path / "model.safetensors").read_bytes()).hexdigest()
+    loaded = load_file(tmp_path / "model.safetensors")  # the reference reader accepts the file
+    reader = CheckpointReader(tmp_path)
+    for name, t in tensors:
+        assert torch.equal(loaded[name], t) and torch.equal(reader.read(name), t)
+    assert reader.read("a.weight", dtype=torch.float64).dtype == torch.float64
+
+
+def test_disk_full_in_writer_is_one_sentence_naming_the_file(tmp_path, monkeypatch):
+    import builtins
+
+    real_open = builtins.open
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(builtins, "open", lambda p, mode="r", *a, **k: Full(real_open(p, mode, *a, **k)))
+    with pytest.raises(OSError, match=r"^\[Errno \d+\] disk full while writing '.*shard.safetensors'$"):
+        write_shard(tmp_path / "shard.safetensors", [("x", torch.ones(2))])
