@@ -29,7 +29,7 @@ from core.models.adapter import adapter_for, block_parameters
 from core.models.loading import ensure_pad_token, load_model
 from core.models.safetensors_io import INDEX, SINGLE
 from core.models.streaming import checkpoint_directory
-from core.pipeline.blocks import BlockIO, Progress, make_plan, peak_memory_mb, reconstruct_blocks, round_to
+from core.pipeline.blocks import BlockIO, BlockSpeed, Progress, make_plan, peak_memory_mb, reconstruct_blocks, round_to
 from core.pipeline.preflight import as_recipe, check_model_fit
 from core.pipeline.result import PruneResult
 from core.pipeline.scoring import score_layers, split_batches
@@ -97,6 +97,7 @@ def prune(
     show_progress: bool = False,
     output_dir: str | Path | None = None,
     overwrite: bool = False,
+    measure_speed: bool = False,
 ) -> PruneResult:
     """Prune and reconstruct a model as the recipe says.
 
@@ -110,6 +111,9 @@ def prune(
     directory or the hub is *streamed* (``recipe.execution``, default ``auto``): one block at a time
     from its shards, written out as it is pruned; the result then holds no model, its checkpoint
     does. Without it, or for a model object, the whole model is pruned in memory.
+
+    ``measure_speed`` times every block on one calibration batch before and after pruning
+    (``block_seconds_dense`` / ``block_seconds_pruned`` / ``block_speedup`` in the metrics).
     """
     recipe = as_recipe(recipe)
     report = progress or _no_progress
@@ -122,7 +126,8 @@ def prune(
     else:
         source = _MemorySource(recipe, model, tokenizer, calibration)
     try:
-        result = _run(recipe, source, calibration, scores, report, show_progress)
+        speed = BlockSpeed() if measure_speed else None
+        result = _run(recipe, source, calibration, scores, report, show_progress, speed)
     except BaseException:
         source.abort()
         raise
@@ -132,7 +137,9 @@ def prune(
     return result
 
 
-def _run(recipe: Recipe, source, calibration, scores, report: Progress, show_progress: bool) -> PruneResult:
+def _run(
+    recipe: Recipe, source, calibration, scores, report: Progress, show_progress: bool, speed: BlockSpeed | None
+) -> PruneResult:
     model, adapter, device, tokenizer = source.model, source.adapter, source.device, source.tokenizer
     check_model_fit(recipe, model.config)
     report("load", 1, 1)
@@ -158,7 +165,7 @@ def _run(recipe: Recipe, source, calibration, scores, report: Progress, show_pro
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     reports, layout = reconstruct_blocks(
-        model, adapter, recipe, plan, (fit, held), device, report, show_progress, source.io
+        model, adapter, recipe, plan, (fit, held), device, report, show_progress, source.io, speed
     )
     model.config.liar_layout = layout
     model.config.liar_family = adapter.name
@@ -176,7 +183,7 @@ def _run(recipe: Recipe, source, calibration, scores, report: Progress, show_pro
         seconds=0.0,
         peak_memory_mb=peak_memory_mb(device),
         scores=scores,
-        metrics={"round_to_heads": rounding[0], "round_to_neurons": rounding[1]},
+        metrics={"round_to_heads": rounding[0], "round_to_neurons": rounding[1], **(speed.metrics() if speed else {})},
     )
     if isinstance(source, StreamSource):
         report("write", 0, 1)

@@ -242,3 +242,12 @@ def test_disk_full_in_writer_is_one_sentence_naming_the_file(tmp_path, monkeypat
     monkeypatch.setattr(builtins, "open", lambda p, mode="r", *a, **k: Full(real_open(p, mode, *a, **k)))
     with pytest.raises(OSError, match=r"^\[Errno \d+\] disk full while writing '.*shard.safetensors'$"):
         write_shard(tmp_path / "shard.safetensors", [("x", torch.ones(2))])
+
+
+def test_block_speed_is_measured_before_and_after_pruning(llama_dir, corpus, tmp_path):
+    result = prune(recipe_for(llama_dir, corpus, device="cpu"), output_dir=tmp_path / "out", measure_speed=True)
+    m = result.metrics
+    assert m["block_seconds_dense"] > 0 and m["block_seconds_pruned"] > 0
+    assert m["block_speedup"] == pytest.approx(m["block_seconds_dense"] / m["block_seconds_pruned"], rel=1e-3)
+    assert "block_speedup" not in prune(recipe_for(llama_dir, corpus, device="cpu")).metrics
+    result.discard()
