@@ -14,7 +14,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, create_engine, event, text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    create_engine,
+    event,
+    text,
+)
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
 
@@ -63,6 +76,8 @@ class Job(Base):
     error: Mapped[str | None] = mapped_column(Text)
     traceback: Mapped[str | None] = mapped_column(Text)
     report: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    # wall time per stage (``jobs.timings.StageClock.snapshot``): {"stages": [...], "total": s}
+    timings: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     metrics: Mapped[list[Metric]] = relationship(back_populates="job", cascade="all, delete-orphan")
     artifacts: Mapped[list[Artifact]] = relationship(back_populates="job", cascade="all, delete-orphan")
@@ -84,9 +99,12 @@ class Artifact(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    kind: Mapped[str] = mapped_column(String(32))  # "checkpoint" (a directory) | "archive" (.tar.gz)
+    # "checkpoint" (the directory) | "file" (one file of it, named as in its SHA256SUMS) | "archive" (a
+    # .tar.gz, written by jobs before revision 0002: still listed and downloadable)
+    kind: Mapped[str] = mapped_column(String(32))
     path: Mapped[str] = mapped_column(Text)
-    size: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str | None] = mapped_column(Text)  # a file's path inside the checkpoint, "/"-separated
+    size: Mapped[int] = mapped_column(BigInteger)  # checkpoints and shards pass 2 GiB
     sha256: Mapped[str | None] = mapped_column(String(64))
     job: Mapped[Job] = relationship(back_populates="artifacts")
 

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import select, update
 
+from jobs.artifacts import Served, TarStream, check_name, confined, job_dir
 from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, utcnow
 from jobs.settings import Settings
 
@@ -193,7 +194,11 @@ class JobService:
                 traceback=job.traceback,
                 metrics={m.name: m.value for m in job.metrics},
                 report=job.report,
-                artifacts=[{"kind": a.kind, "path": a.path, "size": a.size, "sha256": a.sha256} for a in job.artifacts],
+                artifacts=[
+                    {"kind": a.kind, "name": a.name, "path": a.path, "size": a.size, "sha256": a.sha256}
+                    for a in job.artifacts
+                ],
+                timings=job.timings,
                 log=[{"at": lg.at.isoformat(), "level": lg.level, "message": lg.message} for lg in job.logs],
             )
             return out
@@ -231,12 +236,56 @@ class JobService:
                 out[m.job_id][m.name] = m.value
         return out
 
-    def artifact(self, job_id: int, kind: str = "archive") -> Path:
+    def artifact(self, job_id: int, kind: str = "checkpoint") -> Path:
+        """The path of the job's first artifact of ``kind`` ("checkpoint", or "archive" for old jobs)."""
         with self.sessions() as s:
             row = s.scalars(select(Artifact).where(Artifact.job_id == job_id, Artifact.kind == kind)).first()
         if row is None:
             raise KeyError(f"job {job_id} has no {kind}")
         return Path(row.path)
+
+    # --- downloads (see jobs.artifacts) -----------------------------------------------------
+    def served(self, job_id: int) -> list[Served]:
+        """The files a job offers for download, in the order written: each checkpoint file, or the
+        ``.tar.gz`` of a job finished before per-file artifacts (its file name as its name)."""
+        with self.sessions() as s:
+            if s.get(Job, job_id) is None:
+                raise KeyError(f"no job {job_id}")
+            rows = s.scalars(
+                select(Artifact)
+                .where(Artifact.job_id == job_id, Artifact.kind.in_(("file", "archive")))
+                .order_by(Artifact.id)
+            ).all()
+        return [Served(r.name or Path(r.path).name, Path(r.path), r.size, r.sha256, r.kind) for r in rows]
+
+    def downloads(self, job_id: int) -> list[dict[str, Any]]:
+        """:meth:`served` as plain values: name, size, sha256, kind."""
+        return [{"name": f.name, "size": f.size, "sha256": f.sha256, "kind": f.kind} for f in self.served(job_id)]
+
+    def file(self, job_id: int, name: str) -> Served:
+        """One file the job offers, by name, its path checked to lie in the job's folder: ``ValueError``
+        for a name that is no plain relative path (``../x``), ``KeyError`` for one the job does not
+        have, ``PermissionError`` for a recorded path outside the folder."""
+        check_name(name)
+        match = next((f for f in self.served(job_id) if f.name == name), None)
+        if match is None:
+            raise KeyError(f"job {job_id} has no file {name!r}")
+        return self._confined(job_id, match)
+
+    def _confined(self, job_id: int, f: Served) -> Served:
+        try:
+            path = confined(f.path, job_dir(self.settings.artifacts_dir, job_id))
+        except FileNotFoundError:
+            raise KeyError(f"the file {f.name!r} of job {job_id} is no longer on the server") from None
+        return Served(f.name, path, f.size, f.sha256, f.kind)
+
+    def checkpoint_tar(self, job_id: int) -> TarStream:
+        """The job's checkpoint files as one uncompressed tar under ``liar-job-N/``, produced while it is
+        read; ``KeyError`` if the job has none (not finished, or an old job: see :meth:`served`)."""
+        files = [self._confined(job_id, f) for f in self.served(job_id) if f.kind == "file"]
+        if not files:
+            raise KeyError(f"job {job_id} has no checkpoint files (is the job finished?)")
+        return TarStream(files, f"liar-job-{job_id}")
 
     # --- control --------------------------------------------------------------------------
     def cancel(self, job_id: int) -> str:

@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+import errno
 import gc
-import hashlib
+import logging
 import os
 import shutil
 import socket
-import tarfile
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import update
 
+from core.models.manifest import FileEntry
+from jobs.artifacts import checkpoint_files, is_no_space, job_dir
 from jobs.celery_app import app
 from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, utcnow
 from jobs.settings import Settings
+from jobs.timings import Event, StageClock
+
+logger = logging.getLogger(__name__)
 
 
 class JobCancelled(Exception):
@@ -53,6 +58,7 @@ def _claim(session_factory, job_id: int, worker: str) -> bool:
                 stage="starting",
                 error=None,
                 traceback=None,
+                timings=None,
             )
         )
         return res.rowcount == 1
@@ -72,42 +78,21 @@ class _Heartbeat(threading.Thread):
                 pass
 
 
-def _archive(checkpoint: Path, dest: Path) -> tuple[int, str]:
-    """Write ``dest`` (.tar.gz of the checkpoint) atomically; returns (size, sha256)."""
-    tmp = dest.with_name(dest.name + ".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        tar.add(checkpoint, arcname=checkpoint.name)
-    digest = hashlib.sha256()
-    with open(tmp, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    os.replace(tmp, dest)
-    return dest.stat().st_size, digest.hexdigest()
+class DiskFull(Exception):
+    """The export ran out of disk space or quota; the message names the folder, in one sentence."""
 
 
-def _dir_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-class _Exported(NamedTuple):
-    """What :func:`_export` wrote: the checkpoint directory and its archive."""
-
-    checkpoint: Path
-    archive: Path
-    size: int
-    sha256: str
-
-    def artifacts(self, job_id: int) -> list[Artifact]:
-        return [
-            Artifact(
-                job_id=job_id,
-                kind="checkpoint",
-                path=str(self.checkpoint),
-                size=_dir_size(self.checkpoint),
-                sha256=None,
-            ),
-            Artifact(job_id=job_id, kind="archive", path=str(self.archive), size=self.size, sha256=self.sha256),
-        ]
+def _artifacts(job_id: int, checkpoint: Path, files: list[FileEntry]) -> list[Artifact]:
+    """The rows of an exported checkpoint: the directory, then one per file (sizes and sha256 from
+    its ``SHA256SUMS``; see ``jobs.artifacts``)."""
+    rows = [
+        Artifact(job_id=job_id, kind="checkpoint", path=str(checkpoint), size=sum(f.size for f in files), sha256=None)
+    ]
+    rows += [
+        Artifact(job_id=job_id, kind="file", name=f.name, path=str(checkpoint / f.name), size=f.size, sha256=f.sha256)
+        for f in files
+    ]
+    return rows
 
 
 def execute(job_id: int, settings: Settings | None = None) -> str:
@@ -119,30 +104,43 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
         return "skipped"
     beat = _Heartbeat(sf, job_id, max(settings.lease_seconds / 6, 0.5))
     beat.start()
-    progress = _progress_callback(sf, job_id)
-    out_dir = settings.artifacts_dir / f"job-{job_id}"
+    clock = StageClock()
+    progress = _progress_callback(sf, job_id, clock)
+    out_dir = job_dir(settings.artifacts_dir, job_id)
     result = None
     try:
+        progress("starting", 0, 1)  # until "load": reading the job, importing the engine
         recipe, evaluations = _load_job(sf, job_id)
         _log(sf, job_id, f"started on {worker}")
-        result = _prune(recipe, progress)
+        _fresh_dir(out_dir)
+        result = _prune(recipe, progress, out_dir / "checkpoint")
         _run_evaluations(result, evaluations, progress)
         metrics = result.summary()
         progress("export", 0, 1)
-        exported = _export(result, out_dir, job_id)
-        _record_success(sf, job_id, result, metrics, exported)
+        checkpoint, files = _export(sf, job_id, result, out_dir)
+        progress("export", 1, 1)
+        _record_success(sf, job_id, result, metrics, _artifacts(job_id, checkpoint, files), clock)
         _log(sf, job_id, "succeeded")
         return Status.SUCCEEDED.value
     except JobCancelled:
         shutil.rmtree(out_dir, ignore_errors=True)
-        _finish(sf, job_id, Status.CANCELLED, "cancelled by request")
+        _discard(result)
+        _finish(sf, job_id, Status.CANCELLED, "cancelled by request", clock=clock)
         return Status.CANCELLED.value
     except TRANSIENT as exc:
         _requeue_or_fail(sf, job_id, settings, f"transient error: {type(exc).__name__}: {exc}")
         raise
     except Exception as exc:
         shutil.rmtree(out_dir, ignore_errors=True)
-        _finish(sf, job_id, Status.FAILED, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        _discard(result)
+        if isinstance(exc, DiskFull):
+            error = str(exc)
+        elif is_no_space(exc):  # while the engine wrote (a streamed run writes its shards as it goes)
+            filename = getattr(exc, "filename", None)
+            error = _no_space_message(exc, Path(filename).parent if filename else out_dir)
+        else:
+            error = f"{type(exc).__name__}: {exc}"
+        _finish(sf, job_id, Status.FAILED, error, traceback.format_exc(), clock=clock)
         return Status.FAILED.value
     finally:
         beat.stop.set()
@@ -151,27 +149,46 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
         _empty_cuda_cache()
 
 
-def _progress_callback(sf, job_id: int) -> Callable[[str, int, int], None]:
+def _discard(result) -> None:
+    """Remove what a streamed run wrote outside the job's folder (``PruneResult.discard``), if any."""
+    discard = getattr(result, "discard", None)
+    if callable(discard):
+        discard()
+
+
+def _progress_callback(sf, job_id: int, clock: StageClock) -> Callable[[str, int, int], None]:
     """The ``progress`` hook handed to ``prune``: records stage and layer on the job row (throttled to
-    one write per 0.5 s, except per reconstructed layer and at "done") and raises :class:`JobCancelled`
-    once the job's cancel flag is set."""
+    one write per 0.5 s, except per reconstructed layer, at "done" and whenever a stage or step ends),
+    times the stages (``clock``: the job's ``timings`` and one log line per finished stage, DEBUG per
+    layer), and raises :class:`JobCancelled` once the job's cancel flag is set."""
     last = 0.0
 
     def progress(stage: str, done: int, total: int) -> None:
         nonlocal last
         now = time.monotonic()
+        events = clock.update(stage, done, total)
         values: dict[str, Any] = {"stage": stage, "heartbeat_at": utcnow()}
         if stage == "reconstruct":
             values.update(layer=done, n_layers=total, progress=done / max(total, 1))
-        if stage == "reconstruct" or now - last > 0.5 or stage == "done":
+        if events:
+            values["timings"] = clock.snapshot()
+        if events or stage == "reconstruct" or now - last > 0.5 or stage == "done":
             last = now
             with sf.begin() as s:
                 s.execute(update(Job).where(Job.id == job_id).values(**values))
+                _add_events(s, job_id, events)
                 cancel = s.get(Job, job_id).cancel_requested
             if cancel:
                 raise JobCancelled
 
     return progress
+
+
+def _add_events(session, job_id: int, events: list[Event]) -> None:
+    """The clock's finished stages and steps as job log lines (and in the worker's log)."""
+    for ev in events:
+        session.add(JobLog(job_id=job_id, level=ev.level, message=ev.message))
+        logger.log(logging.getLevelName(ev.level), "job %d: %s", job_id, ev.message)
 
 
 def _load_job(sf, job_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -181,23 +198,44 @@ def _load_job(sf, job_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         return job.recipe, list(job.evaluations or [])
 
 
-def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None]):
-    """Run ``core.pipeline.sequential.prune`` on the recipe, reporting through ``progress``; the
-    dense model's prefill speed is measured first and the pruned model's after, on this worker, and
-    stored with the metrics (``prefill_tok_s_dense``, ``prefill_tok_s``, ``prefill_speedup``)."""
+def _fresh_dir(out_dir: Path) -> None:
+    """An empty job folder (a previous attempt's leftovers removed)."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+
+
+def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None], checkpoint: Path):
+    """Run ``core.pipeline.sequential.prune`` on the recipe, reporting through ``progress``.
+
+    A model read from disk or the hub is streamed (one block at a time; its shards are written under
+    ``checkpoint``'s temporary sibling as they are pruned), so the worker never holds the whole model;
+    every block is timed before and after pruning on one calibration batch (``block_speedup``). A
+    model pruned in memory (a criterion that needs whole-model gradients) also gets its end-to-end
+    prefill speed before and after (stage ``speed``: ``prefill_tok_s_dense``, ``prefill_tok_s``,
+    ``prefill_speedup``)."""
     from transformers.utils import logging as hf_logging
 
     # imported in the child only (see jobs.celery_app)
     from core.evaluation.speed import prefill_tokens_per_second
     from core.models.loading import load_model
-    from core.pipeline.sequential import prune
+    from core.pipeline.preflight import as_recipe
+    from core.pipeline.sequential import execution_mode, prune
 
     hf_logging.disable_progress_bar()
+    mode, _ = execution_mode(as_recipe(recipe), None, checkpoint)
+    if mode == "stream":
+        return prune(recipe, progress=progress, output_dir=checkpoint, measure_speed=True)
     progress("load", 0, 1)
     model, tokenizer, _ = load_model(recipe["model"], recipe.get("dtype", "auto"), recipe.get("device", "auto"))
+    progress("load", 1, 1)
+    progress("speed", 0, 1)
     dense = prefill_tokens_per_second(model)
-    result = prune(recipe, model=model, tokenizer=tokenizer, progress=progress)
+    progress("speed", 1, 1)
+    result = prune(recipe, model=model, tokenizer=tokenizer, progress=progress, measure_speed=True)
+    progress("speed", 0, 1)
     pruned = prefill_tokens_per_second(result.model)
+    progress("speed", 1, 1)
     result.metrics.update(
         prefill_tok_s_dense=round(dense, 1), prefill_tok_s=round(pruned, 1), prefill_speedup=round(pruned / dense, 4)
     )
@@ -205,26 +243,63 @@ def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None]):
 
 
 def _run_evaluations(result, evaluations: list[dict[str, Any]], progress: Callable[[str, int, int], None]) -> None:
-    """Run each stored evaluation on the pruned model, adding its numbers to ``result.metrics``."""
-    for ev in evaluations:
-        progress("evaluate", 0, 1)
+    """Run each stored evaluation on the pruned model, adding its numbers to ``result.metrics``
+    (stage ``evaluate``, one step per evaluation)."""
+    for i, ev in enumerate(evaluations):
+        progress("evaluate", i, len(evaluations))
         result.metrics.update(_evaluate(result, ev))
+    if evaluations:
+        progress("evaluate", len(evaluations), len(evaluations))
 
 
-def _export(result, out_dir: Path, job_id: int) -> _Exported:
-    """Save the checkpoint into a fresh ``out_dir`` and archive it next to it."""
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True)
-    checkpoint = result.save(out_dir / "checkpoint")
-    archive = out_dir / f"liar-job-{job_id}.tar.gz"
-    size, sha = _archive(checkpoint, archive)
-    return _Exported(checkpoint, archive, size, sha)
+def _export(sf, job_id: int, result, out_dir: Path) -> tuple[Path, list[FileEntry]]:
+    """Save the checkpoint into a fresh ``out_dir``; returns it and its files (from its SHA256SUMS).
+    Running out of disk space or quota raises :class:`DiskFull` (the caller removes ``out_dir``)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _check_free_space(result, out_dir)
+        checkpoint = result.save(out_dir / "checkpoint")
+        files, hashed = checkpoint_files(checkpoint)
+    except DiskFull:
+        raise
+    except Exception as exc:
+        if not is_no_space(exc):
+            raise
+        raise DiskFull(_no_space_message(exc, out_dir)) from exc
+    if hashed:
+        _log(sf, job_id, f"{checkpoint} had no SHA256SUMS: its files were hashed after writing", "WARNING")
+    return checkpoint, files
 
 
-def _record_success(sf, job_id: int, result, metrics: dict[str, Any], exported: _Exported) -> None:
-    """Store metrics, artifacts and the layer report and mark the job SUCCEEDED, in one transaction;
-    raises :class:`JobCancelled` (storing nothing) if a cancel arrived meanwhile."""
+def _no_space_message(exc: BaseException, directory: Path) -> str:
+    """One sentence for a write that ran out of disk space or quota in ``directory``."""
+    what = "disk quota exceeded" if getattr(exc, "errno", None) == errno.EDQUOT else "no space left on device"
+    return (
+        f"{what} while writing the checkpoint to {directory}; the partial output was removed (free some "
+        "space there, or point LIAR_DATA_DIR at a larger disk, and re-run the job)"
+    )
+
+
+def _check_free_space(result, out_dir: Path) -> None:
+    """Refuse before writing when the disk has less room than the weights need."""
+    model = getattr(result, "model", None)
+    if model is None:
+        return
+    need = sum(p.numel() * p.element_size() for p in model.parameters())
+    free = shutil.disk_usage(out_dir).free
+    if free < need:
+        raise DiskFull(
+            f"not enough disk space to write the checkpoint to {out_dir}: the weights need "
+            f"{need / 1e9:.2f} GB and {free / 1e9:.2f} GB are free (free some space there, or point "
+            "LIAR_DATA_DIR at a larger disk, and re-run the job)"
+        )
+
+
+def _record_success(
+    sf, job_id: int, result, metrics: dict[str, Any], artifacts: list[Artifact], clock: StageClock
+) -> None:
+    """Store metrics, artifacts, timings and the layer report and mark the job SUCCEEDED, in one
+    transaction; raises :class:`JobCancelled` (storing nothing) if a cancel arrived meanwhile."""
     with sf.begin() as s:
         job = s.get(Job, job_id)
         if job.cancel_requested:
@@ -232,9 +307,11 @@ def _record_success(sf, job_id: int, result, metrics: dict[str, Any], exported: 
         for name, value in metrics.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 s.add(Metric(job_id=job_id, name=name, value=float(value)))
-        for artifact in exported.artifacts(job_id):
+        for artifact in artifacts:
             s.add(artifact)
-        job.report = result.layer_rows()
+        timings, events = clock.finish(stopped=False)
+        _add_events(s, job_id, [*events, Event(f"total {timings['total']:.1f} s")])
+        job.report, job.timings = result.layer_rows(), timings
         job.status, job.stage, job.progress, job.finished_at = Status.SUCCEEDED.value, "done", 1.0, utcnow()
 
 
@@ -250,27 +327,35 @@ def _evaluate(result, ev: dict[str, Any]) -> dict[str, float]:
     """One stored evaluation, validated at submission (``core.spec.evaluation.JobEvaluation``)."""
     kind = ev.get("type")
     if kind == "perplexity":
-        from core.evaluation.perplexity import perplexity
+        from core.evaluation.perplexity import perplexity, perplexity_streamed
 
-        out = perplexity(
-            result.model,
-            result.tokenizer,
-            ev["dataset"],
+        kwargs = dict(
             seq_len=int(ev.get("seq_len", 512)),
             batch_size=int(ev.get("batch_size", 4)),  # absent from jobs stored before it was accepted
             max_windows=ev.get("max_windows"),
         )
+        if result.streamed:  # block by block from the checkpoint just written
+            recipe = result.recipe
+            out = perplexity_streamed(
+                result.checkpoint, result.tokenizer, ev["dataset"], device=recipe.device, dtype=recipe.dtype, **kwargs
+            )
+        else:
+            out = perplexity(result.model, result.tokenizer, ev["dataset"], **kwargs)
         return {"perplexity": out["perplexity"], "eval_tokens": out["tokens"]}
     raise ValueError(f"unknown evaluation type {kind!r}")
 
 
-def _finish(sf, job_id: int, status: Status, error: str | None, tb: str | None = None) -> None:
+def _finish(
+    sf, job_id: int, status: Status, error: str | None, tb: str | None = None, clock: StageClock | None = None
+) -> None:
+    """Mark the job finished without success; the timings so far (the stage it stopped in last) are kept."""
+    values: dict[str, Any] = {"status": status.value, "finished_at": utcnow(), "error": error, "traceback": tb}
+    events: list[Event] = []
+    if clock is not None:
+        values["timings"], events = clock.finish(stopped=True)
     with sf.begin() as s:
-        s.execute(
-            update(Job)
-            .where(Job.id == job_id)
-            .values(status=status.value, finished_at=utcnow(), error=error, traceback=tb)
-        )
+        s.execute(update(Job).where(Job.id == job_id).values(**values))
+        _add_events(s, job_id, events)
         s.add(
             JobLog(
                 job_id=job_id,

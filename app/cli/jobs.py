@@ -4,7 +4,7 @@ liar worker [--gpu 0]
 liar jobs submit RECIPE.yaml [--user NAME] [--ppl FILE] [--sweep-ratios 0.2 0.5 --sweep-methods liar ls]
 liar jobs submit --model M --ratio 0.3 --calibration calib.txt [--criterion flap ...]   (the flags of liar prune)
 liar jobs list [--status RUNNING]
-liar jobs show ID [--json]
+liar jobs show ID [--json]      (the checkpoint's files with size and sha256; seconds per stage and layer)
 liar jobs cancel ID
 """
 
@@ -138,9 +138,38 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"{key:>13}: {info[key]}")
     for name, value in sorted(info["metrics"].items()):
         print(f"{'metric':>13}: {name} = {value:g}")
-    for a in info["artifacts"]:
-        print(f"{'artifact':>13}: {a['kind']} {a['path']} ({a['size']:,} bytes)")
+    _print_artifacts(info["artifacts"])
+    _print_timings(info.get("timings"))
     return 0
+
+
+def _print_artifacts(artifacts: list[dict]) -> None:
+    """The checkpoint folder, then each file with its size and sha256 (check a copy with
+    ``sha256sum -c SHA256SUMS``); an older job's .tar.gz as it was recorded."""
+    files = [a for a in artifacts if a["kind"] == "file"]
+    for a in artifacts:
+        if a["kind"] == "checkpoint":
+            count = f" in {len(files)} files" if files else ""
+            print(f"{'checkpoint':>13}: {a['path']} ({a['size']:,} bytes{count})")
+        elif a["kind"] != "file":
+            print(f"{a['kind']:>13}: {a['path']} ({a['size']:,} bytes, sha256 {a['sha256'] or '-'})")
+    width = max((len(a["name"] or "") for a in files), default=0)
+    for a in files:
+        print(f"{'file':>13}: {a['name']:<{width}}  {a['size']:>15,}  {a['sha256'] or '-'}")
+
+
+def _print_timings(timings: dict | None) -> None:
+    """Where the time went: seconds per stage, per reconstructed layer and evaluation, the total."""
+    from jobs.timings import rows
+
+    table = rows(timings)
+    if not table:
+        return
+    total = timings.get("total") or 0.0
+    print(f"{'timings':>13}: {'stage':<24} {'seconds':>9}  share")
+    for label, seconds in table:
+        share = "" if label.startswith(" ") or label == "total" or not total else f"{100 * seconds / total:4.0f}%"
+        print(f"{'':>13}  {label:<24} {seconds:>9.1f}  {share}")
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -204,7 +233,7 @@ def register(sub) -> None:
     ls.add_argument("--limit", type=int, default=50)
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list)
-    sh = jsub.add_parser("show", help="one job: status, progress, metrics, artifacts")
+    sh = jsub.add_parser("show", help="one job: status, metrics, files (size, sha256), seconds per stage")
     sh.add_argument("id", type=int)
     sh.add_argument("--json", action="store_true")
     sh.set_defaults(func=cmd_show)

@@ -154,6 +154,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return fail("--task-dir needs --tasks")
     if args.ppl is None and args.tasks is None:
         return fail("nothing to evaluate: pass --ppl FILE_OR_NAMED_SET and/or --tasks NAME[,NAME...]")
+    if args.stream:
+        return _eval_streamed(args, args.json or args.quiet)
     if args.tasks is not None:  # resolve names before loading the model: a typo fails in a second
         from core.evaluation.lmeval import select_tasks
 
@@ -188,6 +190,38 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return fail(str(exc))
     result["model"] = args.model
     result["parameters"] = sum(p.numel() for p in model.parameters())
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print_eval(result, args.seq_len)
+    return 0
+
+
+def _eval_streamed(args: argparse.Namespace, quiet: bool) -> int:
+    """``liar eval --stream``: perplexity block by block, for a model bigger than the device."""
+    from core.evaluation.perplexity import perplexity_streamed
+    from core.models.streaming import checkpoint_directory
+
+    if args.tasks is not None or args.ppl is None:
+        return fail("--stream evaluates perplexity only (--ppl); lm-eval tasks need the model in memory")
+    directory = checkpoint_directory(args.model)
+    if directory is None:
+        return fail(f"{args.model!r} is neither a local directory nor a hub model reachable from this machine")
+    try:
+        result = perplexity_streamed(
+            directory,
+            None,
+            args.ppl,
+            seq_len=args.seq_len,
+            batch_size=args.batch_size,
+            max_windows=args.max_windows,
+            device=args.device,
+            dtype=args.dtype,
+            show_progress=not quiet,
+        )
+    except (ValueError, RuntimeError, OSError) as exc:
+        return fail(str(exc))
+    result["model"] = args.model
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -367,6 +401,11 @@ def _register_eval(sub) -> None:
     e.add_argument("--limit", type=_limit, help="examples per task: a count, or a fraction below 1")
     e.add_argument("--num-fewshot", type=int, help="few-shot examples per prompt (default: the task's, else 0)")
     e.add_argument("--results", help="also write lm-eval's whole results object to this JSON file")
+    e.add_argument(
+        "--stream",
+        action="store_true",
+        help="read the model one block at a time (perplexity only; for models bigger than the device)",
+    )
     e.add_argument("--dtype", default="auto", choices=DTYPES)
     e.add_argument("--device", default="auto")
     e.add_argument("--json", action="store_true", help="print a JSON object")

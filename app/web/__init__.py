@@ -1,9 +1,10 @@
 """The Gradio web app: new run, jobs, dashboard, model page — a thin layer over ``jobs.service``.
 
 One module per tab (``new_run``, ``jobs_tab``, ``dashboard``, ``model_page``) plus the named API
-endpoints (``api``: ``/submit``, ``/list_jobs``, ``/show_job``, ``/cancel_job``, ``/download``); what
-they do is in ``forms``, as plain functions without Gradio. Gradio is imported when the app is built,
-so ``app.web.forms`` loads without it (and nothing here loads torch).
+endpoints (``api``: ``/submit``, ``/list_jobs``, ``/show_job``, ``/cancel_job``, ``/download``) and the
+checkpoint download routes served beside them (``downloads``: ``jobs/N/files/NAME``,
+``jobs/N/checkpoint.tar``); what they do is in ``forms``, as plain functions without Gradio. Gradio is
+imported when the app is built, so ``app.web.forms`` loads without it (and nothing here loads torch).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def launch(host: str = "127.0.0.1", port: int = 7860, **kwargs) -> None:
     """Serve the app (login on when ``LIAR_APP_USERS`` is set: ``"alice:pw1,bob:pw2"``)."""
     import gradio as gr
 
+    from app.web import downloads
     from app.web.forms import MAX_UPLOAD_MB
     from jobs.service import JobService
 
@@ -76,7 +78,10 @@ def launch(host: str = "127.0.0.1", port: int = 7860, **kwargs) -> None:
         server_port=port,
         auth=auth,
         show_error=True,
-        allowed_paths=[str(service.settings.artifacts_dir), str(service.settings.data_dir / "recipes")],
+        allowed_paths=[str(service.settings.data_dir / "recipes")],
         max_file_size=f"{MAX_UPLOAD_MB}mb",  # refused by the server before it is stored
         quiet=True,
+        prevent_thread_lock=True,
     )
+    downloads.attach(demo.server_app, service, login_required=auth is not None)  # checkpoints: plain HTTP
+    demo.block_thread()

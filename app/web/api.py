@@ -1,5 +1,6 @@
 """The named API endpoints, for ``gradio_client``: ``/submit``, ``/list_jobs``, ``/show_job``,
-``/cancel_job``, ``/download``."""
+``/cancel_job``, ``/download`` (the list of a job's files and their URLs: the files themselves are
+served by ``app.web.downloads``, not through Gradio, which would copy them first)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import gradio as gr
 
-from app.web import forms
+from app.web import forms, listings
 from jobs.service import JobService, SubmitError
 
 
@@ -46,17 +47,16 @@ def build(service: JobService) -> None:
             raise gr.Error(str(exc.args[0])) from None
 
     def api_download(job_id: float) -> str:
-        """The job's checkpoint archive (.tar.gz)."""
+        """What the job offers for download, as a JSON object: ``files`` (name, size, sha256, kind and
+        ``url``) and ``checkpoint_tar`` (the whole checkpoint as one uncompressed tar); the URLs are
+        relative to the app's address (plain HTTP GETs, with the login's cookie when login is on)."""
         try:
-            return str(service.artifact(int(job_id), "archive"))
+            return json.dumps(listings.download_listing(service, int(job_id)))
         except KeyError as exc:
-            raise gr.Error(f"{exc.args[0]} (is the job finished?)") from None
+            raise gr.Error(str(exc.args[0])) from None
 
     gr.api(api_submit, api_name="submit")
     gr.api(api_list, api_name="list_jobs")
     gr.api(api_show, api_name="show_job")
     gr.api(api_cancel, api_name="cancel_job")
-    with gr.Row(visible=False):
-        dl_id = gr.Number(precision=0)
-        dl_file = gr.File()
-        gr.Button().click(api_download, [dl_id], [dl_file], api_name="download")
+    gr.api(api_download, api_name="download")

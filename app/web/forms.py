@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from app.web import listings
 from core.models.liar_families import family_of, supported_model_types
 from core.spec.criteria import CRITERIA as _CRITERIA
 from core.spec.recipe import METHODS as _METHODS
@@ -297,13 +298,23 @@ def rerun_job(service: JobService, job_id) -> str:
         return _no_job(exc)
 
 
-def log_tail(service: JobService, job_id, lines: int = 20) -> str:
+def job_panel(service: JobService, job_id, lines: int = 20) -> tuple[str, str]:
+    """(log tail, stage timings per stage) of the picked job, from one read of it; empty if none."""
     try:
-        return "\n".join(
-            f"{x['at'][11:19]} {x['level']:7s} {x['message']}" for x in service.show(int(job_id))["log"][-lines:]
-        )
+        info = service.show(int(job_id))
     except (KeyError, TypeError):
-        return ""
+        return "", ""
+    tail = "\n".join(f"{x['at'][11:19]} {x['level']:7s} {x['message']}" for x in info["log"][-lines:])
+    return tail, listings.timings_markdown(info["timings"], steps=False)  # per layer: the model page
+
+
+def job_timings(service: JobService, job_id) -> str:
+    """The picked job's stage timings (per stage; the model page has them per layer too)."""
+    return job_panel(service, job_id)[1]
+
+
+def log_tail(service: JobService, job_id, lines: int = 20) -> str:
+    return job_panel(service, job_id, lines)[0]
 
 
 # --- the Dashboard -------------------------------------------------------------------------------
@@ -351,25 +362,25 @@ def dashboard_data(service: JobService, model="", method="", user="", metric="pe
 
 
 def model_page(service: JobService, job_id):
-    """(heading + metrics, recipe YAML, per-layer report rows, model card + snippet, archive, error curve)."""
+    """(heading + metrics + timings, recipe YAML, per-layer report rows, model card + snippet, the
+    download links (Markdown), error curve)."""
     if not job_id:
-        return "Pick a job id.", "", None, "", None, None
+        return "Pick a job id.", "", None, "", "", None
     try:
         info = service.show(int(job_id))
     except KeyError as exc:
-        return f"**{exc.args[0]}**", "", None, "", None, None
+        return f"**{exc.args[0]}**", "", None, "", "", None
     report = [
         [r["layer"], r["module"], r["kept"], r["total"], round(r["error_before"], 4), round(r["error_after"], 4)]
         for r in info["report"] or []
     ]
-    archive = next((a["path"] for a in info["artifacts"] if a["kind"] == "archive"), None)
     ckpt = next((a["path"] for a in info["artifacts"] if a["kind"] == "checkpoint"), None)
     return (
         _page_head(info),
         yaml.safe_dump(info["recipe"], sort_keys=False),
         report,
         _page_card(ckpt),
-        archive,
+        listings.downloads_markdown(service, info["id"]),
         error_curve(info["report"]),
     )
 
@@ -384,6 +395,9 @@ def _page_head(info: dict[str, Any]) -> str:
     metrics = "\n".join(f"| {k} | {v:.6g} |" for k, v in sorted(info["metrics"].items()))
     if metrics:
         head += "\n\n| metric | value |\n|---|---|\n" + metrics
+    timings = listings.timings_markdown(info.get("timings"))
+    if timings:
+        head += "\n\n#### Where the time went\n\n" + timings
     return head
 
 

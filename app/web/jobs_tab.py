@@ -1,4 +1,4 @@
-"""The "Jobs" tab: a live table of recent jobs; cancel, re-run and the log tail of one."""
+"""The "Jobs" tab: a live table of recent jobs; cancel, re-run, and the log tail and stage timings of one."""
 
 from __future__ import annotations
 
@@ -21,14 +21,22 @@ def build(service: JobService) -> None:
         cancel_btn = gr.Button("Cancel job", variant="stop")
         rerun_btn = gr.Button("Re-run")
     job_msg = gr.Markdown()
-    log_tail = gr.Code(label="Log tail", language=None)
+    with gr.Row():
+        log_tail = gr.Code(label="Log tail", language=None)
+        timings = gr.Markdown(elem_id="job-timings")
     timer = gr.Timer(REFRESH_SECONDS)
 
     def rows(status):
         return forms.job_rows(service, status)
 
-    timer.tick(rows, [status_filter], [table], api_name=False)
+    def picked(job_id):
+        return forms.job_panel(service, job_id)
+
+    def tick(status, job_id):
+        return (rows(status), *picked(job_id)) if job_id else (rows(status), gr.skip(), gr.skip())
+
+    timer.tick(tick, [status_filter, job_pick], [table, log_tail, timings], api_name=False)
     status_filter.change(rows, [status_filter], [table], api_name=False)
     cancel_btn.click(lambda job_id: forms.cancel_job(service, job_id), [job_pick], [job_msg], api_name=False)
     rerun_btn.click(lambda job_id: forms.rerun_job(service, job_id), [job_pick], [job_msg], api_name=False)
-    job_pick.change(lambda job_id: forms.log_tail(service, job_id), [job_pick], [log_tail], api_name=False)
+    job_pick.change(picked, [job_pick], [log_tail, timings], api_name=False)

@@ -1,4 +1,5 @@
-"""The "Model" tab: one job's recipe, metrics, per-layer error, model card and checkpoint download."""
+"""The "Model" tab: one job's recipe, metrics, stage timings, per-layer error, model card, and its
+checkpoint to download (the whole of it as one file, or file by file with sizes and sha256)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def build(service: JobService) -> None:
         title="relative output error per pruned projection (layer order)",
         elem_id="error-plot",
     )
-    download = gr.DownloadButton("Download checkpoint (.tar.gz)")
+    download = gr.Markdown(elem_id="model-downloads")  # links to app.web.downloads' routes
     card = gr.Markdown()
     page_id.change(
         lambda job_id: forms.model_page(service, job_id),

@@ -51,7 +51,8 @@ def perplexity_streamed(
 ) -> dict[str, float]:
     """:func:`perplexity` of a checkpoint whose blocks are read one at a time (for models larger
     than the device): every window passes through block ℓ before block ℓ+1 is read; only the
-    embeddings, the head, one block and the windows' hidden states are on the device."""
+    embeddings, the head, one block and the windows' hidden states are on the device. ``tokenizer``
+    None: the checkpoint's own."""
     from core.models.config_file import read_config
     from core.models.loading import resolve_device, resolve_dtype
     from core.models.streaming import StreamedModel, block_inputs
@@ -60,6 +61,10 @@ def perplexity_streamed(
     sm = StreamedModel(directory, resolve_dtype(dtype, _Attrs(read_config(directory)), dev), dev)
     if sm.adapter.kind != "decoder" or sm.adapter.family.final_norm is None:
         raise ValueError("perplexity needs a causal language model")
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(directory, config=sm.model.config)
     windows = _windows(sm.model.config, tokenizer, source, seq_len, max_windows)
     sm.load_outer()
     batches = [windows[i : i + batch_size].to(dev) for i in range(0, len(windows), batch_size)]

@@ -14,8 +14,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,9 +150,25 @@ class CheckpointReader:
         return out if dtype is None or out.dtype == dtype else out.to(dtype)
 
 
-def write_shard(path: str | Path, tensors: list[tuple[str, torch.Tensor]]) -> str:
-    """Write one safetensors file (header, then each tensor's bytes, moved to the host one at a time)
-    and return its sha256, computed while writing. A full disk raises ``OSError`` naming the file."""
+@dataclass(frozen=True)
+class LazyTensor:
+    """A tensor known by shape and dtype, produced by ``load()`` only when its bytes are written."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    load: Callable[[], torch.Tensor]
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+
+def write_shard(path: str | Path, tensors: list[tuple[str, torch.Tensor | LazyTensor]]) -> str:
+    """Write one safetensors file (header, then each tensor's bytes, moved to the host — or loaded,
+    for a :class:`LazyTensor` — one at a time) and return its sha256, computed while writing. A full
+    disk raises ``OSError`` naming the file."""
     path = Path(path)
     entries, offset = {}, 0
     for name, t in tensors:
@@ -172,7 +190,7 @@ def write_shard(path: str | Path, tensors: list[tuple[str, torch.Tensor]]) -> st
             write(f, struct.pack("<Q", len(header)) + header)
             for _, t in tensors:
                 if t.numel():
-                    host = t.detach().to("cpu").contiguous()
+                    host = (t.load() if isinstance(t, LazyTensor) else t.detach()).to("cpu").contiguous()
                     write(f, memoryview(host.view(-1).view(torch.uint8).numpy()))
             f.flush()
             os.fsync(f.fileno())

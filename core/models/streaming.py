@@ -14,6 +14,7 @@ import ctypes.util
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ from core.models.adapter import Adapter, adapter_for
 from core.models.config_file import read_config
 from core.models.liar_families import PRUNED_PREFIX
 from core.models.loading import model_class
-from core.models.safetensors_io import CheckpointError, CheckpointReader
+from core.models.safetensors_io import CheckpointError, CheckpointReader, LazyTensor
 
 META = torch.device("meta")
 
@@ -98,6 +99,7 @@ class StreamedModel:
         self._outer = [
             (name, p) for name, p in self.model.named_parameters(remove_duplicate=False) if id(p) not in block_ids
         ]
+        self._outer_names = {name for name, _ in self._outer}
         self._layer_names = {id(layer): self._layer_prefix(i) for i, layer in enumerate(self.layers)}
 
     # names -------------------------------------------------------------------------------------
@@ -121,6 +123,10 @@ class StreamedModel:
         strip, add = self._prefix
         return add + (name[len(strip) :] if strip and name.startswith(strip) else name)
 
+    def source_name_is_block(self, source: str, block_prefixes: tuple[str, ...]) -> bool:
+        """Whether a checkpoint tensor name belongs to a block (``block_prefixes``: model names)."""
+        return any(source.startswith(self.source_name(p)) for p in block_prefixes)
+
     def _layer_prefix(self, i: int) -> str:
         for name, module in self.model.named_modules():
             if module is self.layers[i]:
@@ -139,12 +145,24 @@ class StreamedModel:
         floating = self.reader.entries[source].dtype.is_floating_point
         return self.reader.read(source, self.device, self.dtype if floating else None)
 
-    def load_outer(self) -> None:
-        """Materialise everything outside the blocks on the device (tied parameters stay tied)."""
+    def _after_blocks(self) -> set[str]:
+        """Names of the parameters applied after the last block (final norm, output head)."""
+        tails = [self.model.get_output_embeddings()]
+        if self.adapter.family.final_norm:
+            tails.append(self.model.base_model.get_submodule(self.adapter.family.final_norm))
+        ids = {id(p) for m in tails if m is not None for p in m.parameters()}
+        return {name for name, p in self._outer if id(p) in ids}
+
+    def load_outer(self, inputs_only: bool = False) -> None:
+        """Materialise everything outside the blocks on the device (tied parameters stay tied);
+        ``inputs_only``: only what runs before the first block (not the final norm and head)."""
         groups: dict[int, list[str]] = {}
         for name, p in self._outer:
             groups.setdefault(id(p), []).append(name)
+        skip = self._after_blocks() if inputs_only else set()
         for names in groups.values():
+            if all(n in skip for n in names):
+                continue
             present = [n for n in names if self.source_name(n) in self.reader]
             if not present:
                 raise CheckpointError(f"{str(self.directory)!r} has no tensor {self.source_name(names[0])!r}")
@@ -168,11 +186,27 @@ class StreamedModel:
         for name, p in list(layer.named_parameters()):
             _set_param(layer, name, nn.Parameter(p.detach().to(META), requires_grad=False))
 
-    def outer_state(self) -> list[tuple[str, torch.Tensor]]:
-        """The loaded parameters outside the blocks as ``(checkpoint name, tensor)``, each tied group
-        once under the name the checkpoint stores."""
-        outer = {name for name, _ in self._outer}
-        return [(name, p.detach()) for name, p in self.model.named_parameters() if name in outer]
+    def release_outer(self) -> None:
+        """Put the parameters outside the blocks back on the meta device."""
+        for name, p in self.model.named_parameters(remove_duplicate=False):
+            if name in self._outer_names and not p.is_meta:
+                _set_param(self.model, name, nn.Parameter(p.detach().to(META), requires_grad=False))
+
+    def outer_tensors(self) -> list[tuple[str, LazyTensor]]:
+        """The parameters outside the blocks as ``(name, tensor read on demand)`` in the run's dtype,
+        each tied group once — for copying them to an output shard one tensor at a time."""
+        out = []
+        for name, p in self.model.named_parameters():  # tied parameters once, under the first name
+            if name in self._outer_names:
+                source = self.source_name(name)
+                if source not in self.reader:
+                    raise CheckpointError(f"{str(self.directory)!r} has no tensor {source!r}")
+                dtype = self.dtype if self.reader.entries[source].dtype.is_floating_point else p.dtype
+                out.append((name, LazyTensor(tuple(p.shape), dtype, partial(self._read_host, source, dtype))))
+        return out
+
+    def _read_host(self, source: str, dtype: torch.dtype) -> torch.Tensor:
+        return self.reader.read(source, "cpu", dtype)
 
 
 class Stop(Exception):

@@ -40,6 +40,9 @@ class BlockIO:
     """Where blocks come from and go to. In memory: nowhere (every block is already on the device);
     a streamed run reads each block from the checkpoint before and writes and frees it after."""
 
+    def inputs_ready(self) -> None:
+        """Called once the first block's inputs are computed."""
+
     def load(self, index: int) -> None:
         pass
 
@@ -105,7 +108,10 @@ class _LayerFitter:
         self.runner.collect(layer, unit.path, sinks, keep_inputs=True, keep_channels=channels, full_from=self.n_fit)
         w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
         keep = unit.keep.to(w.device)
-        new_w, new_b = reconstruct_from_stats(self.method, w, b, keep, fit_stats, self.damp, unit.group)
+        # with held-aside samples the errors come from their raw inputs: the Gram may go before the solve
+        new_w, new_b = reconstruct_from_stats(
+            self.method, w, b, keep, fit_stats, self.damp, unit.group, release=self.has_held
+        )
         naive_w, naive_b = reconstruct_from_stats("none", w, b, keep, fit_stats)
         candidates = [(naive_w, naive_b), (new_w, new_b)]
         if self.has_held:  # the held-aside samples' raw inputs are kept by collect(): no Gram for them
@@ -164,6 +170,7 @@ def reconstruct_blocks(
     bs = recipe.calibration.batch_size
     fit_batches = split_batches(fit, bs)
     runner = BlockRunner(model, adapter, fit_batches + split_batches(held, bs), device, recipe.reconstruction.positions)
+    io.inputs_ready()
     fitter = _LayerFitter(runner, recipe, len(fit_batches), len(held) > 0, device)
     fam, layers = adapter.family, adapter.layers(model)
     layout: list[dict[str, Any]] = []

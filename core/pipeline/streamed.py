@@ -72,6 +72,7 @@ class StreamSource:
         self.model, self.adapter, self.device = self.sm.model, self.sm.adapter, device
         self.tokenizer = tokenizer if tokenizer is not None else _tokenizer(directory, self.model.config)
         ensure_pad_token(self.tokenizer)
+        _check_free_space(self.sm, recipe.ratio, self.out)
         self.tmp = temporary_sibling(self.out)
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
@@ -79,10 +80,10 @@ class StreamSource:
         self.n_shards = self.adapter.n_layers + 1
         self.weight_map: dict[str, str] = {}
         self.digests: dict[str, str] = {}
-        self.sm.load_outer()
-        self._write(shard_name(1, self.n_shards), self.sm.outer_state())
+        self._write(shard_name(1, self.n_shards), self.sm.outer_tensors())  # copied one tensor at a time
+        self.sm.load_outer(inputs_only=True)  # released once the block inputs are computed
 
-    def _write(self, file: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
+    def _write(self, file: str, tensors: list) -> None:
         self.digests[file] = write_shard(self.tmp / file, tensors)
         self.weight_map.update({name: file for name, _ in tensors})
 
@@ -148,6 +149,9 @@ class _WriteBlocks(BlockIO):
     def __init__(self, source: StreamSource):
         self.source = source
 
+    def inputs_ready(self) -> None:
+        self.source.sm.release_outer()  # the embeddings are not needed once the first block's inputs exist
+
     def load(self, index: int) -> None:
         self.source.sm.load_block(index)
 
@@ -156,6 +160,28 @@ class _WriteBlocks(BlockIO):
         prefix = s.sm.layer_prefix(index)
         s._write(shard_name(index + 2, s.n_shards), [(prefix + n, p) for n, p in layer.named_parameters()])
         s.sm.free_block(index)
+
+
+def _check_free_space(sm: StreamedModel, ratio: float, out: Path) -> None:
+    """Refuse before writing anything when the output's disk cannot hold the pruned weights (their
+    size estimated from the checkpoint: everything outside the blocks, and the blocks less ``ratio``)."""
+    size = torch.empty((), dtype=sm.dtype).element_size()
+    blocks = tuple(sm.layer_prefix(i) for i in range(len(sm.layers)))
+    need = 0.0
+    for name, e in sm.reader.entries.items():
+        numel = e.nbytes // max(torch.empty((), dtype=e.dtype).element_size(), 1)
+        nbytes = numel * (size if e.dtype.is_floating_point else torch.empty((), dtype=e.dtype).element_size())
+        need += nbytes * (1 - ratio) if sm.source_name_is_block(name, blocks) else nbytes
+    free = shutil.disk_usage(out.parent).free
+    if free < need:
+        raise InsufficientDiskSpace(
+            f"not enough disk space to write the checkpoint to {out}: the pruned weights need about "
+            f"{need / 1e9:.2f} GB and {free / 1e9:.2f} GB are free"
+        )
+
+
+class InsufficientDiskSpace(OSError):
+    """The output's disk is too small for the pruned checkpoint (found before writing)."""
 
 
 class _Config:

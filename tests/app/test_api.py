@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tarfile
 
+import httpx
 import pytest
 import yaml
 
 from tests.jobs.conftest import wait_for
+
+
+class _Reader:
+    """A file-like view of a response's chunks, for tarfile's stream mode."""
+
+    def __init__(self, chunks):
+        self.chunks, self.buffer = chunks, b""
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self.buffer) < n:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                break
+            self.buffer += chunk
+        n = len(self.buffer) if n < 0 else n
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
 
 
 def test_named_endpoints(app_server, tmp_path):
@@ -51,14 +70,29 @@ def test_named_endpoints(app_server, tmp_path):
     rows = json.loads(client.predict("", api_name="/list_jobs"))
     assert [r["id"] for r in rows] == [with_ppl["id"], job["id"]]  # the invalid submissions created nothing
 
-    path = client.predict(job["id"], api_name="/download")
-    with tarfile.open(path) as tar:
-        assert "checkpoint/config.json" in tar.getnames()
-        tar.extractall(tmp_path / "x", filter="data")
+    # the files: listed with their sha256 by /download, fetched over plain HTTP beside the app
+    listing = json.loads(client.predict(job["id"], api_name="/download"))
+    files = {f["name"]: f for f in listing["files"]}
+    assert {"config.json", "SHA256SUMS"} <= set(files) and all(f["kind"] == "file" for f in files.values())
+    config = httpx.get(app_server["url"] + files["config.json"]["url"])
+    assert config.status_code == 200 and hashlib.sha256(config.content).hexdigest() == files["config.json"]["sha256"]
+    with httpx.stream("GET", app_server["url"] + listing["checkpoint_tar"]) as response:
+        assert response.status_code == 200 and "content-encoding" not in response.headers
+        size = int(response.headers["content-length"])
+        with tarfile.open(fileobj=_Reader(response.iter_raw()), mode="r|") as tar:  # as it arrives
+            tar.extractall(tmp_path / "x", filter="data")
+    folder = tmp_path / "x" / f"liar-job-{job['id']}"
+    assert sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) == sum(f["size"] for f in files.values())
+    assert size > sum(f["size"] for f in files.values())
+    for name, f in files.items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == f["sha256"], name
     from core import load_pruned
 
-    model, _ = load_pruned(tmp_path / "x" / "checkpoint")
+    model, _ = load_pruned(folder)
     assert sum(p.numel() for p in model.parameters()) == info["metrics"]["params_after"]
+    escape = httpx.get(app_server["url"] + f"jobs/{job['id']}/files/..%2F..%2Fliar.db")
+    assert escape.status_code == 400 and "SQLite" not in escape.text
+    assert info["timings"]["total"] > 0 and info["timings"]["stages"][1]["stage"] == "load"
 
     assert client.predict(job["id"], api_name="/cancel_job") == "SUCCEEDED"  # finished jobs stay finished
     with pytest.raises(Exception, match="no job 999"):
@@ -91,5 +125,12 @@ def test_login_records_the_account_as_submitter(tmp_path, app_server):
         job = client.predict(yaml.safe_dump(recipe), "mallory", api_name="/submit")
         info = json.loads(client.predict(job["id"], api_name="/show_job"))
         assert info["submitted_by"] == "alice"
+        # the download routes sit behind the same login
+        tar = f"jobs/{job['id']}/checkpoint.tar"
+        assert httpx.get(url + tar).status_code == 401
+        with httpx.Client(base_url=url) as browser:
+            assert browser.post("login", data={"username": "alice", "password": "s3cret"}).status_code == 200
+            missing = browser.get(tar)  # logged in: the queued job has nothing to download yet
+            assert missing.status_code == 404 and "has no checkpoint files" in missing.text
     finally:
         stop_app(proc)

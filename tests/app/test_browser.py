@@ -5,6 +5,7 @@ Screenshots of every page are written to docs/screenshots/.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -116,17 +117,33 @@ def test_submit_watch_dashboard_download(page, app_server, tmp_path):
     page.get_by_text(f"Job {ids[0]} — SUCCEEDED").wait_for()
     page.locator("#error-plot").wait_for()
     page.wait_for_timeout(1500)
+    downloads = page.locator("#model-downloads")
+    downloads.get_by_role("link", name="SHA256SUMS", exact=True).wait_for()
     page.screenshot(path=str(SHOTS / "model.png"), full_page=True)
-    with page.expect_download() as dl:
-        page.get_by_role("button", name=re.compile("Download checkpoint")).click()
-    archive = tmp_path / "ckpt.tar.gz"
+    with page.expect_download() as dl:  # one file, as listed with its sha256
+        downloads.get_by_role("link", name="config.json", exact=True).click()
+    config = tmp_path / "config.json"
+    dl.value.save_as(config)
+    assert hashlib.sha256(config.read_bytes()).hexdigest() in downloads.inner_text()
+    with page.expect_download() as dl:  # the whole checkpoint as one (streamed, uncompressed) tar
+        downloads.get_by_role("link", name=re.compile("Whole checkpoint")).click()
+    assert dl.value.suggested_filename == f"liar-job-{ids[0]}.tar"
+    archive = tmp_path / "ckpt.tar"
     dl.value.save_as(archive)
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path / "x", filter="data")
     from core import load_pruned
 
-    model, tok = load_pruned(tmp_path / "x" / "checkpoint")
+    model, tok = load_pruned(tmp_path / "x" / f"liar-job-{ids[0]}")
     assert tok is not None and sum(p.numel() for p in model.parameters()) > 0
+    assert "Where the time went" in page.locator("body").inner_text()
+
+    page.get_by_role("tab", name="Jobs").click()  # the picked job's stage timings
+    pick = page.get_by_label("Job id", exact=True).first
+    pick.fill(str(ids[0]))
+    pick.press("Tab")
+    page.locator("#job-timings").get_by_text("reconstruct").wait_for()
+    page.screenshot(path=str(SHOTS / "jobs-timings.png"), full_page=True)
 
 
 def test_no_requests_leave_the_machine(page):

@@ -191,10 +191,10 @@ def test_job_actions_and_the_model_page(job_service, llama_dir, tmp_path):
     forms.submit_form(job_service, _form(tmp_path, llama_dir), "ada")
     assert forms.rerun_job(job_service, 1) == "re-submitted job 1 as job 2"
     assert "submitted by ada" in forms.log_tail(job_service, 1)
-    head, recipe, report, card, archive, curve = forms.model_page(job_service, 2)
-    assert head.startswith("### Job 2 — QUEUED") and "by ada" in head
+    head, recipe, report, card, links, curve = forms.model_page(job_service, 2)
+    assert head.startswith("### Job 2 — QUEUED") and "by ada" in head and "time went" not in head
     assert yaml.safe_load(recipe)["model"] == str(llama_dir)
-    assert report == [] and card == "" and archive is None and curve.empty
+    assert report == [] and card == "" and links == "" and curve.empty
     assert forms.cancel_job(job_service, 2) == "job 2: CANCELLED"
     df, plot = forms.dashboard_data(job_service)  # nothing succeeded
     assert list(df.columns) == forms.RUN_COLUMNS and df.empty and plot.empty

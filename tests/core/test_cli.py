@@ -220,3 +220,35 @@ def test_dry_run_checks_what_the_model_config_tells(llama_dir, calib_file, tmp_p
     assert main([*base, "--seq-len", "32", *out]) == 0
     assert "max_seq_length: 32" in capsys.readouterr().out
     assert not (tmp_path / "never").exists()
+
+
+def test_prune_streams_by_default_and_ppl_matches_eval(llama_dir, calib_file, tmp_path, capsys):
+    """liar prune streams a model read from a directory; its --ppl (block by block) equals liar eval's
+    in memory and liar eval --stream's on the saved checkpoint."""
+    out = tmp_path / "pruned"
+    flags = ["--model", str(llama_dir), "--ratio", "0.3", "--calibration", str(calib_file), "--samples", "8"]
+    flags += ["--seq-len", "24", "--device", "cpu", "--output", str(out), "--quiet", "--json"]
+    assert main(["prune", *flags, "--ppl", str(calib_file)]) == 0, capsys.readouterr().err
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["execution"] == "stream"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["execution"] == "stream" and metrics["perplexity"] == summary["perplexity"]
+    assert (out / "SHA256SUMS").is_file()
+    evals = []
+    for extra in ([], ["--stream"]):
+        assert main(["eval", str(out), "--ppl", str(calib_file), "--seq-len", "24", "--json", *extra]) == 0
+        evals.append(json.loads(capsys.readouterr().out)["perplexity"])
+    assert evals[0] == pytest.approx(summary["perplexity"], rel=1e-5)
+    assert evals[1] == pytest.approx(summary["perplexity"], rel=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.txt", "pruned"]  # no temporary left
+
+
+def test_stream_refuses_whole_model_gradient_criteria(llama_dir, calib_file, tmp_path, capsys):
+    flags = ["--model", str(llama_dir), "--ratio", "0.3", "--calibration", str(calib_file), "--samples", "8"]
+    flags += ["--criterion", "snip", "--execution", "stream", "--output", str(tmp_path / "out"), "--quiet"]
+    assert main(["prune", *flags]) == 2
+    err = capsys.readouterr().err
+    assert "needs gradients of the whole model" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    assert main(["eval", str(llama_dir), "--stream", "--tasks", "x"]) == 2
+    assert "perplexity only" in capsys.readouterr().err

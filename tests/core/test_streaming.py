@@ -251,3 +251,14 @@ def test_block_speed_is_measured_before_and_after_pruning(llama_dir, corpus, tmp
     assert m["block_speedup"] == pytest.approx(m["block_seconds_dense"] / m["block_seconds_pruned"], rel=1e-3)
     assert "block_speedup" not in prune(recipe_for(llama_dir, corpus, device="cpu")).metrics
     result.discard()
+
+
+def test_a_disk_too_small_is_refused_before_anything_is_written(llama_dir, corpus, tmp_path, monkeypatch):
+    import shutil as sh
+
+    from core.pipeline.streamed import InsufficientDiskSpace
+
+    monkeypatch.setattr(sh, "disk_usage", lambda path: sh._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(InsufficientDiskSpace, match=r"need about 0\.\d\d GB and 0\.00 GB are free"):
+        prune(recipe_for(llama_dir, corpus, device="cpu"), output_dir=tmp_path / "out")
+    assert not list(tmp_path.iterdir())

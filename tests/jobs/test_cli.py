@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from app.cli import main
@@ -127,3 +128,37 @@ def test_submit_in_the_flag_form_of_prune(tmp_path, job_models, monkeypatch, cap
     assert "give a recipe file or at least --ratio, --calibration" in capsys.readouterr().err
     assert main(["jobs", "submit", *flags[:4], "--calibration", str(job_models["calib"]), "--samples", "0"]) == 2
     assert "num_calibration_samples" in capsys.readouterr().err
+
+
+def test_show_lists_the_files_and_the_stage_timings(tmp_path, job_models, monkeypatch, capsys):
+    """`liar jobs show ID` of a finished job: each checkpoint file with its size and sha256, then a
+    table of seconds per stage and per reconstructed layer."""
+    from jobs.settings import Settings
+    from jobs.tasks import execute
+
+    monkeypatch.setenv("LIAR_DATA_DIR", str(tmp_path / "data"))
+    for k in ("LIAR_DATABASE_URL", "LIAR_BROKER_URL"):
+        monkeypatch.delenv(k, raising=False)
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(recipe(job_models)))
+    assert main(["jobs", "submit", str(good), "--json"]) == 0
+    job_id = json.loads(capsys.readouterr().out)["id"]
+    assert execute(job_id, Settings.from_env()) == "SUCCEEDED"
+    assert main(["jobs", "show", str(job_id)]) == 0
+    out = capsys.readouterr().out
+    info = json.loads((main(["jobs", "show", str(job_id), "--json"]), capsys.readouterr().out)[1])
+    checkpoint = next(a for a in info["artifacts"] if a["kind"] == "checkpoint")
+    files = [a for a in info["artifacts"] if a["kind"] == "file"]
+    assert f"   checkpoint: {checkpoint['path']} ({checkpoint['size']:,} bytes in {len(files)} files)" in out
+    lines = out.splitlines()
+    for a in files:
+        assert any(
+            line.startswith("         file: " + a["name"]) and line.endswith(f"{a['size']:,}  {a['sha256']}")
+            for line in lines
+        ), a["name"]
+    assert "      timings: stage" in out
+    for stage in ("load", "calibration", "scoring", "reconstruct", "export"):
+        assert any(line.split()[:1] == [stage] for line in lines), stage
+    assert any(line.split()[:2] == ["layer", "2/2"] for line in lines)
+    total = next(line for line in lines if line.split()[:1] == ["total"])
+    assert float(total.split()[1]) == pytest.approx(info["timings"]["total"], abs=0.06)

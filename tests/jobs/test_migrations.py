@@ -85,3 +85,75 @@ def test_schema_older_or_newer_than_the_code_is_one_sentence(tmp_path, monkeypat
     with pytest.raises(SchemaError, match="revision ffffffffffff, newer than this code knows"):
         upgrade(url)
     dispose_all()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_database(request, tmp_path):
+    """The URL of an empty database of each kind (dropped afterwards)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'old.db'}"
+        return
+    if not _pg_available():
+        pytest.fail("PostgreSQL on 127.0.0.1:5432 is required (.ci/run starts it)")
+    import sqlalchemy as sa
+
+    from jobs.db import dispose_all
+
+    name = f"liar_old_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sa.text(f"CREATE DATABASE {name}"))
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        dispose_all()
+        with admin.connect() as c:
+            c.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+def test_upgrade_keeps_a_finished_job_and_its_archive(empty_database, tmp_path):
+    """A job finished under revision 0001 (a checkpoint folder and a .tar.gz) still shows and downloads
+    after the upgrade that brings per-file artifacts, BIGINT sizes and stage timings."""
+    import sqlalchemy as sa
+    from alembic import command
+
+    from jobs.db import Artifact, _alembic_config, upgrade
+    from jobs.service import JobService
+    from jobs.settings import Settings
+    from tests.jobs.test_service import _FakeCelery
+
+    url = empty_database
+    command.upgrade(_alembic_config(url), "0001")
+    folder = tmp_path / "artifacts" / "job-1"
+    (folder / "checkpoint").mkdir(parents=True)
+    (folder / "liar-job-1.tar.gz").write_bytes(b"old archive")
+    engine = sa.create_engine(url)
+    with engine.begin() as c:
+        c.execute(
+            sa.text(
+                "INSERT INTO jobs (id, recipe, evaluations, status, stage, progress, created_at, attempts, "
+                "cancel_requested) VALUES (1, :recipe, '[]', 'SUCCEEDED', 'done', 1.0, :now, 1, false)"
+            ),
+            {"recipe": '{"model": "m", "ratio": 0.3}', "now": "2026-11-01 10:00:00"},
+        )
+        c.execute(
+            sa.text("INSERT INTO artifacts (job_id, kind, path, size, sha256) VALUES (1, :k, :p, :s, :h)"),
+            [
+                {"k": "checkpoint", "p": str(folder / "checkpoint"), "s": 0, "h": None},
+                {"k": "archive", "p": str(folder / "liar-job-1.tar.gz"), "s": 11, "h": "ab" * 32},
+            ],
+        )
+    engine.dispose()
+    assert upgrade(url) == "0002"
+
+    service = JobService(Settings(data_dir=tmp_path, database_url=url, broker_url="memory://"), _FakeCelery())
+    info = service.show(1)
+    assert [(a["kind"], a["name"]) for a in info["artifacts"]] == [("checkpoint", None), ("archive", None)]
+    assert info["timings"] is None and info["status"] == "SUCCEEDED"
+    assert service.downloads(1) == [{"name": "liar-job-1.tar.gz", "size": 11, "sha256": "ab" * 32, "kind": "archive"}]
+    assert service.file(1, "liar-job-1.tar.gz").path.read_bytes() == b"old archive"
+    with service.sessions.begin() as s:  # a 70B checkpoint's size does not fit a 32-bit INTEGER
+        s.add(Artifact(job_id=1, kind="file", name="big.safetensors", path=str(folder / "x"), size=140 * 10**9))
+    with service.sessions() as s:
+        assert s.query(Artifact).filter_by(name="big.safetensors").one().size == 140 * 10**9

@@ -1,0 +1,70 @@
+"""A job's downloads and stage timings as the web app shows them (Markdown) and the API returns them
+(plain values) — no Gradio; used by ``forms`` and ``api``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.web.downloads import file_url, tar_url
+from jobs.service import JobService
+from jobs.timings import rows as timing_rows
+
+
+def size_text(n: int | None) -> str:
+    """``1.2 GB``-style sizes (powers of 1000, as disks and download bars count)."""
+    if n is None:
+        return "–"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"  # unreachable
+
+
+def download_listing(service: JobService, job_id: int) -> dict[str, Any]:
+    """The job's files (name, size, sha256, kind, url) and the address of the whole checkpoint as one
+    file (``checkpoint_tar``: the streamed tar, or an older job's .tar.gz; None before the job has
+    finished). URLs are relative to the app's address. ``KeyError`` for an unknown job."""
+    files = [{**f, "url": file_url(job_id, f["name"])} for f in service.downloads(job_id)]
+    whole = None
+    if any(f["kind"] == "file" for f in files):
+        whole = tar_url(job_id)
+    elif files:  # a job from before per-file artifacts: its archive
+        whole = files[0]["url"]
+    return {"job": job_id, "checkpoint_tar": whole, "files": files}
+
+
+def downloads_markdown(service: JobService, job_id: int) -> str:
+    """The model page's download section: the whole checkpoint as one file, then one link per file
+    with its size and sha256 (empty when there is nothing to download yet)."""
+    listing = download_listing(service, job_id)
+    files = listing["files"]
+    if not files:
+        return ""
+    total = sum(f["size"] for f in files if f["kind"] == "file")
+    if total:
+        whole = (
+            f"**[⬇ Whole checkpoint as one file — liar-job-{job_id}.tar, {size_text(total)}]"
+            f"({listing['checkpoint_tar']})** (an uncompressed tar, made while it downloads; "
+            "or take the files one by one and check them with `sha256sum -c SHA256SUMS`)"
+        )
+    else:
+        whole = f"**[⬇ Whole checkpoint as one file — {files[0]['name']}]({listing['checkpoint_tar']})**"
+    table = "\n".join(f"| [{f['name']}]({f['url']}) | {size_text(f['size'])} | `{f['sha256'] or '–'}` |" for f in files)
+    return f"### Download\n\n{whole}\n\n| file | size | sha256 |\n|---|---:|---|\n{table}"
+
+
+def timings_markdown(timings: dict[str, Any] | None, steps: bool = True) -> str:
+    """Where the time went: one row per stage (per layer / evaluation too with ``steps``), the time
+    between stages and the total, with each stage's share."""
+    table = timing_rows(timings, steps=steps)
+    if not table:
+        return ""
+    total = (timings or {}).get("total") or 0.0
+    lines = []
+    for label, seconds in table:
+        step = label.startswith("  ")
+        share = "" if step or label == "total" or not total else f"{100 * seconds / total:.0f}%"
+        name = f"&nbsp;&nbsp;&nbsp;{label.strip()}" if step else (f"**{label}**" if label == "total" else label)
+        lines.append(f"| {name} | {seconds:.1f} | {share} |")
+    return "| stage | seconds | share |\n|---|---:|---:|\n" + "\n".join(lines)
