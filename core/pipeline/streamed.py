@@ -33,24 +33,15 @@ from core.models.safetensors_io import INDEX, write_shard
 from core.models.streaming import StreamedModel
 from core.pipeline.blocks import BlockIO
 from core.pipeline.runner import BlockRunner
-from core.spec.criteria import parse_options
+from core.spec.criteria import parse_options, streaming_refusal
 from core.spec.recipe import Recipe
 from core.stats.accumulate import ChannelStats
 
-WHOLE_MODEL_CRITERIA_NOTE = "criteria that need gradients of the whole model cannot run block by block"
-
-
-def streamable_criteria() -> list[str]:
-    return sorted(name for name, c in criteria.REGISTRY.items() if c.needs != "gradients")
-
 
 def check_streamable(recipe: Recipe) -> None:
-    if criteria.get(recipe.criterion.name).needs == "gradients":
-        raise ValueError(
-            f"criterion {recipe.criterion.name!r} needs gradients of the whole model, which streamed execution "
-            f"cannot compute block by block; use execution: memory (the model must fit on the device) or one "
-            f"of {', '.join(streamable_criteria())}"
-        )
+    refusal = streaming_refusal(recipe.criterion.name)
+    if refusal:
+        raise ValueError(refusal)
 
 
 def temporary_sibling(out: Path) -> Path:

@@ -190,6 +190,19 @@ CRITERION_OPTIONS: dict[str, type[CriterionOptions]] = {
     )
 }
 CRITERIA = tuple(CRITERION_OPTIONS)  # in the order the web form lists them
+# criteria that back-propagate through the whole model: they cannot run one block at a time
+WHOLE_MODEL_GRADIENTS = tuple(n for n, c in CRITERION_OPTIONS.items() if issubclass(c, GradientOptions))
+
+
+def streaming_refusal(name: str) -> str | None:
+    """Why criterion ``name`` cannot run streamed, or None when it can."""
+    if name not in WHOLE_MODEL_GRADIENTS:
+        return None
+    ok = ", ".join(n for n in CRITERIA if n not in WHOLE_MODEL_GRADIENTS)
+    return (
+        f"criterion {name!r} needs gradients of the whole model, which streamed execution cannot compute "
+        f"block by block; use execution: memory (the model must fit on the device) or one of {ok}"
+    )
 
 
 def parse_options(name: str, options: dict[str, Any], modules: str | None = None, allocation: str | None = None):

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from core.spec.criteria import CRITERIA, parse_options
+from core.spec.criteria import CRITERIA, parse_options, streaming_refusal
 
 NAMED_DATASETS = ("wikitext2", "c4", "alpaca")
 # Bounds of the size-like fields: generous for real runs, but an input that would make a worker grow
@@ -171,6 +171,9 @@ class Recipe(_Strict):
     @model_validator(mode="after")
     def _criterion_fits(self) -> Recipe:
         parse_options(self.criterion.name, self.criterion.options, self.modules, self.allocation)
+        refusal = streaming_refusal(self.criterion.name) if self.execution == "stream" else None
+        if refusal:
+            raise ValueError(refusal)
         return self
 
     @field_validator("ratio")

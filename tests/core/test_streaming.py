@@ -262,3 +262,19 @@ def test_a_disk_too_small_is_refused_before_anything_is_written(llama_dir, corpu
     with pytest.raises(InsufficientDiskSpace, match=r"need about 0\.\d\d GB and 0\.00 GB are free"):
         prune(recipe_for(llama_dir, corpus, device="cpu"), output_dir=tmp_path / "out")
     assert not list(tmp_path.iterdir())
+
+
+def test_streaming_refusal_is_known_without_torch_and_matches_the_registry():
+    """The torch-free recipe check (what a job submission runs) refuses exactly the criteria whose
+    implementation needs whole-model gradients."""
+    from pydantic import ValidationError
+
+    from core import criteria
+    from core.spec.criteria import WHOLE_MODEL_GRADIENTS
+    from core.spec.recipe import Recipe
+
+    assert set(WHOLE_MODEL_GRADIENTS) == {n for n, c in criteria.REGISTRY.items() if c.needs == "gradients"}
+    for name in WHOLE_MODEL_GRADIENTS:
+        with pytest.raises(ValidationError, match="needs gradients of the whole model"):
+            Recipe(model="m", ratio=0.2, calibration={"texts": ["x"]}, criterion={"name": name}, execution="stream")
+        Recipe(model="m", ratio=0.2, calibration={"texts": ["x"]}, criterion={"name": name}, execution="auto")
