@@ -151,6 +151,7 @@ class StreamedModel:
         if self.adapter.family.final_norm:
             tails.append(self.model.base_model.get_submodule(self.adapter.family.final_norm))
         ids = {id(p) for m in tails if m is not None for p in m.parameters()}
+        ids -= {id(p) for p in self.model.get_input_embeddings().parameters()}  # a head tied to them
         return {name for name, p in self._outer if id(p) in ids}
 
     def load_outer(self, inputs_only: bool = False) -> None:
@@ -188,9 +189,14 @@ class StreamedModel:
 
     def release_outer(self) -> None:
         """Put the parameters outside the blocks back on the meta device."""
+        groups: dict[int, tuple[nn.Parameter, list[str]]] = {}
         for name, p in self.model.named_parameters(remove_duplicate=False):
             if name in self._outer_names and not p.is_meta:
-                _set_param(self.model, name, nn.Parameter(p.detach().to(META), requires_grad=False))
+                groups.setdefault(id(p), (p, []))[1].append(name)
+        for p, names in groups.values():  # tied parameters stay tied
+            meta = nn.Parameter(p.detach().to(META), requires_grad=False)
+            for name in names:
+                _set_param(self.model, name, meta)
 
     def outer_tensors(self) -> list[tuple[str, LazyTensor]]:
         """The parameters outside the blocks as ``(name, tensor read on demand)`` in the run's dtype,

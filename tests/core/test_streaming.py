@@ -71,6 +71,19 @@ def test_streamed_equals_in_memory(family, kw, model_dirs, mistral_dir, corpus, 
     assert metrics["stock_architecture"] == json.loads((memory_dir / "metrics.json").read_text())["stock_architecture"]
 
 
+def test_streamed_model_with_tied_embeddings(corpus, tmp_path):
+    """The head shares the input embeddings (SmolLM2, Gemma): the embeddings are still loaded for the
+    block inputs, and the output stores the tied tensor once, as in memory."""
+    from core.models.tiny import tiny_decoder
+
+    tied = tiny_decoder(tmp_path / "tied", tie_word_embeddings=True)
+    (tmp_path / "runs").mkdir()
+    _, memory_dir, _, stream_dir = _both(tied, corpus, tmp_path / "runs")
+    _assert_same_checkpoint(memory_dir, stream_dir)
+    model, _ = load_pruned(stream_dir)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
 def test_streamed_stock_form_with_added_biases_loads_with_from_pretrained(llama_dir, corpus, tmp_path):
     """Uniform widths and an added FFN bias: the stock form needs zero biases on the other FFN
     projections, written as their own shard; plain ``from_pretrained`` loads the result."""
