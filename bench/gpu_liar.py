@@ -23,35 +23,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.shapes import LLAMA_SHAPES  # noqa: E402
 from core import prune  # noqa: E402
 from core.data.calibration import CalibrationBatch  # noqa: E402
 
-SHAPES = {
-    "7b": dict(
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        vocab_size=32000,
-    ),
-    "13b": dict(
-        hidden_size=5120,
-        intermediate_size=13824,
-        num_hidden_layers=40,
-        num_attention_heads=40,
-        num_key_value_heads=40,
-        vocab_size=32000,
-    ),
-    "small": dict(
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        vocab_size=1000,
-    ),
-}
+SHAPES = {k: LLAMA_SHAPES[k] for k in ("7b", "13b", "small")}
 PAPER_MINUTES = {("7b", 128): 1.0, ("7b", 1024): 3.9}
 
 

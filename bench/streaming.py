@@ -45,57 +45,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.shapes import LLAMA_SHAPES  # noqa: E402
+
 GB = 1e9
 MB = 2**20
 
 # LLaMA-family shapes (the real models' widths; random weights)
-SHAPES: dict[str, dict] = {
-    "135m": dict(  # SmolLM2-135M
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        vocab_size=49152,
-        tie_word_embeddings=True,
-    ),
-    "1.1b": dict(  # TinyLlama-1.1B
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=22,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        vocab_size=32000,
-        tie_word_embeddings=False,
-    ),
-    "7b": dict(
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        vocab_size=32000,
-        tie_word_embeddings=False,
-    ),
-    "13b": dict(
-        hidden_size=5120,
-        intermediate_size=13824,
-        num_hidden_layers=40,
-        num_attention_heads=40,
-        num_key_value_heads=40,
-        vocab_size=32000,
-        tie_word_embeddings=False,
-    ),
-    "70b": dict(
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        vocab_size=32000,
-        tie_word_embeddings=False,
-    ),
-}
+SHAPES = {k: v for k, v in LLAMA_SHAPES.items() if k != "small"}
 LABELS = {"135m": "SmolLM2-135M", "1.1b": "TinyLlama-1.1B", "7b": "LLaMA-7B", "13b": "LLaMA-13B", "70b": "LLaMA-2-70B"}
 INIT_STD = 0.02  # LLaMA's initializer_range
 TARGET = (

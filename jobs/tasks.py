@@ -124,7 +124,6 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
         return Status.SUCCEEDED.value
     except JobCancelled:
         shutil.rmtree(out_dir, ignore_errors=True)
-        _discard(result)
         _finish(sf, job_id, Status.CANCELLED, "cancelled by request", clock=clock)
         return Status.CANCELLED.value
     except TRANSIENT as exc:
@@ -132,7 +131,6 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
         raise
     except Exception as exc:
         shutil.rmtree(out_dir, ignore_errors=True)
-        _discard(result)
         if isinstance(exc, DiskFull):
             error = str(exc)
         elif is_no_space(exc):  # while the engine wrote (a streamed run writes its shards as it goes)
@@ -147,13 +145,6 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
         del result
         gc.collect()
         _empty_cuda_cache()
-
-
-def _discard(result) -> None:
-    """Remove what a streamed run wrote outside the job's folder (``PruneResult.discard``), if any."""
-    discard = getattr(result, "discard", None)
-    if callable(discard):
-        discard()
 
 
 def _progress_callback(sf, job_id: int, clock: StageClock) -> Callable[[str, int, int], None]:
@@ -253,10 +244,9 @@ def _run_evaluations(result, evaluations: list[dict[str, Any]], progress: Callab
 
 
 def _export(sf, job_id: int, result, out_dir: Path) -> tuple[Path, list[FileEntry]]:
-    """Save the checkpoint into a fresh ``out_dir``; returns it and its files (from its SHA256SUMS).
+    """Save the checkpoint into ``out_dir`` (emptied before pruning); returns it and its files (from its SHA256SUMS).
     Running out of disk space or quota raises :class:`DiskFull` (the caller removes ``out_dir``)."""
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
         _check_free_space(result, out_dir)
         checkpoint = result.save(out_dir / "checkpoint")
         files, hashed = checkpoint_files(checkpoint)

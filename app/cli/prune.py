@@ -173,23 +173,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.ppl is not None:
             from core.evaluation.perplexity import perplexity
 
-            result.update(
-                perplexity(
-                    model,
-                    tokenizer,
-                    args.ppl,
-                    seq_len=args.seq_len,
-                    batch_size=args.batch_size,
-                    max_windows=args.max_windows,
-                    show_progress=not quiet,
-                )
-            )
+            result.update(perplexity(model, tokenizer, args.ppl, **_ppl_window_args(args, quiet)))
         if tasks is not None:
             result.update(_run_tasks(args, model, tokenizer, tasks, quiet))
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         return fail(str(exc))
-    result["model"] = args.model
     result["parameters"] = sum(p.numel() for p in model.parameters())
+    return _report_eval(args, result)
+
+
+def _ppl_window_args(args: argparse.Namespace, quiet: bool) -> dict:
+    return dict(seq_len=args.seq_len, batch_size=args.batch_size, max_windows=args.max_windows, show_progress=not quiet)
+
+
+def _report_eval(args: argparse.Namespace, result: dict) -> int:
+    result["model"] = args.model
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -209,24 +207,11 @@ def _eval_streamed(args: argparse.Namespace, quiet: bool) -> int:
         return fail(f"{args.model!r} is neither a local directory nor a hub model reachable from this machine")
     try:
         result = perplexity_streamed(
-            directory,
-            None,
-            args.ppl,
-            seq_len=args.seq_len,
-            batch_size=args.batch_size,
-            max_windows=args.max_windows,
-            device=args.device,
-            dtype=args.dtype,
-            show_progress=not quiet,
+            directory, None, args.ppl, device=args.device, dtype=args.dtype, **_ppl_window_args(args, quiet)
         )
     except (ValueError, RuntimeError, OSError) as exc:
         return fail(str(exc))
-    result["model"] = args.model
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        _print_eval(result, args.seq_len)
-    return 0
+    return _report_eval(args, result)
 
 
 def _run_tasks(args: argparse.Namespace, model, tokenizer, tasks, quiet: bool) -> dict:

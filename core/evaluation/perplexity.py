@@ -53,12 +53,10 @@ def perplexity_streamed(
     than the device): every window passes through block ℓ before block ℓ+1 is read; only the
     embeddings, the head, one block and the windows' hidden states are on the device. ``tokenizer``
     None: the checkpoint's own."""
-    from core.models.config_file import read_config
-    from core.models.loading import resolve_device, resolve_dtype
     from core.models.streaming import StreamedModel, block_inputs
 
-    dev = resolve_device(device)
-    sm = StreamedModel(directory, resolve_dtype(dtype, _Attrs(read_config(directory)), dev), dev)
+    sm = StreamedModel.open(directory, dtype, device)
+    dev = sm.device
     if sm.adapter.kind != "decoder" or sm.adapter.family.final_norm is None:
         raise ValueError("perplexity needs a causal language model")
     if tokenizer is None:
@@ -78,11 +76,6 @@ def perplexity_streamed(
     norm, head = sm.model.base_model.get_submodule(sm.adapter.family.final_norm), sm.model.get_output_embeddings()
     total_nll = sum(_nll(head(norm(h)), b) for h, b in zip(hidden, batches))
     return _summary(total_nll, windows)
-
-
-class _Attrs:
-    def __init__(self, raw: dict):
-        self.__dict__.update(raw)
 
 
 def _windows(config, tokenizer, source, seq_len: int, max_windows: int | None) -> torch.Tensor:

@@ -31,7 +31,8 @@ def resolve_dtype(dtype: str, config, device: torch.device) -> torch.dtype:
         return getattr(torch, dtype)
     if device.type == "cpu":
         return torch.float32  # half precision matmuls are slow and inexact on CPUs
-    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
+    stored = get("dtype") or get("torch_dtype")
     if isinstance(stored, str):
         stored = getattr(torch, stored, None)
     return stored if stored in (torch.float16, torch.bfloat16) else torch.float32
@@ -81,6 +82,19 @@ def load_model(name: str, dtype: str = "auto", device: str = "auto"):
     return model, tokenizer, adapter
 
 
+def pruned_classes(raw: dict, cfg_file: Path) -> tuple[type, type]:
+    """``(config class, model class)`` of a ``liar_`` checkpoint's raw config (from the bundled
+    classes of this project's copy of ``modeling_liar``)."""
+    if raw.get("liar_family") not in modeling_liar.CLASSES:
+        raise ValueError(f"unknown pruned model family {raw.get('liar_family')!r} in {cfg_file}")
+    classes = modeling_liar.CLASSES[raw["liar_family"]]
+    arch = (raw.get("architectures") or [""])[0]
+    cls = next((c for k, c in classes.items() if k != "config" and c.__name__ == arch), None)
+    if cls is None:
+        raise ValueError(f"unknown pruned architecture {arch!r} in {cfg_file}")
+    return classes["config"], cls
+
+
 def load_pruned(path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
     """Load a checkpoint written by :func:`save_pruned` (either form) → ``(model, tokenizer)``."""
     from transformers import AutoConfig, AutoTokenizer
@@ -93,14 +107,7 @@ def load_pruned(path: str | Path, dtype: torch.dtype | None = None, device: str 
     kwargs = {} if dtype is None else {"dtype": dtype}
     mt = raw.get("model_type", "")
     if mt.startswith("liar_"):
-        if raw.get("liar_family") not in modeling_liar.CLASSES:
-            raise ValueError(f"unknown pruned model family {raw.get('liar_family')!r} in {cfg_file}")
-        classes = modeling_liar.CLASSES[raw["liar_family"]]
-        arch = (raw.get("architectures") or [""])[0]
-        cls = next((c for k, c in classes.items() if k != "config" and c.__name__ == arch), None)
-        if cls is None:
-            raise ValueError(f"unknown pruned architecture {arch!r} in {cfg_file}")
-        model = cls.from_pretrained(path, **kwargs)
+        model = pruned_classes(raw, cfg_file)[1].from_pretrained(path, **kwargs)
     else:
         config = AutoConfig.from_pretrained(path)
         family = family_of(config.model_type)

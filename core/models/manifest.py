@@ -3,7 +3,7 @@
 Written last into every checkpoint this project saves, in ``sha256sum`` format (``sha256sum -c
 SHA256SUMS`` checks a download), so that the service can offer the files themselves for download —
 no archive, no second pass over the weights to hash them when the writer already did
-(:class:`core.models.safetensors_io.ShardWriter` hashes while writing).
+(:func:`core.models.safetensors_io.write_shard` hashes while writing).
 """
 
 from __future__ import annotations

@@ -125,12 +125,6 @@ class CheckpointReader:
     def __contains__(self, name: str) -> bool:
         return name in self.entries
 
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self.entries[name].shape
-
-    def nbytes(self, names=None) -> int:
-        return sum(e.nbytes for k, e in self.entries.items() if names is None or k in names)
-
     def read(self, name: str, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> torch.Tensor:
         """One tensor, read from its shard into a fresh buffer, then moved / cast as asked."""
         e = self.entries[name]
@@ -162,7 +156,7 @@ class LazyTensor:
         return math.prod(self.shape)
 
     def element_size(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
 
 def write_shard(path: str | Path, tensors: list[tuple[str, torch.Tensor | LazyTensor]]) -> str:

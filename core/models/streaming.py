@@ -20,11 +20,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from core.models import modeling_liar
 from core.models.adapter import Adapter, adapter_for
 from core.models.config_file import read_config
 from core.models.liar_families import PRUNED_PREFIX
-from core.models.loading import model_class
+from core.models.loading import model_class, pruned_classes, resolve_device, resolve_dtype
 from core.models.safetensors_io import CheckpointError, CheckpointReader, LazyTensor
 
 META = torch.device("meta")
@@ -54,12 +53,8 @@ def _skeleton(directory: Path, dtype: torch.dtype):
 
     raw = read_config(directory)
     if str(raw.get("model_type", "")).startswith(PRUNED_PREFIX):
-        classes = modeling_liar.CLASSES.get(raw.get("liar_family"), {})
-        config = classes["config"].from_pretrained(directory) if classes else None
-        arch = (raw.get("architectures") or [""])[0]
-        cls = next((c for k, c in classes.items() if k != "config" and c.__name__ == arch), None)
-        if cls is None:
-            raise ValueError(f"unknown pruned architecture {arch!r} in {directory / 'config.json'}")
+        config_cls, cls = pruned_classes(raw, directory / "config.json")
+        config = config_cls.from_pretrained(directory)
     else:
         config = AutoConfig.from_pretrained(directory)
         cls = model_class(config, adapter_for(config).kind)
@@ -100,7 +95,15 @@ class StreamedModel:
             (name, p) for name, p in self.model.named_parameters(remove_duplicate=False) if id(p) not in block_ids
         ]
         self._outer_names = {name for name, _ in self._outer}
-        self._layer_names = {id(layer): self._layer_prefix(i) for i, layer in enumerate(self.layers)}
+        module_names = {id(m): name for name, m in self.model.named_modules()}
+        self._layer_prefixes = [module_names[id(layer)] + "." for layer in self.layers]
+
+    @classmethod
+    def open(cls, directory: str | Path, dtype: str = "auto", device: str = "auto") -> StreamedModel:
+        """Open a checkpoint with a recipe's ``dtype`` / ``device`` names (``auto`` resolved as
+        :func:`core.models.loading.load_model` does)."""
+        dev = resolve_device(device)
+        return cls(directory, resolve_dtype(dtype, read_config(directory), dev), dev)
 
     # names -------------------------------------------------------------------------------------
     def _checkpoint_prefix(self) -> tuple[str, str]:
@@ -123,27 +126,22 @@ class StreamedModel:
         strip, add = self._prefix
         return add + (name[len(strip) :] if strip and name.startswith(strip) else name)
 
-    def source_name_is_block(self, source: str, block_prefixes: tuple[str, ...]) -> bool:
-        """Whether a checkpoint tensor name belongs to a block (``block_prefixes``: model names)."""
-        return any(source.startswith(self.source_name(p)) for p in block_prefixes)
-
-    def _layer_prefix(self, i: int) -> str:
-        for name, module in self.model.named_modules():
-            if module is self.layers[i]:
-                return name + "."
-        raise AssertionError("layer not found in its model")
-
     def layer_prefix(self, i: int) -> str:
         """The layer's parameter-name prefix in the model (``model.layers.3.``)."""
-        return self._layer_names[id(self.layers[i])]
+        return self._layer_prefixes[i]
 
     # loading -----------------------------------------------------------------------------------
-    def _read(self, name: str) -> torch.Tensor:
+    def _source(self, name: str) -> tuple[str, torch.dtype | None]:
+        """The checkpoint name of model parameter ``name`` and the dtype it is read in (the run's
+        for floating tensors, None: as stored)."""
         source = self.source_name(name)
         if source not in self.reader:
             raise CheckpointError(f"{str(self.directory)!r} has no tensor {source!r}")
-        floating = self.reader.entries[source].dtype.is_floating_point
-        return self.reader.read(source, self.device, self.dtype if floating else None)
+        return source, self.dtype if self.reader.entries[source].dtype.is_floating_point else None
+
+    def _read(self, name: str) -> torch.Tensor:
+        source, dtype = self._source(name)
+        return self.reader.read(source, self.device, dtype)
 
     def _after_blocks(self) -> set[str]:
         """Names of the parameters applied after the last block (final norm, output head)."""
@@ -204,15 +202,10 @@ class StreamedModel:
         out = []
         for name, p in self.model.named_parameters():  # tied parameters once, under the first name
             if name in self._outer_names:
-                source = self.source_name(name)
-                if source not in self.reader:
-                    raise CheckpointError(f"{str(self.directory)!r} has no tensor {source!r}")
-                dtype = self.dtype if self.reader.entries[source].dtype.is_floating_point else p.dtype
-                out.append((name, LazyTensor(tuple(p.shape), dtype, partial(self._read_host, source, dtype))))
+                source, dtype = self._source(name)
+                read = partial(self.reader.read, source, dtype=dtype)
+                out.append((name, LazyTensor(tuple(p.shape), dtype or self.reader.entries[source].dtype, read)))
         return out
-
-    def _read_host(self, source: str, dtype: torch.dtype) -> torch.Tensor:
-        return self.reader.read(source, "cpu", dtype)
 
 
 class Stop(Exception):

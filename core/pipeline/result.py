@@ -97,14 +97,3 @@ class PruneResult:
         if self.checkpoint is not None:
             shutil.rmtree(self.checkpoint, ignore_errors=True)
             self.checkpoint = None
-
-    def load_model(self, device: str | None = None):
-        """The pruned model in memory: the one held, or the streamed run's checkpoint loaded onto
-        ``device`` (default: the recipe's) in the run's dtype."""
-        if self.model is not None:
-            return self.model
-        from core.models.loading import load_pruned, resolve_device, resolve_dtype
-
-        dev = resolve_device(device or self.recipe.device)
-        model, _ = load_pruned(self.checkpoint, dtype=None, device=dev)
-        return model.to(resolve_dtype(self.recipe.dtype, model.config, dev))

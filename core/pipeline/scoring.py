@@ -3,6 +3,7 @@ the dense model (per-channel input statistics, or gradients of the calibration l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,23 +19,29 @@ from core.spec.recipe import Recipe
 from core.stats.accumulate import ChannelStats
 
 
+def hook_layer_inputs(layer: nn.Module, adapter: Adapter, device, mask: Callable[[], torch.Tensor | None]):
+    """``(LayerInputs, hook handles)``: per-channel statistics of the layer's o_proj / down_proj
+    inputs, fed by forward pre-hooks (``mask()``: the current batch's token mask)."""
+    fam = adapter.family
+    entry = LayerInputs(
+        ChannelStats(layer.get_submodule(fam.o).in_features, device),
+        ChannelStats(layer.get_submodule(fam.ffn_out).in_features, device),
+    )
+    handles = [
+        layer.get_submodule(path).register_forward_pre_hook(lambda _m, a, sink=sink: sink.add_batch(a[0], mask()))
+        for path, sink in ((fam.o, entry.attn), (fam.ffn_out, entry.ffn))
+    ]
+    return entry, handles
+
+
 @torch.no_grad()
 def dense_inputs(model: nn.Module, adapter: Adapter, batches: list[CalibrationBatch], device) -> list[LayerInputs]:
     """Per-channel statistics of every layer's o_proj / down_proj inputs on the dense model."""
-    fam = adapter.family
     stats, handles, mask = [], [], [None]
     for layer in adapter.layers(model):
-        entry = LayerInputs(
-            ChannelStats(layer.get_submodule(fam.o).in_features, device),
-            ChannelStats(layer.get_submodule(fam.ffn_out).in_features, device),
-        )
+        entry, hooks = hook_layer_inputs(layer, adapter, device, lambda: mask[0])
         stats.append(entry)
-        for path, sink in ((fam.o, entry.attn), (fam.ffn_out, entry.ffn)):
-            handles.append(
-                layer.get_submodule(path).register_forward_pre_hook(
-                    lambda _m, a, sink=sink: sink.add_batch(a[0], mask[0])
-                )
-            )
+        handles += hooks
     try:
         for b in batches:
             mask[0] = b.token_mask(adapter.kind, device)

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from core import criteria
 from core.criteria import Scores
 from core.data.calibration import CalibrationBatch, calibration_batches
 from core.models.adapter import adapter_for, block_parameters
@@ -34,6 +33,7 @@ from core.pipeline.preflight import as_recipe, check_model_fit
 from core.pipeline.result import PruneResult
 from core.pipeline.scoring import score_layers, split_batches
 from core.pipeline.streamed import StreamSource, check_streamable
+from core.spec.criteria import streaming_refusal
 from core.spec.recipe import Recipe
 
 
@@ -75,7 +75,7 @@ def execution_mode(recipe: Recipe, model: nn.Module | None, output_dir) -> tuple
         if output_dir is None:
             raise ValueError("execution: stream writes the pruned model as it goes; give an output directory")
         check_streamable(recipe)
-    elif model is not None or output_dir is None or criteria.get(recipe.criterion.name).needs == "gradients":
+    elif model is not None or output_dir is None or streaming_refusal(recipe.criterion.name):
         return "memory", None
     directory = checkpoint_directory(recipe.model)
     if directory is None or not ((directory / INDEX).is_file() or (directory / SINGLE).is_file()):

@@ -24,18 +24,16 @@ import torch
 from torch import nn
 
 from core import criteria
-from core.criteria import LayerInputs
 from core.data.calibration import CalibrationBatch
-from core.models.config_file import read_config
 from core.models.export import check_output_dir, write_config
-from core.models.loading import ensure_pad_token, resolve_device, resolve_dtype
+from core.models.loading import ensure_pad_token
 from core.models.safetensors_io import INDEX, write_shard
 from core.models.streaming import StreamedModel
 from core.pipeline.blocks import BlockIO
 from core.pipeline.runner import BlockRunner
+from core.pipeline.scoring import hook_layer_inputs
 from core.spec.criteria import parse_options, streaming_refusal
 from core.spec.recipe import Recipe
-from core.stats.accumulate import ChannelStats
 
 
 def check_streamable(recipe: Recipe) -> None:
@@ -57,10 +55,8 @@ class StreamSource:
 
     def __init__(self, recipe: Recipe, directory: Path, output_dir: str | Path, overwrite: bool, tokenizer=None):
         self.out = check_output_dir(output_dir, overwrite)
-        device = resolve_device(recipe.device)
-        dtype = resolve_dtype(recipe.dtype, _Config(read_config(directory)), device)
-        self.sm = StreamedModel(directory, dtype, device)
-        self.model, self.adapter, self.device = self.sm.model, self.sm.adapter, device
+        self.sm = StreamedModel.open(directory, recipe.dtype, recipe.device)
+        self.model, self.adapter, self.device = self.sm.model, self.sm.adapter, self.sm.device
         self.tokenizer = tokenizer if tokenizer is not None else _tokenizer(directory, self.model.config)
         ensure_pad_token(self.tokenizer)
         _check_free_space(self.sm, recipe.ratio, self.out)
@@ -85,21 +81,12 @@ class StreamSource:
         name = recipe.criterion.name
         criterion, opts = criteria.get(name), parse_options(name, recipe.criterion.options)
         runner = BlockRunner(self.model, self.adapter, batches, self.device) if criterion.needs == "inputs" else None
-        fam, scores = self.adapter.family, []
+        scores = []
         for i, layer in enumerate(self.sm.layers):
             self.sm.load_block(i)
             data = None
             if runner is not None:
-                data = LayerInputs(
-                    ChannelStats(layer.get_submodule(fam.o).in_features, self.device),
-                    ChannelStats(layer.get_submodule(fam.ffn_out).in_features, self.device),
-                )
-                handles = [
-                    layer.get_submodule(path).register_forward_pre_hook(
-                        lambda _m, a, sink=sink: sink.add_batch(a[0], runner.masks[runner.batch])
-                    )
-                    for path, sink in ((fam.o, data.attn), (fam.ffn_out, data.ffn))
-                ]
+                data, handles = hook_layer_inputs(layer, self.adapter, self.device, lambda: runner.masks[runner.batch])
                 try:
                     runner.advance(layer)
                 finally:
@@ -156,13 +143,11 @@ class _WriteBlocks(BlockIO):
 def _check_free_space(sm: StreamedModel, ratio: float, out: Path) -> None:
     """Refuse before writing anything when the output's disk cannot hold the pruned weights (their
     size estimated from the checkpoint: everything outside the blocks, and the blocks less ``ratio``)."""
-    size = torch.empty((), dtype=sm.dtype).element_size()
-    blocks = tuple(sm.layer_prefix(i) for i in range(len(sm.layers)))
+    blocks = tuple(sm.source_name(sm.layer_prefix(i)) for i in range(len(sm.layers)))
     need = 0.0
     for name, e in sm.reader.entries.items():
-        numel = e.nbytes // max(torch.empty((), dtype=e.dtype).element_size(), 1)
-        nbytes = numel * (size if e.dtype.is_floating_point else torch.empty((), dtype=e.dtype).element_size())
-        need += nbytes * (1 - ratio) if sm.source_name_is_block(name, blocks) else nbytes
+        nbytes = e.nbytes // e.dtype.itemsize * (sm.dtype if e.dtype.is_floating_point else e.dtype).itemsize
+        need += nbytes * (1 - ratio) if name.startswith(blocks) else nbytes
     free = shutil.disk_usage(out.parent).free
     if free < need:
         raise InsufficientDiskSpace(
@@ -173,13 +158,6 @@ def _check_free_space(sm: StreamedModel, ratio: float, out: Path) -> None:
 
 class InsufficientDiskSpace(OSError):
     """The output's disk is too small for the pruned checkpoint (found before writing)."""
-
-
-class _Config:
-    """Attribute access over a raw config dict (what :func:`resolve_dtype` reads)."""
-
-    def __init__(self, raw: dict):
-        self.__dict__.update(raw)
 
 
 def _tokenizer(directory: Path, config):
