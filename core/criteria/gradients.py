@@ -135,6 +135,8 @@ def mask_gradients(
             x = args[0]
             m = masks[li][kind]
             full = m.repeat_interleave(d, dim=1) if kind == 0 else m
+            if x.dim() == 2 and x.shape[0] != full.shape[0]:  # tokens flattened (OPT's FFN): a row per token
+                full = full.repeat_interleave(x.shape[0] // full.shape[0], dim=0)
             shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
             return ((x.to(full.dtype) * full.view(shape)).to(x.dtype),)
 

@@ -65,13 +65,16 @@ class Taylor(Criterion):
             sq = None if grads.sq is None else grads.sq[path]
             return _channel_importance(mode, _taylor_salience(mode, w, grads.grad[path], sq), dim)
 
-        q = channels(fam.q, 1).reshape(adapter.n_heads, d)
+        blocks = adapter.row_blocks()
+        (q_path, q_rows), (k_path, k_rows), (v_path, v_rows) = blocks["q"][0], blocks["k"][0], blocks["v"][0]
+        q = channels(q_path, 1)[q_rows].reshape(adapter.n_heads, d)
         kv_index = torch.arange(adapter.n_heads) // n_rep
-        k = channels(fam.k, 1).reshape(-1, d)[kv_index] / n_rep
-        v = channels(fam.v, 1).reshape(-1, d)[kv_index] / n_rep
+        k = channels(k_path, 1)[k_rows].reshape(-1, d)[kv_index] / n_rep
+        v = channels(v_path, 1)[v_rows].reshape(-1, d)[kv_index] / n_rep
         o = channels(fam.o, 0).reshape(adapter.n_heads, d)
         heads = _aggregate([q, k, v, o], how).sum(1)
-        neurons = _aggregate([channels(p, 1) for p in fam.ffn_in] + [channels(fam.ffn_out, 0)], how)
+        ffn_in = [channels(path, 1)[rows] for path, rows in blocks["ffn_in"]]
+        neurons = _aggregate(ffn_in + [channels(fam.ffn_out, 0)], how)
         n_layers = adapter.n_layers
         return Scores(
             heads=heads.cpu(),

@@ -69,12 +69,19 @@ def perplexity_streamed(
     hidden, extra = block_inputs(sm.model, sm.adapter, [{"input_ids": b, "use_cache": False} for b in batches])
     for li in tqdm(range(len(sm.layers)), desc="perplexity", unit="layer", disable=not show_progress):
         layer = sm.load_block(li)
-        for i, (args, kwargs) in enumerate(extra):
+        for i, per_layer in enumerate(extra):
+            args, kwargs = per_layer[li]
             out = layer(hidden[i], *args, **kwargs)
             hidden[i] = out[0] if isinstance(out, tuple) else out
         sm.free_block(li)
     norm, head = sm.model.base_model.get_submodule(sm.adapter.family.final_norm), sm.model.get_output_embeddings()
-    total_nll = sum(_nll(head(norm(h)), b) for h, b in zip(hidden, batches))
+    cap = getattr(sm.model.config, "final_logit_softcapping", None)  # Gemma 2
+
+    def logits(h: torch.Tensor) -> torch.Tensor:
+        out = head(norm(h))
+        return out if not cap else torch.tanh(out / cap) * cap
+
+    total_nll = sum(_nll(logits(h), b) for h, b in zip(hidden, batches))
     return _summary(total_nll, windows)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from core.models.liar_families import Family, family_of, supported_model_types
+from core.models.liar_families import Family, family_of, unsupported_reason
 from core.models.modeling_liar import get_layers, head_geometry
 
 
@@ -34,13 +34,25 @@ class Adapter:
     def layers(self, model: nn.Module) -> nn.ModuleList:
         return get_layers(model, self.family)
 
+    def row_blocks(self) -> dict[str, list[tuple[str, slice]]]:
+        """Where the query, key, value and FFN-input rows of a dense block live: ``(projection path,
+        rows)`` per role — a slice of a fused projection (Phi-3), all rows otherwise."""
+        fam, d, every = self.family, self.head_dim, slice(None)
+        nq, nkv = self.n_heads * d, (self.n_kv_heads if fam.gqa else self.n_heads) * d
+        qkv = (slice(0, nq), slice(nq, nq + nkv), slice(nq + nkv, nq + 2 * nkv)) if fam.qkv_fused else (every,) * 3
+        if fam.ffn_in_fused:
+            ffn = [(fam.ffn_in[0], slice(0, self.n_neurons)), (fam.ffn_in[0], slice(self.n_neurons, None))]
+        else:
+            ffn = [(path, every) for path in fam.ffn_in]
+        return {"q": [(fam.q, qkv[0])], "k": [(fam.k, qkv[1])], "v": [(fam.v, qkv[2])], "ffn_in": ffn}
+
 
 def adapter_for(model_or_config) -> Adapter:
     config = getattr(model_or_config, "config", model_or_config)
     mt = getattr(config, "model_type", None)
     family = family_of(mt)
     if family is None:
-        raise ValueError(f"model type {mt!r} is not supported; supported: {supported_model_types()}")
+        raise ValueError(unsupported_reason(mt))
     n_heads, n_kv, head_dim = head_geometry(config)
     return Adapter(
         name=family.name,
@@ -50,7 +62,7 @@ def adapter_for(model_or_config) -> Adapter:
         n_kv_heads=n_kv,
         head_dim=head_dim,
         hidden=config.hidden_size,
-        n_neurons=config.intermediate_size,
+        n_neurons=getattr(config, family.ffn_width_key),
         n_layers=config.num_hidden_layers,
     )
 
@@ -76,5 +88,6 @@ def unit_costs(layer: nn.Module, adapter: Adapter) -> dict[str, int]:
     kv = d * (rows(fam.k) + rows(fam.v))
     if not fam.gqa:  # BERT: a head owns its key and value rows
         head, kv = head + kv, 0
-    neuron = sum(rows(p) for p in fam.ffn_in) + layer.get_submodule(fam.ffn_out).out_features
+    parts = 2 if fam.ffn_in_fused else 1  # a fused gate/up projection holds two rows per neuron
+    neuron = parts * sum(rows(p) for p in fam.ffn_in) + layer.get_submodule(fam.ffn_out).out_features
     return {"head": head, "kv": kv, "neuron": neuron}

@@ -80,7 +80,7 @@ def _stock_overrides(model: nn.Module, family_name: str, layout: list[dict]) -> 
         if fam.mlp_bias_flag is None:
             return None
         overrides[fam.mlp_bias_flag] = True
-    overrides.update(num_attention_heads=n_heads, intermediate_size=n_neurons)
+    overrides.update({"num_attention_heads": n_heads, fam.ffn_width_key: n_neurons})
     if fam.gqa:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         overrides.update(num_key_value_heads=n_kv, head_dim=head_dim)

@@ -6,7 +6,11 @@ is copied beside ``modeling_liar.py`` into every checkpoint with bundled code (w
 relatively), so a pruned model loads where this project is not installed.
 
 Adding a LLaMA-like family is one entry in ``FAMILIES``: its Hugging Face ``model_type`` values, the
-module paths of one block, and the transformers class names its checkpoints use.
+module paths of one block, and the transformers class names its checkpoints use. The other fields say
+how a family departs from LLaMA: fused projections (Phi-3), norms around the attention and the FFN
+(Gemma's sandwich norms), head counts read from the config or kept as attributes (Phi-3, OPT, BERT),
+an FFN written inline in the block (OPT). ``docs/design.md`` walks through adding one, with the test
+template every family passes.
 """
 
 from __future__ import annotations
@@ -43,6 +47,22 @@ class Family:
     attn_input_norm: str | None = None
     ffn_input_norm: str | None = None
     final_norm: str | None = None  # path from ``model.base_model`` to the norm after the last block
+    # q, k and v are consecutive row blocks of one projection (Phi-3's ``qkv_proj``; q, k and v then
+    # name that one path), and likewise gate and up of ``ffn_in[0]`` (Phi-3's ``gate_up_proj``)
+    qkv_fused: bool = False
+    ffn_in_fused: bool = False
+    # the attention's forward splits or reshapes by the *config's* head counts (Phi-3): a pruned block
+    # then sees a per-layer view of the config carrying its own counts
+    heads_from_config: bool = False
+    # attention attributes holding the number of query heads / their total width, kept in step with
+    # pruning (BERT's ``num_attention_heads`` / ``all_head_size``, OPT's ``num_heads``); the key/value
+    # head count attribute ``num_key_value_heads`` is updated wherever the attention has one
+    head_count_attrs: tuple[str, ...] = ()
+    head_width_attrs: tuple[str, ...] = ()
+    # a module applied between the FFN input and output projections *outside* ``ffn_block`` (OPT's
+    # ``activation_fn``, whose FFN is written inline in the block): a replay of the block bypasses it
+    ffn_inline_act: str | None = None
+    ffn_width_key: str = "intermediate_size"  # config key of the FFN width (OPT: ``ffn_dim``)
 
 
 _DECODER = dict(
@@ -86,6 +106,75 @@ FAMILIES: dict[str, Family] = {
         model_classes={"AutoModelForCausalLM": "Qwen2ForCausalLM"},
         **_DECODER,
     ),
+    # per-head q/k RMSNorms act on each head's head_dim channels with weights shared by all heads:
+    # nothing of theirs is sliced when heads go
+    "qwen3": Family(
+        name="qwen3",
+        model_types=("qwen3",),
+        config_class="Qwen3Config",
+        model_classes={"AutoModelForCausalLM": "Qwen3ForCausalLM"},
+        attn_bias_flag="attention_bias",
+        **_DECODER,
+    ),
+    # sandwich norms: ``post_attention_layernorm`` normalises the attention's *output*; the FFN's input
+    # norm is ``pre_feedforward_layernorm``
+    "gemma2": Family(
+        name="gemma2",
+        model_types=("gemma2",),
+        config_class="Gemma2Config",
+        model_classes={"AutoModelForCausalLM": "Gemma2ForCausalLM"},
+        attn_bias_flag="attention_bias",
+        **{**_DECODER, "ffn_input_norm": "pre_feedforward_layernorm"},
+    ),
+    "gemma3": Family(
+        name="gemma3",
+        model_types=("gemma3_text",),
+        config_class="Gemma3TextConfig",
+        model_classes={"AutoModelForCausalLM": "Gemma3ForCausalLM"},
+        attn_bias_flag="attention_bias",
+        **{**_DECODER, "ffn_input_norm": "pre_feedforward_layernorm"},
+    ),
+    "phi3": Family(
+        name="phi3",
+        model_types=("phi3",),
+        config_class="Phi3Config",
+        model_classes={"AutoModelForCausalLM": "Phi3ForCausalLM"},
+        qkv_fused=True,
+        ffn_in_fused=True,
+        heads_from_config=True,
+        **{
+            **_DECODER,
+            "q": "self_attn.qkv_proj",
+            "k": "self_attn.qkv_proj",
+            "v": "self_attn.qkv_proj",
+            "ffn_in": ("mlp.gate_up_proj",),
+        },
+    ),
+    # OPT: multi-head attention with biases everywhere, learned positions, the FFN inline in the block
+    # (fc1 → activation_fn → fc2); its norms may come after the sub-layers (opt-350m), so none is
+    # skipped during a replay
+    "opt": Family(
+        name="opt",
+        kind="decoder",
+        model_types=("opt",),
+        layers="decoder.layers",
+        attn="self_attn",
+        q="self_attn.q_proj",
+        k="self_attn.k_proj",
+        v="self_attn.v_proj",
+        o="self_attn.out_proj",
+        ffn_in=("fc1",),
+        ffn_out="fc2",
+        ffn_block="fc1",
+        ffn_inline_act="activation_fn",
+        gqa=False,
+        head_dim_in_config=False,
+        head_count_attrs=("num_heads",),
+        ffn_width_key="ffn_dim",
+        final_norm="decoder.final_layer_norm",
+        config_class="OPTConfig",
+        model_classes={"AutoModelForCausalLM": "OPTForCausalLM"},
+    ),
     "bert": Family(
         name="bert",
         kind="encoder",
@@ -101,6 +190,8 @@ FAMILIES: dict[str, Family] = {
         ffn_block="intermediate",
         gqa=False,
         head_dim_in_config=False,
+        head_count_attrs=("num_attention_heads",),
+        head_width_attrs=("all_head_size",),
         config_class="BertConfig",
         model_classes={
             "AutoModel": "BertModel",
@@ -121,6 +212,39 @@ def family_of(model_type: str | None) -> Family | None:
     return next((f for f in FAMILIES.values() if mt in f.model_types), None)
 
 
-def supported_model_types() -> list[str]:
-    """The stock ``model_type`` values the engine prunes, sorted."""
-    return sorted(mt for f in FAMILIES.values() for mt in f.model_types)
+def supported_families_text() -> str:
+    """One line naming the families the engine prunes, for error messages and the model picker."""
+    names = {
+        "llama": "LLaMA",
+        "mistral": "Mistral",
+        "qwen2": "Qwen2",
+        "qwen3": "Qwen3",
+        "gemma2": "Gemma 2",
+        "gemma3": "Gemma 3 (text)",
+        "phi3": "Phi-3",
+        "opt": "OPT",
+        "bert": "BERT",
+    }
+    return ", ".join(names.get(f, f) for f in FAMILIES)
+
+
+_MIXTURE_OF_EXPERTS = (
+    "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "olmoe", "jamba",
+    "granitemoe", "phimoe", "gpt_oss", "llama4", "minimax",
+)  # fmt: skip
+_ENCODER_DECODERS = ("t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian", "whisper", "led", "m2m_100")
+
+
+def unsupported_reason(model_type: str | None) -> str:
+    """One sentence saying why a model type is not pruned, and which families are."""
+    mt = str(model_type or "")
+    supported = f"supported families: {supported_families_text()}"
+    if mt in _MIXTURE_OF_EXPERTS or mt.endswith("_moe"):
+        kind = "a mixture-of-experts model, whose expert FFNs this tool does not prune yet"
+    elif mt in _ENCODER_DECODERS:
+        kind = "an encoder-decoder model, which this tool does not prune"
+    elif mt == "gemma3":
+        kind = "Gemma 3 with its vision tower; its text model (model_type gemma3_text) is supported"
+    else:
+        kind = "not a supported architecture"
+    return f"model type {mt!r} is {kind} ({supported})"

@@ -1,4 +1,4 @@
-"""Modeling code for structurally pruned transformers (LLaMA family with GQA, BERT family).
+"""Modeling code for structurally pruned transformers (the decoder families of ``liar_families``, BERT).
 
 This file is self-contained on purpose: it imports only ``torch`` and ``transformers`` and is copied
 verbatim into every exported checkpoint, so a pruned model loads with
@@ -15,16 +15,20 @@ A pruned model is its stock architecture plus a per-layer *layout* stored in ``c
 
 Grouped-query attention stays exact: query head ``h`` of the original model read key/value head
 ``h // n_rep``; after pruning, each kept query head still reads that same key/value head, through an
-explicit per-layer index map (``kv_index``) whenever the kept heads no longer form equal groups.
+explicit per-layer index map (``kv_index``) whenever the kept heads no longer form equal groups:
+the attention then sees a per-layer view of the config whose attention implementation gathers the
+key/value heads before calling the model's own one, so each family's stock forward runs unchanged.
 """
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import transformers
 from torch import nn
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from .liar_families import FAMILIES, Family
 
@@ -94,37 +98,46 @@ def _regular_groups(kv_index: list[int], n_kv: int) -> int | None:
     return rep if kv_index == [i // rep for i in range(len(kv_index))] else None
 
 
-def indexed_attention_forward(
-    self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs
-):
-    """LLaMA-family attention where query head i reads key/value head ``self.kv_index[i]``."""
-    input_shape = hidden_states.shape[:-1]
-    hidden_shape = (*input_shape, -1, self.head_dim)
-    query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-    key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-    value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-    cos, sin = position_embeddings
-    query, key = apply_rotary_pos_emb(query, key, cos, sin)
-    if past_key_values is not None:
-        key, value = past_key_values.update(key, value, self.layer_idx)
-    index = _device_index(self, key.device)
-    key = key.index_select(1, index)
-    value = value.index_select(1, index)
-    interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-    if getattr(self, "sliding_window", None) is not None:
-        kwargs.setdefault("sliding_window", self.sliding_window)
-    out, weights = interface(
-        self,
-        query,
-        key,
-        value,
-        attention_mask,
-        dropout=0.0 if not self.training else self.attention_dropout,
-        scaling=self.scaling,
-        **kwargs,
-    )
-    out = out.reshape(*input_shape, -1).contiguous()
-    return self.o_proj(out), weights
+KV_INDEXED = "liar_kv_indexed"  # attention implementation gathering key/value heads by an index first
+
+
+def _kv_indexed_attention(module, query, key, value, attention_mask, **kwargs):
+    """The model's own attention implementation, after query head i is given key/value head
+    ``module.liar_kv_index[i]`` (the pruned block's kept heads no longer form equal groups). Registered
+    with transformers, so every family's stock attention forward (rotary embeddings, q/k norms,
+    soft-capping, sliding windows, the cache) runs unchanged."""
+    index = _device_index(module, key.device)
+    key, value = key.index_select(1, index), value.index_select(1, index)
+    stock = next(c for c in type(module).__mro__ if c not in _LIAR_ATTENTION.values())
+    eager = getattr(sys.modules[stock.__module__], "eager_attention_forward", eager_attention_forward)
+    real = module.__dict__["config"]._attn_implementation
+    return ALL_ATTENTION_FUNCTIONS.get_interface(real, eager)(module, query, key, value, attention_mask, **kwargs)
+
+
+AttentionInterface.register(KV_INDEXED, _kv_indexed_attention)
+
+
+class _LayerConfig:
+    """A pruned attention's view of the model config: the attributes in ``overrides`` (its own head
+    counts, the key/value-gathering implementation) and the model's config for everything else."""
+
+    def __init__(self, base, overrides: dict):
+        self.__dict__.update(_base=base, _overrides=overrides)
+
+    def __getattr__(self, name):
+        overrides = self.__dict__["_overrides"]
+        return overrides[name] if name in overrides else getattr(self.__dict__["_base"], name)
+
+    def __setattr__(self, name, value):
+        setattr(self.__dict__["_base"], name, value)
+
+
+def _get_config(attn):
+    return _LayerConfig(attn.__dict__["config"], attn.__dict__.get("liar_config_overrides", {}))
+
+
+def _set_config(attn, value):
+    attn.__dict__["config"] = value
 
 
 def _device_index(attn: nn.Module, device: torch.device) -> torch.Tensor:
@@ -136,13 +149,20 @@ def _device_index(attn: nn.Module, device: torch.device) -> torch.Tensor:
     return cache[device]
 
 
-_INDEXED_CLASSES: dict[type, type] = {}
+_LIAR_ATTENTION: dict[type, type] = {}  # stock attention class -> its subclass reading a _LayerConfig
 
 
-def _indexed_class(base: type) -> type:
-    if base not in _INDEXED_CLASSES:
-        _INDEXED_CLASSES[base] = type("Indexed" + base.__name__, (base,), {"forward": indexed_attention_forward})
-    return _INDEXED_CLASSES[base]
+def _set_config_overrides(attn: nn.Module, overrides: dict) -> None:
+    """Give ``attn`` a per-layer config view with ``overrides``, or its stock class back if none."""
+    stock = next(c for c in type(attn).__mro__ if c not in _LIAR_ATTENTION.values())
+    if not overrides:
+        attn.__class__ = stock
+        attn.__dict__.pop("liar_config_overrides", None)
+        return
+    if stock not in _LIAR_ATTENTION:
+        _LIAR_ATTENTION[stock] = type("Liar" + stock.__name__, (stock,), {"config": property(_get_config, _set_config)})
+    attn.__class__ = _LIAR_ATTENTION[stock]
+    attn.liar_config_overrides = overrides
 
 
 def prune_layer_(
@@ -172,16 +192,31 @@ def _as_list(v) -> list[int]:
 
 def prune_neurons_(layer: nn.Module, family: Family, neurons: int | list[int] | torch.Tensor) -> None:
     """Keep FFN neurons ``neurons`` (indices into the current layer, or a count) — rows of the FFN
-    input projections and columns of the FFN output projection."""
+    input projections (both halves of a fused gate/up projection) and columns of the FFN output."""
     n_cur = layer.get_submodule(family.ffn_out).in_features
     neurons = list(range(neurons)) if isinstance(neurons, int) else _as_list(neurons)
     if not neurons:
         raise ValueError("a layer must keep at least one FFN neuron")
     if neurons == list(range(n_cur)):
         return
+    rows = neurons + [n_cur + n for n in neurons] if family.ffn_in_fused else neurons
     for path in family.ffn_in:
-        set_module(layer, path, _slice_linear(layer.get_submodule(path), neurons, None))
+        set_module(layer, path, _slice_linear(layer.get_submodule(path), rows, None))
     set_module(layer, family.ffn_out, _slice_linear(layer.get_submodule(family.ffn_out), None, neurons))
+
+
+def _slice_qkv(layer: nn.Module, family: Family, q_rows, kv_rows, n_q: int, n_kv: int) -> None:
+    """Keep rows ``q_rows`` of the query projection and ``kv_rows`` of the key and value projections
+    (None: all); ``n_q`` / ``n_kv``: their current row counts (for a fused q|k|v projection)."""
+    if family.qkv_fused:
+        q_rows = list(range(n_q)) if q_rows is None else q_rows
+        kv_rows = list(range(n_kv)) if kv_rows is None else kv_rows
+        rows = q_rows + [n_q + r for r in kv_rows] + [n_q + n_kv + r for r in kv_rows]
+        set_module(layer, family.q, _slice_linear(layer.get_submodule(family.q), rows, None))
+        return
+    for path, rows in ((family.q, q_rows), (family.k, kv_rows), (family.v, kv_rows)):
+        if rows is not None:
+            set_module(layer, path, _slice_linear(layer.get_submodule(path), rows, None))
 
 
 def prune_heads_(
@@ -203,29 +238,32 @@ def prune_heads_(
     # positions of the kept heads within the current (possibly already pruned) layer; None = all kept
     q_rows = None if heads == cur_heads else _channels([cur_heads.index(h) for h in heads], head_dim)
     kv_rows = None if kv_heads == cur_kv else _channels([cur_kv.index(h) for h in kv_heads], head_dim)
-    for path, rows in ((family.q, q_rows), (family.k, kv_rows), (family.v, kv_rows)):
-        if rows is not None:
-            set_module(layer, path, _slice_linear(layer.get_submodule(path), rows, None))
+    if family.gqa:
+        _slice_qkv(layer, family, q_rows, kv_rows, len(cur_heads) * head_dim, len(cur_kv) * head_dim)
+    else:  # one row block per head in q, k and v alike
+        _slice_qkv(layer, family, q_rows, q_rows, len(cur_heads) * head_dim, len(cur_heads) * head_dim)
     if q_rows is not None:
         set_module(layer, family.o, _slice_linear(layer.get_submodule(family.o), None, q_rows))
 
     attn.liar_heads, attn.liar_kv_heads = heads, kv_heads
+    for name in family.head_count_attrs:
+        setattr(attn, name, len(heads))
+    for name in family.head_width_attrs:
+        setattr(attn, name, len(heads) * head_dim)
+    if hasattr(attn, "num_key_value_heads"):
+        attn.num_key_value_heads = len(kv_heads)
+    overrides = {}
+    if family.heads_from_config and (len(heads), len(kv_heads)) != (n_heads, n_kv):
+        overrides.update(num_attention_heads=len(heads), num_key_value_heads=len(kv_heads))
     if family.gqa:
         kv_index = kv_index_for(attn.liar_heads, attn.liar_kv_heads, n_heads // n_kv)
         rep = _regular_groups(kv_index, len(kv_heads))
-        if rep is not None:  # stock GQA layout: no gather needed
-            if type(attn) in _INDEXED_CLASSES.values():
-                attn.__class__ = attn.__class__.__bases__[0]
-            attn.num_key_value_groups = rep
-        else:
-            if type(attn) not in _INDEXED_CLASSES.values():
-                attn.__class__ = _indexed_class(type(attn))
-            attn.num_key_value_groups = 1
+        attn.num_key_value_groups = 1 if rep is None else rep  # stock GQA layout: no gather needed
+        if rep is None:
             attn.liar_kv_index = kv_index
             attn.__dict__.pop("_liar_kv_index_cache", None)
-    else:  # BERT: the forward reshapes with -1, only bookkeeping attributes change
-        attn.num_attention_heads = len(heads)
-        attn.all_head_size = len(heads) * head_dim
+            overrides["_attn_implementation"] = KV_INDEXED
+    _set_config_overrides(attn, overrides)
 
 
 def apply_layout(model: nn.Module, family_name: str, layout: list[dict]) -> None:

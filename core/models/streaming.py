@@ -213,19 +213,31 @@ class Stop(Exception):
 
 
 def block_inputs(model: nn.Module, adapter: Adapter, inputs: list[dict]) -> tuple[list[torch.Tensor], list]:
-    """The hidden states entering the first block, and the other arguments every block receives
-    (attention mask, position embeddings, ...), for each batch of base-model keyword ``inputs`` —
-    only the embeddings run (the first block is never entered)."""
+    """The hidden states entering the first block, and the other arguments each block receives
+    (attention mask, position embeddings, ...), for each batch of base-model keyword ``inputs``:
+    ``extra[batch][layer] = (args, kwargs)`` — per layer, since sliding-window and full-attention
+    layers (Gemma, Qwen) get different masks and rotary embeddings. Only the embeddings run: every
+    block is stood in for by a recorder passing its input through (the last one stops the pass)."""
+    layers = adapter.layers(model)
     hidden: list[torch.Tensor] = []
-    extra: list[tuple[tuple, dict]] = []
+    extra: list[list[tuple[tuple, dict]]] = []
 
-    def grab(_mod, args, kwargs):
-        kwargs = dict(kwargs)
-        hidden.append((args[0] if args else kwargs.pop("hidden_states")).detach())
-        extra.append((tuple(args[1:]), kwargs))
-        raise Stop
+    def recorder(li: int):
+        def forward(*args, **kwargs):
+            kwargs = dict(kwargs)
+            h = args[0] if args else kwargs.pop("hidden_states")
+            if li == 0:
+                hidden.append(h.detach())
+                extra.append([])
+            extra[-1].append((tuple(args[1:]), kwargs))
+            if li == len(layers) - 1:
+                raise Stop
+            return h
 
-    handle = adapter.layers(model)[0].register_forward_pre_hook(grab, with_kwargs=True)
+        return forward
+
+    for li, layer in enumerate(layers):
+        layer.forward = recorder(li)  # an instance attribute: shadows the class's forward
     try:
         for batch in inputs:
             try:
@@ -233,7 +245,8 @@ def block_inputs(model: nn.Module, adapter: Adapter, inputs: list[dict]) -> tupl
             except Stop:
                 pass
     finally:
-        handle.remove()
+        for layer in layers:
+            del layer.forward
     return hidden, extra
 
 

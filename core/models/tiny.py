@@ -1,7 +1,8 @@
 """Tiny random models, tokenizers and text for tests, demos and smoke runs (no downloads).
 
 Each ``tiny_*`` function writes a loadable Hugging Face directory (config, safetensors, tokenizer) and
-returns its path: a GQA Llama, a Qwen2-style model with q/k/v biases, a Mistral, and a BERT classifier.
+returns its path: a GQA decoder of every supported family (Llama, Mistral, Qwen2 with q/k/v biases,
+Qwen3, Gemma 2 / 3, Phi-3, OPT), and a BERT classifier.
 """
 
 from __future__ import annotations
@@ -71,17 +72,33 @@ def _save(model, tokenizer, path: str | Path) -> Path:
     return path
 
 
-def tiny_decoder(path: str | Path, family: str = "llama", seed: int = 0, **overrides) -> Path:
-    """A random 2-layer decoder: 8 query heads over 4 key/value heads (GQA), head_dim 8, FFN 48."""
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        MistralConfig,
-        MistralForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
+# per-family settings of the tiny decoders: Gemma's sliding window (8) is shorter than the test
+# sequences, so its sliding-window and full-attention layers really differ
+_FAMILY_CONFIG = {
+    "gemma2": dict(
+        head_dim=8,
+        query_pre_attn_scalar=8,
+        sliding_window=8,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
+    "gemma3": dict(
+        head_dim=8, query_pre_attn_scalar=8, sliding_window=8, layer_types=["sliding_attention", "full_attention"]
+    ),
+    "qwen3": dict(head_dim=8),
+    "phi3": dict(),
+}
 
+
+def tiny_decoder(path: str | Path, family: str = "llama", seed: int = 0, **overrides) -> Path:
+    """A random 2-layer decoder of ``family``: 8 query heads over 4 key/value heads (GQA; OPT: 8 heads),
+    head_dim 8, FFN 48."""
+    import transformers
+
+    from core.models.liar_families import FAMILIES
+
+    fam = FAMILIES[family]
     tok = tiny_tokenizer()
     kw = dict(
         vocab_size=len(tok),
@@ -96,14 +113,14 @@ def tiny_decoder(path: str | Path, family: str = "llama", seed: int = 0, **overr
         eos_token_id=tok.eos_token_id,
         tie_word_embeddings=False,
     )
+    if family == "opt":  # multi-head attention, FFN width under its own key, no down-projected embeddings
+        del kw["num_key_value_heads"]
+        kw.update(ffn_dim=kw.pop("intermediate_size"), word_embed_proj_dim=64)
+    kw.update(_FAMILY_CONFIG.get(family, {}))
     kw.update(overrides)
-    config_cls, model_cls = {
-        "llama": (LlamaConfig, LlamaForCausalLM),
-        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-        "mistral": (MistralConfig, MistralForCausalLM),
-    }[family]
+    config = getattr(transformers, fam.config_class)(**kw)
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**kw))
+    model = getattr(transformers, fam.model_classes["AutoModelForCausalLM"])(config)
     _perturb(model, seed)
     return _save(model, tok, path)
 

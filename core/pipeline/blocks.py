@@ -196,12 +196,13 @@ def reconstruct_blocks(
                 added,
             )
             # later passes over this block replay the pruned attention instead of recomputing it
-            runner.replay(layer, fam.attn, fam.o, keep, returns_tuple=True, input_norm=fam.attn_input_norm)
+            runner.replay(layer, fam.attn, fam.o, keep, returns_tuple=True, bypass=(fam.attn_input_norm,))
         if len(lp.neurons) < adapter.n_neurons:
             keep = _keep_mask(lp.neurons, adapter.n_neurons)
             shrink = partial(prune_neurons_, layer, fam, lp.neurons)
             fitter.fit(layer, li, _Unit("ffn", fam.ffn_out, keep, 1, shrink, len(lp.neurons), adapter.n_neurons), added)
-            runner.replay(layer, fam.ffn_block, fam.ffn_out, keep, returns_tuple=False, input_norm=fam.ffn_input_norm)
+            skip = (fam.ffn_input_norm, fam.ffn_inline_act)
+            runner.replay(layer, fam.ffn_block, fam.ffn_out, keep, returns_tuple=False, bypass=skip)
         if li < last_pruned:  # the next block still has something to prune: feed it
             runner.advance(layer)
         runner.restore(layer)

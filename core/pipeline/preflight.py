@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from core.models.config_file import read_config
-from core.models.liar_families import PRUNED_PREFIX, family_of, supported_model_types
+from core.models.liar_families import PRUNED_PREFIX, family_of, unsupported_reason
 from core.spec.recipe import Recipe
 
 
@@ -33,7 +33,7 @@ def check_model_fit(recipe: Recipe, config: Any, eval_lengths: list[int] | tuple
         raise ValueError("this model is already pruned; prune the original model with a larger ratio instead")
     family = family_of(model_type)
     if family is None:
-        raise ValueError(f"model type {model_type!r} is not supported; supported: {supported_model_types()}")
+        raise ValueError(unsupported_reason(model_type))
     limit = getattr(config, "max_position_embeddings", None)
     if limit is not None and recipe.calibration.max_seq_length > limit:
         raise ValueError(

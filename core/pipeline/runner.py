@@ -33,10 +33,12 @@ class BlockRunner:
         self.replays: dict[str, tuple[nn.Module, nn.Module]] = {}
         self.batch = 0
         self.hidden, self.extra = block_inputs(model, adapter, [b.model_inputs(adapter.kind, device) for b in batches])
+        # a block's position: its arguments may differ by layer (sliding-window vs full attention)
+        self._index = {id(layer): li for li, layer in enumerate(adapter.layers(model))}
 
     def run(self, layer: nn.Module, i: int) -> torch.Tensor:
         self.batch = i
-        args, kwargs = self.extra[i]
+        args, kwargs = self.extra[i][self._index[id(layer)]]
         out = layer(self.hidden[i], *args, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
@@ -97,19 +99,20 @@ class BlockRunner:
         path: str,
         keep: torch.Tensor,
         returns_tuple: bool,
-        input_norm: str | None = None,
+        bypass: tuple[str | None, ...] = (),
     ) -> None:
         """Replace ``layer.<block>`` by a module replaying its (pruned) output from the kept inputs of
         ``path``: ``path(X[..., keep])`` if the projection lives inside the block, else ``X[..., keep]``.
-        ``input_norm``, a norm whose output only that block reads, is skipped meanwhile (its output
-        would be discarded)."""
+        The modules in ``bypass`` become identities meanwhile: a norm whose output only that block
+        reads (its output would be discarded), or an activation between the block and ``path``
+        (OPT's inline FFN: the replayed values are already activated)."""
         inputs = self.kept[path]
         proj = layer.get_submodule(path) if path.startswith(block + ".") else None
         self.replays[block] = (layer.get_submodule(block), _Replay(inputs, keep, proj, returns_tuple, self))
         set_module(layer, block, self.replays[block][1])
-        if input_norm is not None:
-            self.replays[input_norm] = (layer.get_submodule(input_norm), nn.Identity())
-            set_module(layer, input_norm, self.replays[input_norm][1])
+        for name in filter(None, bypass):
+            self.replays[name] = (layer.get_submodule(name), nn.Identity())
+            set_module(layer, name, self.replays[name][1])
 
     def restore(self, layer: nn.Module) -> None:
         for block, (original, _) in self.replays.items():

@@ -119,7 +119,8 @@ def test_describe_an_unsupported_model_lists_the_supported_types(tmp_path):
     gpt2 = _config(tmp_path, "gpt2", model_type="gpt2", n_layer=2)
     kind, text = describe_model(str(gpt2))
     assert kind is None
-    assert text == "⚠ model type `gpt2` is not supported (supported: bert, llama, mistral, qwen2)"
+    assert text.startswith("⚠ model type 'gpt2' is not a supported architecture (supported families: LLaMA")
+    assert "Gemma 3 (text)" in text and "Phi-3" in text
 
 
 def test_describe_what_is_not_a_local_model():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core import load_pruned, prune
-from tests.conftest import recipe_for
+from tests.conftest import NEW_FAMILIES, recipe_for
 
 # A child interpreter in which `import core` fails: proves the checkpoint carries its own code.
 RELOAD = textwrap.dedent(
@@ -85,6 +85,22 @@ CASES = {
         False,
     ),
 }
+# the family template: every family reloads in both forms (non-uniform widths per layer, and stock).
+# These families' stock configs cannot switch on an FFN bias, so the stock case reconstructs without
+# one (mask tuning); LIAR's FFN bias makes the liar_ form.
+for _family in NEW_FAMILIES:
+    CASES[f"{_family}-global"] = (
+        f"{_family}_dir",
+        "AutoModelForCausalLM",
+        {"ratio": 0.3, "allocation": "global"},
+        False,
+    )
+    CASES[f"{_family}-uniform-neurons"] = (
+        f"{_family}_dir",
+        "AutoModelForCausalLM",
+        {"ratio": 0.2, "modules": "neurons", "reconstruction": {"method": "mask_tuning"}},
+        True,
+    )
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

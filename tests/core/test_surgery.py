@@ -8,6 +8,7 @@ import torch
 from core.models.adapter import adapter_for
 from core.models.loading import load_model
 from core.models.modeling_liar import prune_layer_
+from tests.conftest import NEW_FAMILIES
 
 
 def _inputs(adapter, seed=0):
@@ -39,7 +40,7 @@ def _mask_dense(model, adapter, keep_heads, keep_neurons):
             d[:, drop] = 0
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "bert"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "bert", *NEW_FAMILIES])
 def test_keep_all_preserves_outputs_exactly(name, request):
     model, _, adapter = load_model(str(request.getfixturevalue(f"{name}_dir")), "float32", "cpu")
     ids, mask = _inputs(adapter)
@@ -56,7 +57,7 @@ def test_keep_all_preserves_outputs_exactly(name, request):
     assert torch.equal(before, _out(model, ids, mask))
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "bert"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "bert", *NEW_FAMILIES])
 def test_surgery_equals_masking(name, request):
     model, _, adapter = load_model(str(request.getfixturevalue(f"{name}_dir")), "float32", "cpu")
     ids, mask = _inputs(adapter)
@@ -79,15 +80,21 @@ def test_surgery_equals_masking(name, request):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     fam = adapter.family
     layer0 = adapter.layers(model)[0]
-    assert layer0.get_submodule(fam.q).out_features == len(keep_heads[0]) * adapter.head_dim
+    d, n_kv = adapter.head_dim, (3 if fam.gqa else len(keep_heads[0]))  # kv head 2 removed
+    if fam.qkv_fused:  # q | k | v rows of one projection
+        assert layer0.get_submodule(fam.q).out_features == (len(keep_heads[0]) + 2 * n_kv) * d
+    else:
+        assert layer0.get_submodule(fam.q).out_features == len(keep_heads[0]) * d
+        assert layer0.get_submodule(fam.k).out_features == n_kv * d
     assert layer0.get_submodule(fam.ffn_out).in_features == len(keep_neurons[0])
-    if adapter.family.gqa:
-        assert layer0.get_submodule(fam.k).out_features == 3 * adapter.head_dim  # kv head 2 removed
+    parts = 2 if fam.ffn_in_fused else 1
+    assert all(layer0.get_submodule(p).out_features == parts * len(keep_neurons[0]) for p in fam.ffn_in)
 
 
-def test_gqa_decode_with_cache_matches_full_forward(llama_dir):
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma2", "gemma3", "phi3"])
+def test_gqa_decode_with_cache_matches_full_forward(name, request):
     """The indexed key/value map also holds during cached generation."""
-    model, _, adapter = load_model(str(llama_dir), "float32", "cpu")
+    model, _, adapter = load_model(str(request.getfixturevalue(f"{name}_dir")), "float32", "cpu")
     for layer in adapter.layers(model):
         prune_layer_(layer, adapter.family, model.config, [0, 1, 3, 6], [0, 1, 3], 30)
     ids = torch.randint(5, 40, (1, 12))
@@ -106,5 +113,5 @@ def test_cannot_drop_every_head(llama_dir):
 def test_adapter_rejects_unknown_architecture():
     from transformers import GPT2Config
 
-    with pytest.raises(ValueError, match="model type 'gpt2' is not supported"):
+    with pytest.raises(ValueError, match="model type 'gpt2' is not a supported architecture"):
         adapter_for(GPT2Config())
