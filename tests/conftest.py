@@ -74,6 +74,7 @@ def opt_dir(tmp_path_factory):
 
 # the families added after the first three, which every family-template test also runs on
 NEW_FAMILIES = ["qwen3", "gemma2", "gemma3", "phi3", "opt"]
+DECODER_FAMILIES = ["llama", "mistral", "qwen2", *NEW_FAMILIES]
 
 
 @pytest.fixture(scope="session")

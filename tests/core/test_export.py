@@ -21,12 +21,17 @@ RELOAD = textwrap.dedent(
     from transformers.utils import logging
     logging.set_verbosity_error()
     path, auto, trust, ids, mask = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4], sys.argv[5]
+    import builtins
+    asked = []  # transformers asks on stdin whether to trust remote code it was not told to trust
+    builtins.input = lambda *a: asked.append(a) or "n"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)  # as users load it: no trust_remote_code
     cls = getattr(transformers, auto)
     model = cls.from_pretrained(path, trust_remote_code=trust, dtype=torch.float32).eval()
     with torch.no_grad():
         out = model(input_ids=torch.tensor(json.loads(ids)), attention_mask=torch.tensor(json.loads(mask)))
     print(json.dumps({"logits": out.logits.tolist(), "class": type(model).__name__,
-                      "module": type(model).__module__}))
+                      "module": type(model).__module__, "asked": len(asked),
+                      "tokenizer": type(tokenizer).__name__}))
     """
 )
 
@@ -88,7 +93,7 @@ CASES = {
 # the family template: every family reloads in both forms (non-uniform widths per layer, and stock).
 # These families' stock configs cannot switch on an FFN bias, so the stock case reconstructs without
 # one (mask tuning); LIAR's FFN bias makes the liar_ form.
-for _family in NEW_FAMILIES:
+for _family in ["mistral", *NEW_FAMILIES]:
     CASES[f"{_family}-global"] = (
         f"{_family}_dir",
         "AutoModelForCausalLM",
@@ -112,7 +117,7 @@ def test_reload_without_project_gives_same_logits(case, request, corpus, tmp_pat
     with torch.no_grad():
         expected = result.model(input_ids=ids, attention_mask=mask).logits
     cfg = json.loads((out / "config.json").read_text())
-    assert (not cfg["model_type"].startswith("liar_")) == stock
+    assert ("liar_layout" in cfg) != stock and not cfg["model_type"].startswith("liar_")
     assert (out / "modeling_liar.py").exists() == (not stock)
     for name in ("recipe.yaml", "metrics.json", "README.md", "model.safetensors", "tokenizer.json"):
         assert (out / name).is_file(), name
@@ -120,6 +125,7 @@ def test_reload_without_project_gives_same_logits(case, request, corpus, tmp_pat
     child = _reload_in_subprocess(out, auto, True, ids, mask, tmp_path)
     torch.testing.assert_close(torch.tensor(child["logits"]), expected, rtol=0, atol=1e-5)
     assert child["class"].startswith("Liar") != stock
+    assert child["asked"] == 0 and child["tokenizer"]  # the tokenizer loaded without a trust prompt
     if stock:  # stock form: no remote code needed at all
         child = _reload_in_subprocess(out, auto, False, ids, mask, tmp_path)
         torch.testing.assert_close(torch.tensor(child["logits"]), expected, rtol=0, atol=1e-5)

@@ -57,7 +57,7 @@ def test_keep_all_preserves_outputs_exactly(name, request):
     assert torch.equal(before, _out(model, ids, mask))
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "bert", *NEW_FAMILIES])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "bert", *NEW_FAMILIES])
 def test_surgery_equals_masking(name, request):
     model, _, adapter = load_model(str(request.getfixturevalue(f"{name}_dir")), "float32", "cpu")
     ids, mask = _inputs(adapter)
@@ -91,7 +91,7 @@ def test_surgery_equals_masking(name, request):
     assert all(layer0.get_submodule(p).out_features == parts * len(keep_neurons[0]) for p in fam.ffn_in)
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma2", "gemma3", "phi3"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
 def test_gqa_decode_with_cache_matches_full_forward(name, request):
     """The indexed key/value map also holds during cached generation."""
     model, _, adapter = load_model(str(request.getfixturevalue(f"{name}_dir")), "float32", "cpu")
