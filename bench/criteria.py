@@ -6,7 +6,7 @@ windows of 512 tokens by default). Each finished cell is written to ``docs/resul
 once, so an interrupted run resumes where
 it stopped. Each criterion's cells run in one process, scoring the model once (``prune(scores=...)``).
 
-    python bench/criteria.py [--criteria snip kwon ...] [--ratios 0.2 0.5]
+    python bench/criteria.py [--criteria snip kwon flap+obs ...] [--ratios 0.2 0.5]
 """
 
 from __future__ import annotations
@@ -38,7 +38,17 @@ SETUPS = {
     "taylor": ("LLM-Pruner Taylor (param_first, sum, uniform)", {"name": "taylor"}, "both", "uniform"),
     "kcm": ("KCM (R2×D2, neurons only)", {"name": "kcm"}, "neurons", "uniform"),
     "random": ("random (uniform)", {"name": "random"}, "both", "uniform"),
+    # reconstruction-aware selection: the criterion's per-layer counts, the units chosen on the Gram
+    "flap+obs": (
+        "FLAP counts + OBS selection",
+        {"name": "flap", "options": {"metric": "WIFV", "structure": "UL-UM"}},
+        "both",
+        "uniform",
+    ),
+    "magnitude+obs": ("magnitude counts + OBS selection", {"name": "magnitude"}, "both", "uniform"),
 }
+SELECT = {"flap+obs": "obs", "magnitude+obs": "obs"}  # reconstruction.select of a setup (default criterion)
+ONLY_METHODS = {name: ("liar", "ls") for name in SELECT}  # selection assumes a refit: no none / bias cells
 
 
 def _key(name: str, method: str, ratio: float) -> str:
@@ -61,6 +71,7 @@ def run_criterion(name: str, cells: list[tuple[str, float]], eval_windows: int, 
         torch.manual_seed(0)
         model, tok, _ = load_model(str(model_dir), "float32", "cpu")
         recipe = smollm2_recipe(calib, ratio, method, crit, modules=modules, allocation=allocation)
+        recipe["reconstruction"]["select"] = SELECT.get(name, "criterion")
         try:
             result = prune(recipe, model=model, tokenizer=tok, scores=scores)
         except Exception as exc:  # record and go on: the next run retries it
@@ -168,7 +179,7 @@ def main() -> None:
         todo = [
             (m, ratio)
             for ratio in args.ratios
-            for m in METHODS
+            for m in ONLY_METHODS.get(name, METHODS)
             if _key(name, m, ratio) not in rows or "error" in rows[_key(name, m, ratio)]
         ]
         if todo:

@@ -54,6 +54,8 @@ def recipe_from_args(args: argparse.Namespace):
         recon["method"] = args.reconstruction
     if args.damp is not None:
         recon["damp"] = args.damp
+    if args.select is not None:
+        recon["select"] = args.select
     cal = data["calibration"]
     if args.calibration:
         cal.pop("texts", None)
@@ -314,6 +316,7 @@ def register(sub) -> None:
 
 # the destinations of add_recipe_flags' flags (all but the recipe file)
 RECIPE_FLAGS = ("model", "modules", "ratio", "allocation", "round_neurons", "criterion", "reconstruction", "damp")
+RECIPE_FLAGS += ("select",)
 RECIPE_FLAGS += ("calibration", "samples", "seq_len", "holdout", "seed", "batch_size", "dtype", "device", "execution")
 
 
@@ -338,6 +341,12 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--criterion", help="pruning criterion: magnitude, random, flap, snip, kwon, taylor, kcm")
     p.add_argument("--reconstruction", help="none | bias | mask_tuning | liar | ls")
     p.add_argument("--damp", type=float, help="ridge damping as a fraction of mean(diag G)")
+    p.add_argument(
+        "--select",
+        choices=["criterion", "obs"],
+        help="which units a layer drops: the criterion's lowest-scored (default), or obs — those the "
+        "least-squares refit compensates best, chosen on the calibration statistics",
+    )
     p.add_argument("--calibration", help="named set (wikitext2, c4, alpaca) or a .txt/.jsonl file")
     p.add_argument("--samples", type=int, help="number of calibration samples")
     p.add_argument("--seq-len", type=int, help="tokens per calibration sample")

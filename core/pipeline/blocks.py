@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from core import criteria
 from core.allocation import Plan, allocate
-from core.allocation.plan import auto_multiple
+from core.allocation.plan import LayerPlan, auto_multiple
 from core.criteria import Scores
 from core.data.calibration import CalibrationBatch
 from core.models.adapter import Adapter, unit_costs
@@ -31,6 +31,7 @@ from core.stats.reconstruct import (
     relative_output_error_from_inputs,
     relative_output_error_tensors,
 )
+from core.stats.select import obs_select
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``; raising from it aborts the run (cooperative cancellation)."""
@@ -77,6 +78,9 @@ class _Unit:
     shrink: Callable[[], None]  # surgery on the block
     kept: int
     total: int
+    # reconstruction-aware selection: given the projection's weight and input statistics, the kept
+    # units (then ``keep`` follows); None keeps the criterion's choice
+    select: Callable[[torch.Tensor, InputStats], torch.Tensor] | None = None
 
 
 class _LayerFitter:
@@ -103,10 +107,13 @@ class _LayerFitter:
         lin = layer.get_submodule(unit.path)
         fit_stats = InputStats(lin.in_features, self.stats_dtype, self.device)
         n_held = len(self.runner.hidden) - self.n_fit
-        channels = unit.keep.nonzero().squeeze(1).to(self.device)
+        # the replay keeps only the kept channels, unless they are chosen from the statistics below
+        channels = None if unit.select else unit.keep.nonzero().squeeze(1).to(self.device)
         sinks = [fit_stats] * self.n_fit + [_NO_STATS] * n_held
         self.runner.collect(layer, unit.path, sinks, keep_inputs=True, keep_channels=channels, full_from=self.n_fit)
         w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
+        if unit.select is not None:
+            unit.keep = unit.select(w, fit_stats)
         keep = unit.keep.to(w.device)
         # with held-aside samples the errors come from their raw inputs: the Gram may go before the solve
         new_w, new_b = reconstruct_from_stats(
@@ -151,6 +158,77 @@ def _keep_mask(kept: list[int], total: int, width: int = 1) -> torch.Tensor:
     return keep.repeat_interleave(width) if width > 1 else keep
 
 
+def _shrink_heads(layer: nn.Module, fam, config, lp: LayerPlan) -> None:  # reads the plan when called:
+    prune_heads_(layer, fam, config, lp.heads, lp.kv_heads)  # a reconstruction-aware selection may change it
+
+
+def _shrink_neurons(layer: nn.Module, fam, lp: LayerPlan) -> None:
+    prune_neurons_(layer, fam, lp.neurons)
+
+
+def _select_heads(lp: LayerPlan, adapter: Adapter, damp: float, w: torch.Tensor, stats: InputStats) -> torch.Tensor:
+    """Reconstruction-aware choice of the kept query heads: as many as planned, among the heads of the
+    planned key/value groups, each group keeping one at least (the parameter count is the plan's)."""
+    n_rep = adapter.n_rep if adapter.family.gqa else 1
+    candidates = [h for h in range(adapter.n_heads) if h // n_rep in set(lp.kv_heads)] if n_rep > 1 else None
+    groups = [h // n_rep for h in range(adapter.n_heads)] if n_rep > 1 else None
+    lp.heads = obs_select(w, stats, len(lp.heads), adapter.head_dim, damp, candidates, groups)
+    return _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
+
+
+def _select_neurons(lp: LayerPlan, damp: float, w: torch.Tensor, stats: InputStats) -> torch.Tensor:
+    """Reconstruction-aware choice of the kept FFN neurons, as many as planned."""
+    lp.neurons = torch.tensor(obs_select(w, stats, len(lp.neurons), 1, damp), dtype=torch.long)
+    return _keep_mask(lp.neurons.tolist(), w.shape[1])
+
+
+def _prune_block(
+    layer: nn.Module,
+    li: int,
+    lp: LayerPlan,
+    adapter: Adapter,
+    config,
+    recipe: Recipe,
+    fitter: _LayerFitter,
+    runner: BlockRunner,
+) -> list[str]:
+    """Prune and reconstruct one block's attention, then its FFN; returns the projections given a bias."""
+    fam = adapter.family
+    added: list[str] = []
+    obs = recipe.reconstruction.select == "obs"
+    if len(lp.heads) < adapter.n_heads:
+        keep = _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
+        unit = _Unit(
+            "attention",
+            fam.o,
+            keep,
+            adapter.head_dim,
+            partial(_shrink_heads, layer, fam, config, lp),
+            len(lp.heads),
+            adapter.n_heads,
+            partial(_select_heads, lp, adapter, recipe.reconstruction.damp) if obs else None,
+        )
+        fitter.fit(layer, li, unit, added)
+        # later passes over this block replay the pruned attention instead of recomputing it
+        runner.replay(layer, fam.attn, fam.o, unit.keep, returns_tuple=True, bypass=(fam.attn_input_norm,))
+    if len(lp.neurons) < adapter.n_neurons:
+        keep = _keep_mask(lp.neurons, adapter.n_neurons)
+        unit = _Unit(
+            "ffn",
+            fam.ffn_out,
+            keep,
+            1,
+            partial(_shrink_neurons, layer, fam, lp),
+            len(lp.neurons),
+            adapter.n_neurons,
+            partial(_select_neurons, lp, recipe.reconstruction.damp) if obs else None,
+        )
+        fitter.fit(layer, li, unit, added)
+        skip = (fam.ffn_input_norm, fam.ffn_inline_act)
+        runner.replay(layer, fam.ffn_block, fam.ffn_out, unit.keep, returns_tuple=False, bypass=skip)
+    return added
+
+
 def reconstruct_blocks(
     model: nn.Module,
     adapter: Adapter,
@@ -172,7 +250,7 @@ def reconstruct_blocks(
     runner = BlockRunner(model, adapter, fit_batches + split_batches(held, bs), device, recipe.reconstruction.positions)
     io.inputs_ready()
     fitter = _LayerFitter(runner, recipe, len(fit_batches), len(held) > 0, device)
-    fam, layers = adapter.family, adapter.layers(model)
+    layers = adapter.layers(model)
     layout: list[dict[str, Any]] = []
     bar = tqdm(total=len(layers), desc=f"prune+{recipe.reconstruction.method}", unit="layer", disable=not show_progress)
     pruned = [
@@ -185,24 +263,7 @@ def reconstruct_blocks(
         if speed is not None:
             speed.time(layer, runner, "dense")
         lp = plan.layers[li]
-        added: list[str] = []
-        if len(lp.heads) < adapter.n_heads:
-            keep = _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
-            shrink = partial(prune_heads_, layer, fam, model.config, lp.heads, lp.kv_heads)
-            fitter.fit(
-                layer,
-                li,
-                _Unit("attention", fam.o, keep, adapter.head_dim, shrink, len(lp.heads), adapter.n_heads),
-                added,
-            )
-            # later passes over this block replay the pruned attention instead of recomputing it
-            runner.replay(layer, fam.attn, fam.o, keep, returns_tuple=True, bypass=(fam.attn_input_norm,))
-        if len(lp.neurons) < adapter.n_neurons:
-            keep = _keep_mask(lp.neurons, adapter.n_neurons)
-            shrink = partial(prune_neurons_, layer, fam, lp.neurons)
-            fitter.fit(layer, li, _Unit("ffn", fam.ffn_out, keep, 1, shrink, len(lp.neurons), adapter.n_neurons), added)
-            skip = (fam.ffn_input_norm, fam.ffn_inline_act)
-            runner.replay(layer, fam.ffn_block, fam.ffn_out, keep, returns_tuple=False, bypass=skip)
+        added = _prune_block(layer, li, lp, adapter, model.config, recipe, fitter, runner)
         if li < last_pruned:  # the next block still has something to prune: feed it
             runner.advance(layer)
         runner.restore(layer)

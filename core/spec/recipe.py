@@ -10,7 +10,7 @@ Example::
     ratio: 0.2               # fraction of the transformer blocks' parameters removed
     allocation: uniform      # uniform | global
     criterion: {name: magnitude}
-    reconstruction: {method: liar, damp: 0.001}
+    reconstruction: {method: liar, damp: 0.001, select: criterion}   # select: criterion | obs
     calibration:
       dataset: wikitext2     # a named set, or a local .txt / .jsonl file
       num_calibration_samples: 128
@@ -60,6 +60,12 @@ class CriterionConfig(_Strict):
 class ReconstructionConfig(_Strict):
     method: str = Field("liar", description="none | bias | mask_tuning | liar | ls")
     damp: float = Field(1e-3, ge=0.0, description="ridge damping, a fraction of mean(diag G)")
+    select: Literal["criterion", "obs"] = Field(
+        "criterion",
+        description="which units a layer drops (the count is the allocation's): the criterion's lowest-scored, "
+        "or obs — those whose removal the least-squares refit compensates best, chosen greedily on the "
+        "calibration statistics (structured optimal brain surgeon)",
+    )
     positions: Literal["all", "first"] = Field(
         "all",
         description="token positions the reconstruction fits: every real token, or (encoders) only each "

@@ -1,0 +1,125 @@
+"""Reconstruction-aware selection: which units of a layer to drop, given that the rest is refitted.
+
+A criterion scores units one by one, before any reconstruction. Here the choice is made on the
+calibration statistics the reconstruction uses, as structured optimal brain surgeon methods do
+(SlimGPT, ZipLM): removing the input channels ``S`` of a projection with weights ``W`` (C_out × C_in)
+and refitting the rest by least squares (with a bias, i.e. on the centred covariance ``C``, damped
+like the ``ls`` solve: ``H = C + λI``) raises the summed squared output error by
+
+    E(S) = tr( W_S (H⁻¹_SS)⁻¹ W_Sᵀ )
+
+and leaves the compensated weights ``W − W_S (H⁻¹_SS)⁻¹ H⁻¹_S,:`` and the inverse of what remains,
+``H⁻¹ − H⁻¹_:,S (H⁻¹_SS)⁻¹ H⁻¹_S,:``. Units (a head: ``group`` consecutive channels; a neuron: one)
+are removed greedily in a few rounds — each round drops the units of least ``E`` given everything
+removed so far, then updates both — so later choices see the compensation of earlier ones. The
+count per layer stays the allocation's; only which units go changes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from core.stats.accumulate import InputStats
+
+SELECT_PRECISION = torch.float64
+
+
+def damped_inverse_covariance(stats: InputStats, damp: float) -> torch.Tensor:
+    """``(C + λI)⁻¹`` of the centred input covariance ``C = G − n μμᵀ``, λ = damp · mean(diag C),
+    raised tenfold (from 1e-10 of it) while the factorisation fails, as for collinear channels.
+    Dead channels (zero variance) get a unit diagonal."""
+    n = stats.count
+    mu = stats.sum / n
+    h = stats.gram.to(SELECT_PRECISION) - n * torch.outer(mu, mu).to(SELECT_PRECISION)
+    diag = h.diagonal()
+    dead = diag <= 0
+    if dead.any():
+        h[dead, :] = 0.0
+        h[:, dead] = 0.0
+        diag[dead] = 1.0
+    scale = float(diag.mean())
+    lam = damp * scale
+    diag += lam
+    while True:  # collinear channels: raise the damping until the factorisation exists
+        chol, info = torch.linalg.cholesky_ex(h)
+        if int(info) == 0:
+            return torch.cholesky_inverse(chol)
+        new_lam = max(lam * 10.0, 1e-10 * scale)
+        diag += new_lam - lam
+        lam = new_lam
+
+
+def _unit_errors(w: torch.Tensor, hinv: torch.Tensor, units: torch.Tensor, group: int) -> torch.Tensor:
+    """``E({u})`` for each unit in ``units`` (indices of units of ``group`` channels)."""
+    if group == 1:
+        return w[:, units].pow(2).sum(0) / hinv.diagonal()[units]
+    ch = (units[:, None] * group + torch.arange(group, device=units.device)).reshape(-1)
+    blocks = hinv[ch][:, ch].reshape(len(units), group, len(units), group)
+    idx = torch.arange(len(units), device=units.device)
+    h_uu = blocks[idx, :, idx, :]  # (units, group, group)
+    w_u = w[:, ch].reshape(w.shape[0], len(units), group).permute(1, 0, 2)  # (units, C_out, group)
+    solved = torch.linalg.solve(h_uu, w_u.transpose(1, 2))  # (units, group, C_out)
+    return (w_u.transpose(1, 2) * solved).sum((1, 2))
+
+
+def _remove(w: torch.Tensor, hinv: torch.Tensor, channels: torch.Tensor) -> None:
+    """Remove ``channels``: compensate ``w`` and update ``hinv`` in place."""
+    h_ss = hinv[channels][:, channels]
+    rows = hinv[channels]  # (|S|, C_in)
+    coef = torch.linalg.solve(h_ss, rows)  # (H⁻¹_SS)⁻¹ H⁻¹_S,:
+    w -= w[:, channels] @ coef
+    hinv -= rows.T @ coef
+    w[:, channels] = 0.0
+    hinv[channels, :] = 0.0
+    hinv[:, channels] = 0.0
+    hinv[channels, channels] = 1.0  # removed channels stay out of later solves
+
+
+def obs_select(
+    weight: torch.Tensor,
+    stats: InputStats,
+    n_keep: int,
+    group: int = 1,
+    damp: float = 1e-3,
+    candidates: list[int] | None = None,
+    groups_of: list[int] | None = None,
+    rounds: int = 16,
+) -> list[int]:
+    """The ``n_keep`` units to keep (sorted unit indices) of a projection with ``weight`` (C_out ×
+    C_in) whose inputs have statistics ``stats``.
+
+    ``candidates``: the units that may be kept (others are removed first; default all).
+    ``groups_of[u]``: a constraint group per unit (key/value group of a query head), each of which
+    keeps at least one of its candidate units."""
+    n_units = weight.shape[1] // group
+    cand = list(range(n_units)) if candidates is None else sorted(candidates)
+    if not 0 < n_keep <= len(cand):
+        raise ValueError(f"cannot keep {n_keep} of {len(cand)} candidate units")
+    w = weight.detach().to(SELECT_PRECISION).clone()
+    hinv = damped_inverse_covariance(stats, damp).to(w.device)
+    dev = w.device
+    alive = torch.zeros(n_units, dtype=torch.bool, device=dev)
+    alive[cand] = True
+    gone = (~alive).nonzero().squeeze(1)
+    if len(gone):
+        _remove(w, hinv, (gone[:, None] * group + torch.arange(group, device=dev)).reshape(-1))
+    groups = None if groups_of is None else torch.tensor(groups_of, device=dev)
+    to_remove = len(cand) - n_keep
+    per_round = max(1, math.ceil(to_remove / rounds)) if group == 1 else 1
+    while to_remove > 0:
+        units = alive.nonzero().squeeze(1)
+        errors = _unit_errors(w, hinv, units, group)
+        if groups is not None:  # the last kept unit of a group may not go
+            g = groups[units]
+            left = torch.zeros(int(groups.max()) + 1, dtype=torch.long, device=dev).index_add_(0, g, torch.ones_like(g))
+            errors = torch.where(left[g] <= 1, torch.full_like(errors, math.inf), errors)
+        k = min(per_round, to_remove)
+        drop = units[torch.topk(errors, k, largest=False).indices]
+        if groups is not None and k > 1:
+            raise AssertionError("constrained selection removes one unit per round")
+        _remove(w, hinv, (drop[:, None] * group + torch.arange(group, device=dev)).reshape(-1))
+        alive[drop] = False
+        to_remove -= k
+    return alive.nonzero().squeeze(1).tolist()

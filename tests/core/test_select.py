@@ -1,0 +1,114 @@
+"""Reconstruction-aware selection (structured OBS) against least-squares refits done by brute force."""
+
+import numpy as np
+import pytest
+import torch
+
+from core import prune
+from core.stats.accumulate import InputStats
+from core.stats.select import _unit_errors, damped_inverse_covariance, obs_select
+from tests.conftest import recipe_for
+
+
+def _data(n=300, c_in=12, c_out=5, seed=0):
+    rng = np.random.default_rng(seed)
+    mix = rng.normal(size=(c_in, c_in))
+    x = rng.normal(size=(n, c_in)) @ mix + rng.normal(size=c_in)  # correlated channels, non-zero mean
+    return x, rng.normal(size=(c_out, c_in)), rng.normal(size=c_out)
+
+
+def _stats(x):
+    s = InputStats(x.shape[1], torch.float64)
+    s.add_batch(torch.from_numpy(x))
+    return s
+
+
+def _refit_error(x, w, b, keep_channels):
+    """Squared output error of the best affine refit from the kept channels (numpy lstsq)."""
+    y = x @ w.T + b
+    a = np.hstack([x[:, keep_channels], np.ones((len(x), 1))])
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    return float(((a @ coef - y) ** 2).sum())
+
+
+def _channels(units, group):
+    return [u * group + j for u in units for j in range(group)]
+
+
+def _brute_greedy(x, w, b, n_units, group, n_keep, groups=None):
+    kept = list(range(n_units))
+    while len(kept) > n_keep:
+        options = [u for u in kept if groups is None or sum(groups[v] == groups[u] for v in kept) > 1]
+        cost = {u: _refit_error(x, w, b, _channels([v for v in kept if v != u], group)) for u in options}
+        kept.remove(min(cost, key=cost.get))
+    return kept
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_unit_errors_equal_least_squares_refit_errors(group):
+    """E({u}) = tr(W_u (H⁻¹_uu)⁻¹ W_uᵀ) is the squared output error left by refitting the rest."""
+    x, w, b = _data()
+    n_units = 12 // group
+    hinv = damped_inverse_covariance(_stats(x), 0.0)
+    got = _unit_errors(torch.from_numpy(w), hinv, torch.arange(n_units), group)
+    for u in range(n_units):
+        expected = _refit_error(x, w, b, _channels([v for v in range(n_units) if v != u], group))
+        assert float(got[u]) == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize(("group", "n_keep"), [(1, 5), (3, 2)])
+def test_greedy_selection_equals_brute_force_greedy(group, n_keep):
+    x, w, b = _data(seed=1)
+    n_units = 12 // group
+    got = obs_select(torch.from_numpy(w), _stats(x), n_keep, group, damp=0.0, rounds=12)
+    assert got == _brute_greedy(x, w, b, n_units, group, n_keep)
+
+
+def test_constrained_selection_keeps_a_unit_of_every_group_and_only_candidates():
+    x, w, b = _data(seed=2)
+    groups = [u // 2 for u in range(6)]  # 6 query heads of 2 channels over 3 key/value groups
+    candidates = [0, 1, 2, 3, 5]  # head 4 is gone already (as its group's other head may not be)
+    got = obs_select(torch.from_numpy(w), _stats(x), 3, 2, damp=0.0, candidates=candidates, groups_of=groups)
+    assert len(got) == 3 and set(got) <= set(candidates)
+    assert {groups[h] for h in got} == {0, 1, 2}
+    # the same choice as brute force over the candidates, under the same constraint
+    x_c = x[:, _channels(candidates, 2)]
+    brute = _brute_greedy(x_c, w[:, _channels(candidates, 2)], b, 5, 2, 3, [groups[c] for c in candidates])
+    assert got == [candidates[i] for i in brute]
+
+
+def test_selection_lowers_the_refit_error_of_the_criterion_choice():
+    """With the same count, the OBS choice leaves no more least-squares error than magnitude's."""
+    x, w, b = _data(seed=3, c_in=24)
+    magnitude = np.argsort(-(w**2).sum(0))[:12]
+    obs = obs_select(torch.from_numpy(w), _stats(x), 12, 1, damp=0.0)
+    assert _refit_error(x, w, b, obs) <= _refit_error(x, w, b, sorted(magnitude.tolist()))
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "opt"])
+def test_obs_selection_in_the_pipeline(name, request, corpus):
+    """Same per-layer counts and parameter count as the criterion's plan, other units, lower error;
+    streamed and in memory alike."""
+    model_dir = request.getfixturevalue(f"{name}_dir")
+    base = recipe_for(model_dir, corpus, ratio=0.4, reconstruction={"method": "ls", "damp": 1e-3}, device="cpu")
+    plain = prune(base)
+    obs = prune({**base, "reconstruction": {"method": "ls", "damp": 1e-3, "select": "obs"}})
+    for a, b in zip(plain.plan.layers, obs.plan.layers):
+        assert (len(a.heads), len(a.kv_heads), len(a.neurons)) == (len(b.heads), len(b.kv_heads), len(b.neurons))
+    assert obs.params_after == plain.params_after
+    assert sum(r.error_after for r in obs.report) < sum(r.error_after for r in plain.report)
+    assert [list(map(int, lp.neurons)) for lp in obs.plan.layers] != [
+        list(map(int, lp.neurons)) for lp in plain.plan.layers
+    ]
+
+
+def test_obs_selection_streamed_equals_in_memory(llama_dir, corpus, tmp_path):
+    from tests.core.test_streaming import _assert_same_checkpoint, _both
+
+    memory, memory_dir, streamed, stream_dir = _both(
+        llama_dir, corpus, tmp_path, reconstruction={"method": "liar", "select": "obs"}
+    )
+    assert [list(map(int, lp.neurons)) for lp in streamed.plan.layers] == [
+        list(map(int, lp.neurons)) for lp in memory.plan.layers
+    ]
+    _assert_same_checkpoint(memory_dir, stream_dir)
