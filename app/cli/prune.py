@@ -56,6 +56,8 @@ def recipe_from_args(args: argparse.Namespace):
         recon["damp"] = args.damp
     if args.select is not None:
         recon["select"] = args.select
+    if args.target is not None:
+        recon["target"] = args.target
     cal = data["calibration"]
     if args.calibration:
         cal.pop("texts", None)
@@ -316,7 +318,7 @@ def register(sub) -> None:
 
 # the destinations of add_recipe_flags' flags (all but the recipe file)
 RECIPE_FLAGS = ("model", "modules", "ratio", "allocation", "round_neurons", "criterion", "reconstruction", "damp")
-RECIPE_FLAGS += ("select",)
+RECIPE_FLAGS += ("select", "target")
 RECIPE_FLAGS += ("calibration", "samples", "seq_len", "holdout", "seed", "batch_size", "dtype", "device", "execution")
 
 
@@ -346,6 +348,12 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         choices=["criterion", "obs"],
         help="which units a layer drops: the criterion's lowest-scored (default), or obs — those the "
         "least-squares refit compensates best, chosen on the calibration statistics",
+    )
+    p.add_argument(
+        "--target",
+        choices=["pruned", "dense"],
+        help="refit each pruned layer to its own output on the pruned model's inputs (default), or to the dense "
+        "model's output (error feedback; with --reconstruction ls)",
     )
     p.add_argument("--calibration", help="named set (wikitext2, c4, alpaca) or a .txt/.jsonl file")
     p.add_argument("--samples", type=int, help="number of calibration samples")

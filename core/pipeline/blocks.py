@@ -32,6 +32,12 @@ from core.stats.reconstruct import (
     relative_output_error_tensors,
 )
 from core.stats.select import obs_select
+from core.stats.target import (
+    TargetStats,
+    refit_to_dense,
+    relative_errors_to_dense,
+    relative_errors_to_dense_from_inputs,
+)
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``; raising from it aborts the run (cooperative cancellation)."""
@@ -81,6 +87,8 @@ class _Unit:
     # reconstruction-aware selection: given the projection's weight and input statistics, the kept
     # units (then ``keep`` follows); None keeps the criterion's choice
     select: Callable[[torch.Tensor, InputStats], torch.Tensor] | None = None
+    # error feedback: the projection's inputs in the dense model, per batch (the refit's target)
+    dense_inputs: list[torch.Tensor] | None = None
 
 
 class _LayerFitter:
@@ -105,28 +113,25 @@ class _LayerFitter:
     def fit(self, layer: nn.Module, li: int, unit: _Unit, added: list[str]) -> None:
         t0 = time.perf_counter()
         lin = layer.get_submodule(unit.path)
-        fit_stats = InputStats(lin.in_features, self.stats_dtype, self.device)
+        dense_inputs = unit.dense_inputs
         n_held = len(self.runner.hidden) - self.n_fit
+        if dense_inputs is None:
+            fit_stats = InputStats(lin.in_features, self.stats_dtype, self.device)
+            sinks = [fit_stats] * self.n_fit + [_NO_STATS] * n_held
+        else:  # error feedback: each batch's pruned inputs paired with the dense model's
+            fit_stats = TargetStats(lin.in_features, self.stats_dtype, self.device)
+            sinks = [_Paired(fit_stats, x) for x in dense_inputs[: self.n_fit]] + [_NO_STATS] * n_held
         # the replay keeps only the kept channels, unless they are chosen from the statistics below
         channels = None if unit.select else unit.keep.nonzero().squeeze(1).to(self.device)
-        sinks = [fit_stats] * self.n_fit + [_NO_STATS] * n_held
         self.runner.collect(layer, unit.path, sinks, keep_inputs=True, keep_channels=channels, full_from=self.n_fit)
         w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
         if unit.select is not None:
-            unit.keep = unit.select(w, fit_stats)
+            unit.keep = unit.select(w, fit_stats if dense_inputs is None else fit_stats.pruned)
         keep = unit.keep.to(w.device)
-        # with held-aside samples the errors come from their raw inputs: the Gram may go before the solve
-        new_w, new_b = reconstruct_from_stats(
-            self.method, w, b, keep, fit_stats, self.damp, unit.group, release=self.has_held
-        )
-        naive_w, naive_b = reconstruct_from_stats("none", w, b, keep, fit_stats)
-        candidates = [(naive_w, naive_b), (new_w, new_b)]
-        if self.has_held:  # the held-aside samples' raw inputs are kept by collect(): no Gram for them
-            errors = relative_output_error_from_inputs(
-                w, b, keep, candidates, self.runner.kept_rows(unit.path, self.n_fit)
-            )
+        if dense_inputs is None:
+            new_w, new_b, errors = self._refit(unit, w, b, keep, fit_stats)
         else:
-            errors = relative_output_error_tensors(w, b, keep, candidates, fit_stats)
+            new_w, new_b, errors = self._refit_to_dense(unit, w, b, keep, fit_stats, dense_inputs)
         del fit_stats
         unit.shrink()
         lin = layer.get_submodule(unit.path)
@@ -150,6 +155,43 @@ class _LayerFitter:
             )
         )
         self._pending.append((self.reports[-1], [e.detach() for e in errors]))
+
+    def _refit(self, unit: _Unit, w, b, keep, fit_stats: InputStats):
+        """The recipe's method, and the errors before / after (on held-aside inputs when there are)."""
+        # with held-aside samples the errors come from their raw inputs: the Gram may go before the solve
+        new_w, new_b = reconstruct_from_stats(
+            self.method, w, b, keep, fit_stats, self.damp, unit.group, release=self.has_held
+        )
+        naive_w, naive_b = reconstruct_from_stats("none", w, b, keep, fit_stats)
+        candidates = [(naive_w, naive_b), (new_w, new_b)]
+        if self.has_held:  # the held-aside samples' raw inputs are kept by collect(): no Gram for them
+            errors = relative_output_error_from_inputs(
+                w, b, keep, candidates, self.runner.kept_rows(unit.path, self.n_fit)
+            )
+        else:
+            errors = relative_output_error_tensors(w, b, keep, candidates, fit_stats)
+        return new_w, new_b, errors
+
+    def _refit_to_dense(self, unit: _Unit, w, b, keep, stats: TargetStats, dense_inputs: list[torch.Tensor]):
+        """Least squares onto the dense model's outputs; errors against them too."""
+        new_w, new_b = refit_to_dense(w, b, keep, stats, self.damp)
+        candidates = [(w[:, keep], b), (new_w, new_b)]
+        if self.has_held:
+            x_p = self.runner.kept_rows(unit.path, self.n_fit)
+            x_d = self.runner.rows(dense_inputs[self.n_fit :], self.n_fit)
+            return new_w, new_b, relative_errors_to_dense_from_inputs(w, b, keep, candidates, x_p, x_d)
+        return new_w, new_b, relative_errors_to_dense(w, b, keep, candidates, stats)
+
+
+class _Paired:
+    """One batch's sink of a :class:`TargetStats`: pairs the pruned inputs it is given with the
+    dense model's inputs of the same batch."""
+
+    def __init__(self, stats: TargetStats, dense: torch.Tensor):
+        self.stats, self.dense = stats, dense
+
+    def add_batch(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        self.stats.add_pair(x, self.dense.to(x.device), mask)
 
 
 def _keep_mask(kept: list[int], total: int, width: int = 1) -> torch.Tensor:
@@ -182,6 +224,13 @@ def _select_neurons(lp: LayerPlan, damp: float, w: torch.Tensor, stats: InputSta
     return _keep_mask(lp.neurons.tolist(), w.shape[1])
 
 
+def _pruned_paths(lp: LayerPlan, adapter: Adapter) -> list[str]:
+    """The projections of a block whose inputs are pruned under ``lp``."""
+    fam = adapter.family
+    heads, neurons = len(lp.heads) < adapter.n_heads, len(lp.neurons) < adapter.n_neurons
+    return [fam.o] * heads + [fam.ffn_out] * neurons
+
+
 def _prune_block(
     layer: nn.Module,
     li: int,
@@ -191,8 +240,10 @@ def _prune_block(
     recipe: Recipe,
     fitter: _LayerFitter,
     runner: BlockRunner,
+    dense: dict[str, list[torch.Tensor]],
 ) -> list[str]:
-    """Prune and reconstruct one block's attention, then its FFN; returns the projections given a bias."""
+    """Prune and reconstruct one block's attention, then its FFN; returns the projections given a bias.
+    ``dense``: the pruned projections' inputs in the dense model (error feedback), else empty."""
     fam = adapter.family
     added: list[str] = []
     obs = recipe.reconstruction.select == "obs"
@@ -207,6 +258,7 @@ def _prune_block(
             len(lp.heads),
             adapter.n_heads,
             partial(_select_heads, lp, adapter, recipe.reconstruction.damp) if obs else None,
+            dense.get(fam.o),
         )
         fitter.fit(layer, li, unit, added)
         # later passes over this block replay the pruned attention instead of recomputing it
@@ -222,6 +274,7 @@ def _prune_block(
             len(lp.neurons),
             adapter.n_neurons,
             partial(_select_neurons, lp, recipe.reconstruction.damp) if obs else None,
+            dense.get(fam.ffn_out),
         )
         fitter.fit(layer, li, unit, added)
         skip = (fam.ffn_input_norm, fam.ffn_inline_act)
@@ -248,6 +301,8 @@ def reconstruct_blocks(
     bs = recipe.calibration.batch_size
     fit_batches = split_batches(fit, bs)
     runner = BlockRunner(model, adapter, fit_batches + split_batches(held, bs), device, recipe.reconstruction.positions)
+    if recipe.reconstruction.target == "dense":
+        runner.track_dense()
     io.inputs_ready()
     fitter = _LayerFitter(runner, recipe, len(fit_batches), len(held) > 0, device)
     layers = adapter.layers(model)
@@ -263,7 +318,8 @@ def reconstruct_blocks(
         if speed is not None:
             speed.time(layer, runner, "dense")
         lp = plan.layers[li]
-        added = _prune_block(layer, li, lp, adapter, model.config, recipe, fitter, runner)
+        dense = runner.dense_pass(layer, _pruned_paths(lp, adapter)) if runner.dense and li <= last_pruned else {}
+        added = _prune_block(layer, li, lp, adapter, model.config, recipe, fitter, runner, dense)
         if li < last_pruned:  # the next block still has something to prune: feed it
             runner.advance(layer)
         runner.restore(layer)

@@ -31,6 +31,7 @@ class BlockRunner:
             self.masks = [_first_only(m) for m in self.masks]
         self.kept: dict[str, list[torch.Tensor]] = {}
         self.replays: dict[str, tuple[nn.Module, nn.Module]] = {}
+        self.dense: list[torch.Tensor] | None = None  # the dense model's hidden states (error feedback)
         self.batch = 0
         self.hidden, self.extra = block_inputs(model, adapter, [b.model_inputs(adapter.kind, device) for b in batches])
         # a block's position: its arguments may differ by layer (sliding-window vs full attention)
@@ -85,12 +86,39 @@ class BlockRunner:
     def kept_rows(self, path: str, start: int) -> torch.Tensor:
         """The kept inputs of ``path`` for batches ``start:`` as one (n_tokens, C_in) matrix of real
         tokens (the same token mask the statistics use)."""
+        return self.rows(self.kept[path][start:], start)
+
+    def rows(self, tensors: list[torch.Tensor], start: int) -> torch.Tensor:
+        """Per-batch inputs (batches ``start``, ``start + 1``, ...) as one matrix of real tokens."""
         rows = []
-        for i, x in enumerate(self.kept[path][start:], start):
+        for i, x in enumerate(tensors, start):
             x = x.reshape(-1, x.shape[-1])
             mask = self.masks[i]
             rows.append(x if mask is None else x[mask.reshape(-1).to(x.device)])
         return torch.cat(rows)
+
+    def track_dense(self) -> None:
+        """Also carry the dense model's hidden states from block to block (error feedback); they are
+        the same tensors as the pruned model's until a block is pruned."""
+        self.dense = list(self.hidden)
+
+    def dense_pass(self, layer: nn.Module, paths: list[str]) -> dict[str, list[torch.Tensor]]:
+        """Run the block — still dense — on the dense model's hidden states: returns the inputs of
+        ``paths`` per batch, and leaves the dense states entering the next block."""
+        captured: dict[str, list[torch.Tensor]] = {p: [] for p in paths}
+        handles = [
+            layer.get_submodule(p).register_forward_pre_hook(lambda _m, a, p=p: captured[p].append(a[0].detach()))
+            for p in paths
+        ]
+        try:
+            for i in range(len(self.dense)):
+                args, kwargs = self.extra[i][self._index[id(layer)]]
+                out = layer(self.dense[i], *args, **kwargs)
+                self.dense[i] = (out[0] if isinstance(out, tuple) else out).detach()
+        finally:
+            for h in handles:
+                h.remove()
+        return captured
 
     def replay(
         self,

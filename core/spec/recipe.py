@@ -66,6 +66,12 @@ class ReconstructionConfig(_Strict):
         "or obs — those whose removal the least-squares refit compensates best, chosen greedily on the "
         "calibration statistics (structured optimal brain surgeon)",
     )
+    target: Literal["pruned", "dense"] = Field(
+        "pruned",
+        description="what a pruned layer is refitted to: its own output on the pruned model's inputs (the "
+        "paper), or dense — the dense model's output (error feedback: each layer also undoes the errors of "
+        "the pruned layers before it); dense needs method ls",
+    )
     positions: Literal["all", "first"] = Field(
         "all",
         description="token positions the reconstruction fits: every real token, or (encoders) only each "
@@ -78,6 +84,14 @@ class ReconstructionConfig(_Strict):
         if v not in METHODS:
             raise ValueError(f"unknown reconstruction method {v!r}; choose one of {sorted(METHODS)}")
         return v
+
+    @model_validator(mode="after")
+    def _target_needs_ls(self) -> ReconstructionConfig:
+        if self.target == "dense" and self.method != "ls":
+            raise ValueError(
+                f"target 'dense' (error feedback) is an exact least-squares refit: use method 'ls', not {self.method!r}"
+            )
+        return self
 
 
 class CalibrationConfig(_Strict):

@@ -1,0 +1,138 @@
+"""Error feedback: refit a pruned layer to the *dense model's* outputs, not its own.
+
+The paper's reconstruction (and ``ls``) fits ``X_u W' + B' ≈ X W + B`` where X are the layer's inputs
+in the pruned model: the layer replaces what *it* would have computed on the inputs it now receives,
+and the errors of the blocks before it stay. With error feedback the target is the dense model's
+output ``X_d W + B`` (X_d: the same projection's inputs in the dense model, on the same tokens), so
+each layer also undoes what the pruned layers before it changed (as asymmetric calibration does for
+quantisation). The exact affine least-squares solution needs, beside the Gram of the pruned inputs,
+their cross products with the dense inputs:
+
+    Σ_pp = X_pᵀX_p − n μ_p μ_pᵀ,   Σ_pd = X_pᵀX_d − n μ_p μ_dᵀ
+    W'ᵀ  = (Σ_pp,uu + λI)⁻¹ Σ_pd,u: Wᵀ,   B' = B + μ_d Wᵀ − μ_p,u W'ᵀ
+
+All statistics are float64 sums over the calibration tokens (products in the configured precision);
+the dense inputs' own Gram is kept for the error report.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.stats.accumulate import FLUSH_TOKENS, InputStats, gram_product
+from core.stats.reconstruct import SOLVE_PRECISION, _block, solve_spd
+
+
+class TargetStats:
+    """Streams pairs ``(X_p, X_d)`` of a projection's inputs in the pruned and in the dense model."""
+
+    def __init__(self, c_in: int, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"):
+        self.pruned = InputStats(c_in, dtype, device)
+        self.dense = InputStats(c_in, dtype, device)
+        self.dtype = dtype
+        self.cross = torch.zeros(c_in, c_in, dtype=torch.float64, device=device)  # X_pᵀ X_d
+        self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._buffered = 0
+
+    @property
+    def count(self) -> int:
+        return self.pruned.count
+
+    @torch.no_grad()
+    def add_pair(self, x_p: torch.Tensor, x_d: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Add the inputs of one batch in the pruned model (``x_p``) and in the dense one (``x_d``)."""
+        if x_p.shape != x_d.shape:
+            raise ValueError(f"pruned and dense inputs differ in shape: {tuple(x_p.shape)} vs {tuple(x_d.shape)}")
+        self.pruned.add_batch(x_p, mask)
+        self.dense.add_batch(x_d, mask)
+        c = x_p.shape[-1]
+        a, b = x_p.reshape(-1, c), x_d.reshape(-1, c)
+        if mask is not None:
+            keep = mask.reshape(-1).to(a.device)
+            a, b = a[keep], b[keep]
+        self._pairs.append((a.detach(), b.detach()))
+        self._buffered += len(a)
+        if self._buffered >= FLUSH_TOKENS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pairs:
+            a = torch.cat([p for p, _ in self._pairs]).to(self.cross.device)
+            b = torch.cat([d for _, d in self._pairs]).to(self.cross.device)
+            self.cross += gram_product(a, b, self.dtype)
+        self._pairs, self._buffered = [], 0
+
+    def cross_products(self) -> torch.Tensor:
+        self._flush()
+        return self.cross
+
+
+def refit_to_dense(
+    weight: torch.Tensor, bias: torch.Tensor | None, keep: torch.Tensor, stats: TargetStats, damp: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact affine least-squares ``(W', B')`` of the kept channels' pruned inputs onto the dense
+    outputs (torch layout: ``W'`` is ``(C_out, C_u)``)."""
+    n = stats.count
+    u = keep.nonzero().squeeze(1)
+    mu_p = stats.pruned.sum.to(SOLVE_PRECISION) / n
+    mu_d = stats.dense.sum.to(SOLVE_PRECISION) / n
+    cov_uu = _block(stats.pruned.gram.to(SOLVE_PRECISION), u, u) - n * torch.outer(mu_p[u], mu_p[u])
+    cov_ud = stats.cross_products().to(SOLVE_PRECISION).index_select(0, u) - n * torch.outer(mu_p[u], mu_d)
+    w = weight.to(SOLVE_PRECISION)
+    rhs = cov_ud @ w.T  # (C_u, C_out)
+    new_wt = solve_spd(cov_uu, rhs, damp, overwrite=True)  # (C_u, C_out)
+    b = torch.zeros(w.shape[0], dtype=SOLVE_PRECISION, device=w.device) if bias is None else bias.to(SOLVE_PRECISION)
+    return new_wt.T, b + w @ mu_d - mu_p[u] @ new_wt
+
+
+def relative_errors_to_dense(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    keep: torch.Tensor,
+    candidates: list[tuple[torch.Tensor, torch.Tensor | None]],
+    stats: TargetStats,
+) -> list[torch.Tensor]:
+    """‖X_d W + B − (X_p,u W' + B')‖² / ‖X_d W + B‖² per candidate, from the statistics (float64)."""
+    n = stats.count
+    u = keep.nonzero().squeeze(1)
+    w = weight.to(SOLVE_PRECISION)
+    b = torch.zeros(w.shape[0], dtype=SOLVE_PRECISION, device=w.device) if bias is None else bias.to(SOLVE_PRECISION)
+    g_uu = _block(stats.pruned.gram.to(SOLVE_PRECISION), u, u)
+    g_dd = stats.dense.gram.to(SOLVE_PRECISION)
+    g_ud = stats.cross_products().to(SOLVE_PRECISION).index_select(0, u)
+    s_u, s_d = stats.pruned.sum.to(SOLVE_PRECISION)[u], stats.dense.sum.to(SOLVE_PRECISION)
+    target_sq = ((w @ g_dd) * w).sum()  # ‖X_d Wᵀ‖²
+    ws_d = w @ s_d
+    den = target_sq + 2 * b @ ws_d + n * (b @ b)
+    out = []
+    for new_weight, new_bias in candidates:
+        e = new_weight.to(SOLVE_PRECISION)
+        nb = b if new_bias is None else new_bias.to(SOLVE_PRECISION)
+        delta = nb - b
+        quad = ((e @ g_uu) * e).sum() + target_sq - 2 * ((e @ g_ud) * w).sum()
+        num = quad + 2 * delta @ (e @ s_u - ws_d) + n * (delta @ delta)
+        out.append(torch.where(den > 0, num.clamp_min(0) / den, torch.zeros_like(den)))
+    return out
+
+
+def relative_errors_to_dense_from_inputs(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    keep: torch.Tensor,
+    candidates: list[tuple[torch.Tensor, torch.Tensor | None]],
+    x_p: torch.Tensor,
+    x_d: torch.Tensor,
+) -> list[torch.Tensor]:
+    """The same errors computed on raw held-aside inputs (rows of ``x_p`` and ``x_d`` are the same tokens)."""
+    x_p, x_d = x_p.to(SOLVE_PRECISION), x_d.to(device=x_p.device, dtype=SOLVE_PRECISION)
+    w = weight.to(device=x_p.device, dtype=SOLVE_PRECISION)
+    b = None if bias is None else bias.to(device=x_p.device, dtype=SOLVE_PRECISION)
+    ref = x_d @ w.T + (0 if b is None else b)
+    x_u = x_p.index_select(1, keep.to(x_p.device).nonzero().squeeze(1))
+    den = (ref * ref).sum()
+    out = []
+    for new_weight, new_bias in candidates:
+        nb = b if new_bias is None else new_bias.to(device=x_p.device, dtype=SOLVE_PRECISION)
+        diff = ref - x_u @ new_weight.to(device=x_p.device, dtype=SOLVE_PRECISION).T - (0 if nb is None else nb)
+        out.append(torch.where(den > 0, (diff * diff).sum() / den, torch.zeros_like(den)))
+    return out
