@@ -109,8 +109,7 @@ def run(args: argparse.Namespace) -> dict:
         "ppl_reloaded": reloaded["perplexity"],
         "params_before": m.get("params_before"),
         "params_after": m.get("params_after"),
-        "execution": m.get("execution"),
-        "checkpoint_form": "stock" if not str(config["model_type"]).startswith("liar_") else "liar_ (bundled code)",
+        "checkpoint_form": "liar_ (per-layer widths, bundled code)" if "liar_layout" in config else "stock",
     }
 
 
@@ -128,8 +127,8 @@ def write(res: dict) -> None:
 pruned {r["ratio"]:.0%} of the block parameters with `{r["criterion"]["name"]}` + LIAR, calibrated on
 {r["calibration"]["num_calibration_samples"]} × {r["calibration"]["max_seq_length"]} tokens of the
 Wikipedia calibration split, and evaluated perplexity on {res["windows"]} windows of 512 tokens of the
-held-out articles (never seen in calibration). Execution: `{res["execution"]}`; checkpoint form:
-{res["checkpoint_form"]}.
+held-out articles (never seen in calibration). The job ran with its default execution (streamed:
+the model is read from a directory, one block at a time); checkpoint form: {res["checkpoint_form"]}.
 
 | | perplexity |
 |---|---|
@@ -137,8 +136,9 @@ held-out articles (never seen in calibration). Execution: `{res["execution"]}`; 
 | pruned, as the job measured it | {res["ppl_job"]:.2f} |
 | pruned, checkpoint reloaded with `load_pruned` | {res["ppl_reloaded"]:.2f} |
 
-Parameters {res["params_before"]:,} → {res["params_after"]:,} (embeddings included). Job wall time
+Parameters {int(res["params_before"]):,} → {int(res["params_after"]):,} (embeddings included). Job wall time
 {res["job"]["wall_s"]:.0f} s from submission to SUCCEEDED ({stage_line}).
+{res.get("note", "")}
 """
     (RESULTS / "families.md").write_text(text)
     print(text)
