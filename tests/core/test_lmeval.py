@@ -152,3 +152,18 @@ def test_encoders_are_refused(bert_dir, task_dir):
     model, tok, _ = load_model(str(bert_dir), "float32", "cpu")
     with pytest.raises(ValueError, match="causal language model"):
         evaluate_lm_eval(model, tok, ["rt_sentiment"], task_dir=task_dir)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "phi3"])
+def test_lm_eval_on_newer_families_matches_direct_loglikelihoods(name, request, task_dir, corpus):
+    """Gemma 3 (sliding-window layers, q/k norms) and Phi-3 (fused projections), pruned unevenly."""
+    model_dir = request.getfixturevalue(f"{name}_dir")
+    result = prune(recipe_for(model_dir, corpus, ratio=0.4, allocation="global"))
+    model, tok = result.model, result.tokenizer
+    out = evaluate_lm_eval(model, tok, ["wiki_cloze"], task_dir=task_dir, batch_size=3)
+    items = cloze_items(corpus[:8], items_per_passage=2, seed=3)
+    hits = 0
+    for item in items:
+        scores = [_loglikelihood(model, tok, item["context"], " " + c) for c in item["choices"]]
+        hits += max(range(len(scores)), key=scores.__getitem__) == item["label"]
+    assert out["summary"]["wiki_cloze"]["acc"] == pytest.approx(hits / len(items))
