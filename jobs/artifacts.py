@@ -25,9 +25,19 @@ from core.models.manifest import MANIFEST, FileEntry, file_sha256, read_manifest
 
 CHUNK = 1 << 20
 _BLOCK = tarfile.BLOCKSIZE  # 512
-_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
-# how a "no space" error reads when it arrives as text (safetensors' Rust writer, a wrapped error)
-_NO_SPACE_TEXT = ("no space left on device", "disk quota exceeded", "os error 28", "os error 122", "storagefull")
+# a full disk, a full quota, a file past the process's file-size limit (ulimit -f) or the file system's
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+# how such an error reads when it arrives as text (safetensors' Rust writer, a wrapped error)
+_NO_SPACE_TEXT = {
+    "no space left on device": errno.ENOSPC,
+    "os error 28": errno.ENOSPC,
+    "storagefull": errno.ENOSPC,
+    "disk quota exceeded": errno.EDQUOT,
+    "os error 122": errno.EDQUOT,
+    "file too large": errno.EFBIG,
+    "os error 27": errno.EFBIG,
+    "filetoolarge": errno.EFBIG,
+}
 
 
 @dataclass(frozen=True)
@@ -60,17 +70,25 @@ def checkpoint_files(checkpoint: Path) -> tuple[list[FileEntry], bool]:
 
 
 def is_no_space(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) says the disk or the quota is full."""
+    """Whether ``exc`` (or what caused it) says the disk or the quota is full, or a file outgrew the
+    file-size limit."""
+    return no_space_errno(exc) is not None
+
+
+def no_space_errno(exc: BaseException) -> int | None:
+    """``ENOSPC``, ``EDQUOT`` or ``EFBIG`` if ``exc`` (or what caused it) is one, else None."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
         if isinstance(cur, OSError) and cur.errno in _NO_SPACE:
-            return True
-        if any(text in str(cur).lower() for text in _NO_SPACE_TEXT):
-            return True
+            return cur.errno
+        text = str(cur).lower()
+        code = next((code for t, code in _NO_SPACE_TEXT.items() if t in text), None)
+        if code is not None:
+            return code
         cur = cur.__cause__ or cur.__context__
-    return False
+    return None
 
 
 def check_name(name: str) -> str:

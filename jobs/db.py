@@ -9,10 +9,10 @@ import datetime as dt
 import enum
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -29,6 +29,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
 
 
@@ -232,6 +233,22 @@ def connect(url: str) -> sessionmaker:
             _engines[url].dispose(close=False)
             _owner_pid[url] = os.getpid()
         return sessionmaker(_engines[url], expire_on_commit=False)
+
+
+T = TypeVar("T")
+
+
+def retry_on_disconnect(work: Callable[[], T]) -> T:
+    """``work()``, which runs its own transaction, run once more if the database dropped the connection
+    under it (a restart, a failover, ``pg_terminate_backend``): the second try gets a fresh connection
+    from the pool. For a worker's bookkeeping, which must not fail a long job over one lost
+    connection; ``work`` must be safe to repeat after its transaction was rolled back."""
+    try:
+        return work()
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+    return work()
 
 
 def dispose_all() -> None:

@@ -15,6 +15,7 @@ through the database, so a job is never silently lost:
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,10 @@ from sqlalchemy import select, update
 from jobs.artifacts import Served, TarStream, check_name, confined, job_dir
 from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, utcnow
 from jobs.settings import Settings
+
+# what a list reads: plain rows of every column but the large ones no summary shows (building ORM
+# objects and parsing a thousand reports and timings was most of the dashboard's time: bench/load.py)
+_LISTED = tuple(c for c in Job.__table__.c if c.name not in ("report", "timings", "traceback", "evaluations"))
 
 
 class SubmitError(ValueError):
@@ -170,7 +175,7 @@ class JobService:
         self, status: str | None = None, group_id: str | None = None, submitted_by: str | None = None, limit: int = 100
     ) -> list[dict[str, Any]]:
         self.reap()
-        q = select(Job).order_by(Job.id.desc()).limit(limit)
+        q = select(*_LISTED).order_by(Job.id.desc()).limit(limit)
         if status:
             q = q.where(Job.status == status.upper())
         if group_id:
@@ -178,7 +183,7 @@ class JobService:
         if submitted_by:
             q = q.where(Job.submitted_by == submitted_by)
         with self.sessions() as s:
-            return [self._summary(j) for j in s.scalars(q)]
+            return [self._summary(row) for row in s.execute(q)]
 
     def show(self, job_id: int) -> dict[str, Any]:
         self.reap()
@@ -214,6 +219,7 @@ class JobService:
             "layer": job.layer,
             "n_layers": job.n_layers,
             "progress": job.progress,
+            "cancel_requested": bool(job.cancel_requested),
             "model": job.recipe.get("model"),
             "ratio": job.recipe.get("ratio"),
             "method": job.recipe.get("reconstruction", {}).get("method"),
@@ -232,8 +238,9 @@ class JobService:
         """Metrics of many jobs in one query: {job id: {name: value}}."""
         out: dict[int, dict[str, float]] = {i: {} for i in job_ids}
         with self.sessions() as s:
-            for m in s.scalars(select(Metric).where(Metric.job_id.in_(job_ids))):
-                out[m.job_id][m.name] = m.value
+            rows = s.execute(select(Metric.job_id, Metric.name, Metric.value).where(Metric.job_id.in_(job_ids)))
+            for job_id, name, value in rows:  # plain rows: no ORM object per metric
+                out[job_id][name] = value
         return out
 
     def artifact(self, job_id: int, kind: str = "checkpoint") -> Path:
@@ -349,32 +356,40 @@ class JobService:
 
     def resend_lost(self, older_than: float = 10.0) -> list[int]:
         """Re-send QUEUED jobs that have no message in the broker (e.g. Redis restarted without
-        persistence). A duplicate message is harmless: only one run can claim a job."""
+        persistence), with a line in each one's log. A duplicate message is harmless: only one run
+        can claim a job."""
         in_broker = self.queued_in_broker()
         if in_broker is None:
             return []
         cutoff = utcnow() - dt.timedelta(seconds=older_than)
         with self.sessions() as s:
-            lost = [
-                j.id
-                for j in s.scalars(select(Job).where(Job.status == Status.QUEUED.value, Job.created_at < cutoff))
-                if j.id not in in_broker
-            ]
+            queued = s.scalars(select(Job.id).where(Job.status == Status.QUEUED.value, Job.created_at < cutoff))
+            lost = [job_id for job_id in queued if job_id not in in_broker]
         for job_id in lost:
             self._send(job_id)
+        if lost:
+            with self.sessions.begin() as s:
+                s.add_all(
+                    JobLog(job_id=job_id, level="WARNING", message="no message in the broker (lost?); re-sent")
+                    for job_id in lost
+                )
         return lost
 
     def reap(self) -> list[int]:
-        """Recover jobs of dead workers (see module docstring). Returns the ids it touched."""
+        """Recover jobs of dead workers (see module docstring). Returns the ids it touched. A job it
+        ends (FAILED, or CANCELLED if a cancel was pending) loses its folder: what the lost run had
+        written is no checkpoint. Rows another reaper holds are skipped (no double re-queue)."""
         now = utcnow()
         stale = now - dt.timedelta(seconds=self.settings.lease_seconds)
-        touched, resend = [], []
+        touched, resend, ended = [], [], []
+        lost = select(Job).where(Job.status == Status.RUNNING.value, Job.heartbeat_at < stale)
         with self.sessions.begin() as s:
-            for job in s.scalars(select(Job).where(Job.status == Status.RUNNING.value, Job.heartbeat_at < stale)):
+            for job in s.scalars(lost.with_for_update(skip_locked=True)):
                 touched.append(job.id)
                 reason = f"worker {job.worker} lost (no heartbeat for {self.settings.lease_seconds:.0f} s)"
                 if job.cancel_requested:
                     job.status, job.finished_at, job.error = Status.CANCELLED.value, now, reason
+                    ended.append(job.id)
                 elif job.attempts < self.settings.max_attempts:
                     job.status, job.stage, job.heartbeat_at = Status.QUEUED.value, "requeued", None
                     s.add(JobLog(job_id=job.id, level="WARNING", message=f"{reason}; re-queued"))
@@ -382,6 +397,9 @@ class JobService:
                 else:
                     job.status, job.finished_at, job.error = Status.FAILED.value, now, reason
                     s.add(JobLog(job_id=job.id, level="ERROR", message=f"{reason}; giving up"))
+                    ended.append(job.id)
+        for job_id in ended:
+            shutil.rmtree(job_dir(self.settings.artifacts_dir, job_id), ignore_errors=True)
         for job_id in resend:
             self._send(job_id)
         return touched

@@ -9,6 +9,7 @@
 | ``LIAR_MAX_ATTEMPTS`` | ``2``                                | runs of a job before a lost worker marks it FAILED |
 | ``LIAR_DATA_ROOTS`` | (none)                                | more folders (``:``-separated) web jobs may read |
 | ``LIAR_CACHE``      | ``~/.cache/liar``                     | cached benchmark models and texts (readable too) |
+| ``LIAR_STAGE_PAUSE`` | (none)                               | fault tests: ``reconstruct=2`` pauses each layer 2 s |
 
 The defaults need no server: SQLite and Celery's filesystem transport (which, unlike the SQLAlchemy
 transport, supports the broadcast commands behind ``revoke`` and ``inspect``).
@@ -29,6 +30,9 @@ class Settings:
     lease_seconds: float = 60.0
     max_attempts: int = 2
     data_roots: tuple[Path, ...] = ()  # beyond the data dir and the cache: folders the web app may read
+    # seconds a worker waits at the start of each step of a stage, once the step is recorded: lets the
+    # fault tests (tests/jobs/test_faults.py) land a kill or a cancel inside a layer; empty in production
+    stage_pause: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def from_env(cls, **overrides) -> Settings:
@@ -41,6 +45,11 @@ class Settings:
             max_attempts=int(os.environ.get("LIAR_MAX_ATTEMPTS", 2)),
             data_roots=tuple(
                 Path(p).expanduser() for p in os.environ.get("LIAR_DATA_ROOTS", "").split(os.pathsep) if p
+            ),
+            stage_pause=tuple(
+                (stage.strip(), float(seconds))
+                for stage, _, seconds in (p.partition("=") for p in os.environ.get("LIAR_STAGE_PAUSE", "").split(","))
+                if stage.strip()
             ),
         )
         values.update(overrides)

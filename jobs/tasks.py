@@ -12,15 +12,17 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import update
 
 from core.models.manifest import FileEntry
-from jobs.artifacts import checkpoint_files, is_no_space, job_dir
+from jobs import baseline
+from jobs.artifacts import checkpoint_files, is_no_space, job_dir, no_space_errno
 from jobs.celery_app import app
-from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, utcnow
+from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, retry_on_disconnect, utcnow
 from jobs.settings import Settings
 from jobs.timings import Event, StageClock
 
@@ -39,8 +41,11 @@ def _settings() -> Settings:
 
 
 def _log(session_factory, job_id: int, message: str, level: str = "INFO") -> None:
-    with session_factory.begin() as s:
-        s.add(JobLog(job_id=job_id, message=message, level=level))
+    def write() -> None:
+        with session_factory.begin() as s:
+            s.add(JobLog(job_id=job_id, message=message, level=level))
+
+    retry_on_disconnect(write)
 
 
 def _claim(session_factory, job_id: int, worker: str) -> bool:
@@ -105,26 +110,27 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
     beat = _Heartbeat(sf, job_id, max(settings.lease_seconds / 6, 0.5))
     beat.start()
     clock = StageClock()
-    progress = _progress_callback(sf, job_id, clock)
+    progress = _progress_callback(sf, job_id, clock, dict(settings.stage_pause))
     out_dir = job_dir(settings.artifacts_dir, job_id)
     result = None
     try:
         progress("starting", 0, 1)  # until "load": reading the job, importing the engine
-        recipe, evaluations = _load_job(sf, job_id)
+        recipe, evaluations = retry_on_disconnect(partial(_load_job, sf, job_id))
         _log(sf, job_id, f"started on {worker}")
         _fresh_dir(out_dir)
         result = _prune(recipe, progress, out_dir / "checkpoint")
-        _run_evaluations(result, evaluations, progress)
+        _run_evaluations(sf, job_id, recipe, result, evaluations, progress)
         metrics = result.summary()
         progress("export", 0, 1)
         checkpoint, files = _export(sf, job_id, result, out_dir)
         progress("export", 1, 1)
-        _record_success(sf, job_id, result, metrics, _artifacts(job_id, checkpoint, files), clock)
+        artifacts = _artifacts(job_id, checkpoint, files)
+        retry_on_disconnect(partial(_record_success, sf, job_id, result, metrics, artifacts, clock))
         _log(sf, job_id, "succeeded")
         return Status.SUCCEEDED.value
     except JobCancelled:
         shutil.rmtree(out_dir, ignore_errors=True)
-        _finish(sf, job_id, Status.CANCELLED, "cancelled by request", clock=clock)
+        retry_on_disconnect(partial(_finish, sf, job_id, Status.CANCELLED, "cancelled by request", clock=clock))
         return Status.CANCELLED.value
     except TRANSIENT as exc:
         _requeue_or_fail(sf, job_id, settings, f"transient error: {type(exc).__name__}: {exc}")
@@ -138,7 +144,7 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
             error = _no_space_message(exc, Path(filename).parent if filename else out_dir)
         else:
             error = f"{type(exc).__name__}: {exc}"
-        _finish(sf, job_id, Status.FAILED, error, traceback.format_exc(), clock=clock)
+        retry_on_disconnect(partial(_finish, sf, job_id, Status.FAILED, error, traceback.format_exc(), clock=clock))
         return Status.FAILED.value
     finally:
         beat.stop.set()
@@ -147,32 +153,46 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
         _empty_cuda_cache()
 
 
-def _progress_callback(sf, job_id: int, clock: StageClock) -> Callable[[str, int, int], None]:
-    """The ``progress`` hook handed to ``prune``: records stage and layer on the job row (throttled to
-    one write per 0.5 s, except per reconstructed layer, at "done" and whenever a stage or step ends),
-    times the stages (``clock``: the job's ``timings`` and one log line per finished stage, DEBUG per
-    layer), and raises :class:`JobCancelled` once the job's cancel flag is set."""
-    last = 0.0
+def _progress_callback(
+    sf, job_id: int, clock: StageClock, pause: dict[str, float] | None = None
+) -> Callable[[str, int, int], None]:
+    """The ``progress`` hook handed to ``prune``: records the stage, its progress (``done / total``) and
+    the layer on the job row (throttled to one write per 0.5 s, except per reconstructed layer and
+    whenever a stage begins or a stage or step ends; the engine's closing "done" leaves the stage as it
+    is: evaluation and export follow), times the stages (``clock``: the job's ``timings`` and one log
+    line per finished stage, DEBUG per layer), and raises :class:`JobCancelled` once the job's cancel
+    flag is set. ``pause``: seconds to wait at the start of each step of a stage
+    (``Settings.stage_pause``, for the fault tests)."""
+    last, shown = 0.0, None
 
     def progress(stage: str, done: int, total: int) -> None:
-        nonlocal last
+        nonlocal last, shown
         now = time.monotonic()
         events = clock.update(stage, done, total)
-        values: dict[str, Any] = {"stage": stage, "heartbeat_at": utcnow()}
+        values: dict[str, Any] = {"heartbeat_at": utcnow()}
+        if stage != "done":
+            values.update(stage=stage, progress=done / max(total, 1))
         if stage == "reconstruct":
-            values.update(layer=done, n_layers=total, progress=done / max(total, 1))
+            values.update(layer=done, n_layers=total)
         if events:
             values["timings"] = clock.snapshot()
-        if events or stage == "reconstruct" or now - last > 0.5 or stage == "done":
-            last = now
-            with sf.begin() as s:
-                s.execute(update(Job).where(Job.id == job_id).values(**values))
-                _add_events(s, job_id, events)
-                cancel = s.get(Job, job_id).cancel_requested
-            if cancel:
+        wait = pause.get(stage, 0.0) if pause and done < total else 0.0
+        if events or stage != shown or stage == "reconstruct" or now - last > 0.5 or wait:
+            last, shown = now, stage
+            if retry_on_disconnect(partial(_write_progress, sf, job_id, values, events)):
                 raise JobCancelled
+        if wait:
+            time.sleep(wait)
 
     return progress
+
+
+def _write_progress(sf, job_id: int, values: dict[str, Any], events: list[Event]) -> bool:
+    """Store a progress update and the events it finished; whether the job's cancel flag is set."""
+    with sf.begin() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(**values))
+        _add_events(s, job_id, events)
+        return s.get(Job, job_id).cancel_requested
 
 
 def _add_events(session, job_id: int, events: list[Event]) -> None:
@@ -233,14 +253,30 @@ def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None], ch
     return result
 
 
-def _run_evaluations(result, evaluations: list[dict[str, Any]], progress: Callable[[str, int, int], None]) -> None:
+def _run_evaluations(
+    sf, job_id: int, recipe: dict[str, Any], result, evaluations: list[dict[str, Any]], progress: Callable
+) -> None:
     """Run each stored evaluation on the pruned model, adding its numbers to ``result.metrics``
-    (stage ``evaluate``, one step per evaluation)."""
+    (stage ``evaluate``, one step per evaluation), and the dense model's perplexity beside them
+    (``jobs.baseline``: copied from the job that measured it, else measured in one more step)."""
+    last = baseline.last_perplexity(evaluations)
+    dense = baseline.known(sf, recipe, last) if last is not None else None
+    steps = len(evaluations) + int(last is not None and dense is None)
     for i, ev in enumerate(evaluations):
-        progress("evaluate", i, len(evaluations))
+        progress("evaluate", i, steps)
         result.metrics.update(_evaluate(result, ev))
+    if last is not None and dense is None:
+        progress("evaluate", len(evaluations), steps)
+        try:
+            dense = baseline.measure(result, last), job_id
+        except Exception as exc:  # the pruned model's numbers stand without it
+            _log(sf, job_id, f"no dense baseline perplexity: {type(exc).__name__}: {exc}", "WARNING")
+    if dense is not None:
+        result.metrics[baseline.DENSE] = dense[0]
+        source = "measured" if dense[1] == job_id else f"from job {dense[1]}"
+        _log(sf, job_id, f"dense model perplexity {dense[0]:.4g} ({source})")
     if evaluations:
-        progress("evaluate", len(evaluations), len(evaluations))
+        progress("evaluate", steps, steps)
 
 
 def _export(sf, job_id: int, result, out_dir: Path) -> tuple[Path, list[FileEntry]]:
@@ -262,8 +298,16 @@ def _export(sf, job_id: int, result, out_dir: Path) -> tuple[Path, list[FileEntr
 
 
 def _no_space_message(exc: BaseException, directory: Path) -> str:
-    """One sentence for a write that ran out of disk space or quota in ``directory``."""
-    what = "disk quota exceeded" if getattr(exc, "errno", None) == errno.EDQUOT else "no space left on device"
+    """One sentence for a write that ran out of disk space or quota in ``directory``, or made a file
+    larger than the worker's file-size limit (``ulimit -f``) or the file system allow."""
+    code = no_space_errno(exc)
+    if code == errno.EFBIG:
+        return (
+            f"file too large while writing the checkpoint to {directory} (past the worker's file-size limit, "
+            "ulimit -f, or the file system's largest file); the partial output was removed (raise the limit, or "
+            "point LIAR_DATA_DIR at another file system, and re-run the job)"
+        )
+    what = "disk quota exceeded" if code == errno.EDQUOT else "no space left on device"
     return (
         f"{what} while writing the checkpoint to {directory}; the partial output was removed (free some "
         "space there, or point LIAR_DATA_DIR at a larger disk, and re-run the job)"
@@ -319,11 +363,7 @@ def _evaluate(result, ev: dict[str, Any]) -> dict[str, float]:
     if kind == "perplexity":
         from core.evaluation.perplexity import perplexity, perplexity_streamed
 
-        kwargs = dict(
-            seq_len=int(ev.get("seq_len", 512)),
-            batch_size=int(ev.get("batch_size", 4)),  # absent from jobs stored before it was accepted
-            max_windows=ev.get("max_windows"),
-        )
+        kwargs = baseline.window_args(ev)
         if result.streamed:  # block by block from the checkpoint just written
             recipe = result.recipe
             out = perplexity_streamed(

@@ -3,8 +3,10 @@
 One module per tab (``new_run``, ``jobs_tab``, ``dashboard``, ``model_page``) plus the named API
 endpoints (``api``: ``/submit``, ``/list_jobs``, ``/show_job``, ``/cancel_job``, ``/download``) and the
 checkpoint download routes served beside them (``downloads``: ``jobs/N/files/NAME``,
-``jobs/N/checkpoint.tar``); what they do is in ``forms``, as plain functions without Gradio. Gradio is
-imported when the app is built, so ``app.web.forms`` loads without it (and nothing here loads torch).
+``jobs/N/checkpoint.tar``); what they do is in ``forms`` (New run), ``views`` (Jobs, Model) and
+``charts`` (the dashboard's Vega-Lite charts), as plain functions without Gradio. ``?job=N`` opens a
+job's model page (the charts' points link there). Gradio is imported when the app is built, so those
+modules load without it (and nothing here loads torch).
 """
 
 from __future__ import annotations
@@ -43,15 +45,17 @@ def build_app(
     texts = (default_texts or []) + forms.NAMED_SETS
     with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
         gr.Markdown(HEADER)
-        with gr.Tab("New run"):
-            new_run.build(service, models, texts, eval_texts or [])
-        with gr.Tab("Jobs"):
-            jobs_tab.build(service)
-        with gr.Tab("Dashboard"):
-            dashboard.build(service, demo)
-        with gr.Tab("Model"):
-            model_page.build(service)
+        with gr.Tabs() as tabs:
+            with gr.Tab("New run", id="new"):
+                new_run.build(service, models, texts, eval_texts or [])
+            with gr.Tab("Jobs", id="jobs"):
+                picked, open_picked = jobs_tab.build(service)
+            with gr.Tab("Dashboard", id="dashboard") as dashboard_tab:
+                runs = dashboard.build(service, demo, dashboard_tab)
+            with gr.Tab("Model", id="model"):
+                page_id = model_page.build(service)
         api.build(service)
+        model_page.openers(demo, tabs, page_id, picked, open_picked, runs)
     return demo
 
 

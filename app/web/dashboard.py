@@ -1,37 +1,56 @@
-"""The "Dashboard" tab: finished runs, filtered, and a metric plotted against the ratio and the size."""
+"""The "Dashboard" tab: finished runs, filtered; a metric against the pruning ratio as in the paper's
+figures, perplexity against the parameters kept, and the runs table (charts: ``app.web.charts``)."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import gradio as gr
 
-from app.web import forms
+from app.web import charts, forms
 from jobs.service import JobService
 
+HINT = "Hover a point for its job; click it (or a row of the table) to open the job."
 
-def build(service: JobService, demo: gr.Blocks) -> None:
-    """The tab's components, inside the current ``gr.Tab``, and their events (also run when ``demo`` loads)."""
+
+def vega(spec: dict[str, Any] | None):
+    """A Vega-Lite spec as the value of a ``gr.Plot`` (drawn by the Vega-Lite in Gradio's frontend)."""
+    from gradio.components.plot import PlotData
+
+    return None if spec is None else PlotData(type="altair", plot=json.dumps(spec))
+
+
+def build(service: JobService, demo: gr.Blocks, tab: gr.Tab) -> gr.Dataframe:
+    """The tab's components, inside ``tab``, and their events (run when a filter changes, when the
+    tab is opened and when ``demo`` loads); returns the runs table (a selected row opens its job)."""
     with gr.Row():
         f_model = gr.Textbox(label="Model contains")
         f_method = gr.Dropdown([""] + forms.METHODS, value="", label="Method")
         f_criterion = gr.Dropdown([""] + forms.CRITERIA, value="", label="Criterion")
         f_user = gr.Textbox(label="User")
-        f_metric = gr.Dropdown(forms.DASHBOARD_METRICS, value="perplexity", label="Metric")
+        f_metric = gr.Dropdown(charts.DASHBOARD_METRICS, value="perplexity", label="Metric")
         refresh = gr.Button("Refresh")
-    runs = gr.Dataframe(interactive=False, elem_id="runs-table")
     with gr.Row():
-        ppl_plot = gr.LinePlot(x="ratio", y="value", color="method", title="perplexity vs ratio", elem_id="ppl-plot")
-        size_plot = gr.ScatterPlot(x="params_after", y="value", color="method", title="parameters kept vs perplexity")
+        by_ratio = gr.Plot(show_label=False, elem_id="ratio-plot")
+        by_size = gr.Plot(show_label=False, elem_id="size-plot")
+    note = gr.Markdown(HINT, elem_id="dashboard-note")
+    runs = gr.Dataframe(headers=charts.RUN_COLUMNS, interactive=False, elem_id="runs-table")
 
-    def dashboard(model, method, user, metric="perplexity", criterion=""):
-        df, plot_df = forms.dashboard_data(service, model, method, user, metric, criterion)
-        return (
-            df,
-            gr.update(value=plot_df, title=f"{metric} vs ratio (per method)"),
-            gr.update(value=plot_df, title=f"parameters kept vs {metric}"),
-        )
+    def dashboard(model, method, criterion, user, metric):
+        import pandas as pd
 
-    filters = [f_model, f_method, f_user, f_metric, f_criterion]
-    outputs = [runs, ppl_plot, size_plot]
-    refresh.click(dashboard, filters, outputs, api_name=False)
-    f_metric.change(dashboard, filters, outputs, api_name=False)
-    demo.load(dashboard, filters, outputs, api_name=False)
+        rows = charts.run_rows(service, model, method, user, criterion)
+        table = pd.DataFrame(rows, columns=charts.RUN_COLUMNS)
+        text = HINT if rows else "No succeeded runs match these filters."
+        return vega(charts.metric_vs_ratio(rows, metric)), vega(charts.perplexity_vs_size(rows)), text, table
+
+    gr.on(
+        [refresh.click, f_metric.change, f_method.change, f_criterion.change, f_model.submit, f_user.submit]
+        + [f_model.blur, f_user.blur, tab.select, demo.load],
+        dashboard,
+        [f_model, f_method, f_criterion, f_user, f_metric],
+        [by_ratio, by_size, note, runs],
+        api_name=False,
+    )
+    return runs

@@ -1,20 +1,22 @@
-"""What the web app's tabs do, as plain functions of a :class:`JobService` and plain values (no Gradio).
+"""What the New-run tab does, as plain functions of a :class:`JobService` and plain values (no Gradio).
 
 The tab modules build the components and turn these return values into Gradio updates; everything a
-test needs to check (the recipe a form makes, the messages it shows, the rows of a table) lives here.
+test needs to check (the recipe a form makes, the messages it shows) lives here, and in ``views``
+(the Jobs tab and the Model page) and ``charts`` (the dashboard).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
-from app.web import listings
 from core.models.liar_families import family_of, supported_families_text, unsupported_reason
 from core.spec.criteria import CRITERIA as _CRITERIA
 from core.spec.recipe import METHODS as _METHODS
@@ -32,23 +34,8 @@ NAMED_SETS = list(NAMED_DATASETS)
 MAX_UPLOAD_MB = 50
 ROUND_CHOICES = ["auto", 1, 8, 16, 32, 64, 128]
 NO_EVALUATION = "(none)"
-STATUSES = ["", "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"]
-TABLE_COLUMNS = [
-    "id",
-    "status",
-    "stage",
-    "layer",
-    "progress",
-    "elapsed",
-    "user",
-    "model",
-    "ratio",
-    "method",
-    "criterion",
-]
-RUN_COLUMNS = ["id", "model", "method", "criterion", "ratio", "achieved", "perplexity", "params_after", "user"]
-DASHBOARD_METRICS = ["perplexity", "achieved", "params_after"]
-REPORT_HEADERS = ["layer", "module", "kept", "of", "error before", "error after"]
+MAX_FORM_JOBS = 48  # ratios × methods one form submission may queue (a bigger grid: `liar sweep` or the API)
+KEEP_RECIPE_FILES = 200  # validated recipes kept for download (the oldest go first)
 
 
 # --- small formatters ----------------------------------------------------------------------------
@@ -117,14 +104,53 @@ def model_hint(model: str | None) -> tuple[str, bool]:
     return text, True
 
 
+def parse_ratios(text) -> list[float]:
+    """The ratios typed in the form — ``0.2``, ``20%``, or several (``0.2, 0.3 0.5``) for a sweep —
+    each strictly between 0 and 1, in the order typed, without repeats. Nothing is clamped: a bad one
+    raises SubmitError naming it."""
+    if isinstance(text, (int, float)):
+        parts = [str(text)]
+    else:
+        parts = [p for p in re.split(r"[,;\s]+", str(text or "").strip()) if p]
+    if not parts:
+        raise SubmitError("enter a ratio between 0 and 1 (several, separated by commas, make a sweep)")
+    ratios: list[float] = []
+    for part in parts:
+        try:
+            ratio = round(float(part[:-1]) / 100 if part.endswith("%") else float(part), 6)
+        except (ValueError, OverflowError):
+            raise SubmitError(f"ratio {part!r} is not a number") from None
+        if not (0 < ratio < 1) or math.isnan(ratio):
+            raise SubmitError(
+                f"ratio {part} must lie strictly between 0 and 1 (the fraction of the blocks' parameters to remove)"
+            )
+        if ratio not in ratios:
+            ratios.append(ratio)
+    return ratios
+
+
+def _number(value, name: str, whole: bool = True, minimum: float | None = None) -> int | float:
+    """A number box's value, or SubmitError naming the box (an emptied box gives None)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise SubmitError(f"{name} must be a number, got {'nothing' if value in (None, '') else repr(value)}") from None
+    if math.isnan(number) or (whole and not number.is_integer()):
+        raise SubmitError(f"{name} must be a whole number, got {value!r}")
+    if minimum is not None and number < minimum:
+        raise SubmitError(f"{name} must be at least {minimum:g}, got {number:g}")
+    return int(number) if whole else number
+
+
 def build_recipe(
     model, modules, ratio, allocation, round_neurons, criterion, damp, calibration, upload, samples, seq_len, seed
 ) -> dict[str, Any]:
-    """The recipe dict of the form's fields (not yet validated by the recipe schema); raises SubmitError."""
+    """The recipe dict of the form's fields (not yet validated by the recipe schema; ``ratio``: the
+    first of :func:`parse_ratios`); raises SubmitError."""
     if not model or not str(model).strip():
         raise SubmitError("choose a model: a Hugging Face id or a local directory")
     source = upload if upload else calibration
-    if not source:
+    if not source or not str(source).strip():
         raise SubmitError("choose a calibration set or upload a .txt / .jsonl file")
     if round_neurons in (None, "", "auto"):
         multiple: int | str = "auto"
@@ -139,16 +165,16 @@ def build_recipe(
     return {
         "model": str(model).strip(),
         "modules": modules,
-        "ratio": float(ratio),
+        "ratio": parse_ratios(ratio)[0],
         "allocation": allocation,
         **rounding,
         "criterion": {"name": criterion},
-        "reconstruction": {"method": "liar", "damp": float(damp)},
+        "reconstruction": {"method": "liar", "damp": _number(damp, "damping", whole=False, minimum=0)},
         "calibration": {
-            "dataset": str(source),
-            "num_calibration_samples": int(samples),
-            "max_seq_length": int(seq_len),
-            "seed": int(seed),
+            "dataset": str(source).strip(),
+            "num_calibration_samples": _number(samples, "samples", minimum=1),
+            "max_seq_length": _number(seq_len, "sequence length", minimum=2),
+            "seed": _number(seed, "seed"),
         },
     }
 
@@ -172,52 +198,99 @@ def store_upload(service: JobService, upload: str | None) -> str | None:
     return str(dest)
 
 
-def from_form(service: JobService, form) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
-    """(recipe, evaluations, methods) from the form values, validated; raises SubmitError.
+class FormRun(NamedTuple):
+    """A validated form: the recipe (of the first ratio and method), the evaluations, and the sweep."""
+
+    recipe: dict[str, Any]
+    evaluations: list[dict[str, Any]]
+    methods: list[str]
+    ratios: list[float]
+
+    @property
+    def n_jobs(self) -> int:
+        return len(self.methods) * len(self.ratios)
+
+    def describe(self) -> str:
+        """``3 ratios × 2 methods`` for a sweep."""
+        parts = [f"{len(self.ratios)} ratios"] if len(self.ratios) > 1 else []
+        parts += [f"{len(self.methods)} methods"] if len(self.methods) > 1 else []
+        return " × ".join(parts)
+
+
+def from_form(service: JobService, form) -> FormRun:
+    """The form values as a validated :class:`FormRun` (every ratio × method checked against the
+    model's config); raises SubmitError.
 
     ``form``: the 12 fields of :func:`build_recipe`, then the "Perplexity on" choice, then the methods.
     """
     *fields, evaluate, methods = form
+    ratios = parse_ratios(fields[2])
     fields[8] = store_upload(service, fields[8])  # the upload, where submissions may read it
     recipe = build_recipe(*fields)
     if not methods:
         raise SubmitError("pick at least one reconstruction method")
+    if len(ratios) * len(methods) > MAX_FORM_JOBS:
+        raise SubmitError(
+            f"{len(ratios)} ratios × {len(methods)} methods is {len(ratios) * len(methods)} jobs; the form "
+            f"queues at most {MAX_FORM_JOBS} (use `liar sweep` for a bigger grid)"
+        )
     evals = evaluations_for(evaluate, recipe["calibration"]["max_seq_length"])
-    for m in methods:
-        service.validate({**recipe, "reconstruction": {**recipe["reconstruction"], "method": m}}, evals, confine=True)
+    for ratio in ratios:
+        for m in methods:
+            cell = {**recipe, "ratio": ratio, "reconstruction": {**recipe["reconstruction"], "method": m}}
+            service.validate(cell, evals, confine=True)
     recipe["reconstruction"]["method"] = methods[0]
-    return recipe, evals, list(methods)
+    return FormRun(recipe, evals, list(methods), ratios)
+
+
+def store_recipe(service: JobService, text: str) -> Path:
+    """The recipe YAML as a file to download, named by its content (validating the same form again
+    writes nothing new); only the newest :data:`KEEP_RECIPE_FILES` are kept."""
+    root = service.settings.data_dir / "recipes"
+    out = root / hashlib.sha256(text.encode()).hexdigest()[:16]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "recipe.yaml"
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    out.touch()  # the newest, whether written now or before
+    folders = sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime, reverse=True)
+    for old in folders[KEEP_RECIPE_FILES:]:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
 
 
 def validate_form(service: JobService, form) -> tuple[str, str, str | None]:
     """(status line, recipe YAML, path of the recipe file to download) for the Validate button."""
     try:
-        recipe, _, _ = from_form(service, form)
+        run = from_form(service, form)
     except SubmitError as exc:
         return shown(str(exc)), "", None
-    text = yaml.safe_dump(recipe, sort_keys=False)
-    out = service.settings.data_dir / "recipes" / f"{abs(hash(text)) % 10**10}"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "recipe.yaml"
-    path.write_text(text)
-    return "✓ valid", text, str(path)
+    text = yaml.safe_dump(run.recipe, sort_keys=False)
+    message = "✓ valid"
+    if run.n_jobs > 1:
+        message += f": a sweep of {run.n_jobs} jobs ({run.describe()}); the YAML is its first job"
+    return message, text, str(store_recipe(service, text))
 
 
 def submit_form(service: JobService, form, user: str | None) -> str:
-    """Submit the form: one job, or a sweep of one job per reconstruction method. Returns the status line."""
+    """Submit the form: one job, or a sweep of one job per ratio × reconstruction method. Returns the
+    status line."""
     try:
-        recipe, evals, methods = from_form(service, form)
-        if len(methods) == 1:
-            ids = [service.submit(recipe, submitted_by=user or None, evaluations=evals, confine=True)]
-            msg = f"✓ submitted job {ids[0]}"
-        else:
-            group, ids = service.submit_sweep(
-                recipe, methods=methods, submitted_by=user or None, evaluations=evals, confine=True
-            )
-            msg = f"✓ submitted sweep {group}: jobs {', '.join(map(str, ids))}"
+        run = from_form(service, form)
+        if run.n_jobs == 1:
+            job_id = service.submit(run.recipe, submitted_by=user or None, evaluations=run.evaluations, confine=True)
+            return f"✓ submitted job {job_id}"
+        group, ids = service.submit_sweep(
+            run.recipe,
+            ratios=run.ratios if len(run.ratios) > 1 else None,
+            methods=run.methods if len(run.methods) > 1 else None,
+            submitted_by=user or None,
+            evaluations=run.evaluations,
+            confine=True,
+        )
     except (SubmitError, RuntimeError) as exc:
         return shown(str(exc))
-    return msg
+    return f"✓ submitted sweep {group} of {len(ids)} jobs ({run.describe()}): jobs {', '.join(map(str, ids))}"
 
 
 def api_evaluations(recipe_yaml: str, ppl: str | None, seq_len: int | float | None) -> list[dict[str, Any]]:
@@ -251,181 +324,3 @@ def submit_yaml(service: JobService, text: str, evaluate: str | None, user: str 
     except (ValueError, TypeError) as exc:  # the YAML itself, or a max_seq_length that is no number
         return shown(f"invalid recipe: {exc}")
     return f"✓ submitted job {job_id}"
-
-
-# --- the Jobs tab --------------------------------------------------------------------------------
-
-
-def job_rows(service: JobService, status: str | None = None) -> list[list[Any]]:
-    """The jobs table: one row of :data:`TABLE_COLUMNS` per recent job, newest first."""
-    rows = []
-    for j in service.list(status=status or None, limit=200):
-        layer = f"{j['layer']}/{j['n_layers']}" if j["n_layers"] else "–"
-        rows.append(
-            [
-                j["id"],
-                j["status"],
-                j["stage"] or "–",
-                layer,
-                bar(j["progress"] or 0.0),
-                elapsed(j["elapsed_s"]),
-                j["submitted_by"] or "–",
-                Path(str(j["model"])).name,
-                j["ratio"],
-                j["method"],
-                j["criterion"],
-            ]
-        )
-    return rows
-
-
-def _no_job(exc: Exception) -> str:
-    return shown(exc.args[0] if exc.args else "pick a job id")
-
-
-def cancel_job(service: JobService, job_id) -> str:
-    try:
-        return f"job {int(job_id)}: {service.cancel(int(job_id))}"
-    except (KeyError, TypeError) as exc:
-        return _no_job(exc)
-
-
-def rerun_job(service: JobService, job_id) -> str:
-    """Submit a job's recipe and evaluations again, as the same user."""
-    try:
-        info = service.show(int(job_id))
-        new = service.submit(info["recipe"], submitted_by=info["submitted_by"], evaluations=info["evaluations"])
-        return f"re-submitted job {int(job_id)} as job {new}"
-    except (KeyError, TypeError, SubmitError) as exc:
-        return _no_job(exc)
-
-
-def job_panel(service: JobService, job_id, lines: int = 20) -> tuple[str, str]:
-    """(log tail, stage timings per stage) of the picked job, from one read of it; empty if none."""
-    try:
-        info = service.show(int(job_id))
-    except (KeyError, TypeError):
-        return "", ""
-    tail = "\n".join(f"{x['at'][11:19]} {x['level']:7s} {x['message']}" for x in info["log"][-lines:])
-    return tail, listings.timings_markdown(info["timings"], steps=False)  # per layer: the model page
-
-
-def job_timings(service: JobService, job_id) -> str:
-    """The picked job's stage timings (per stage; the model page has them per layer too)."""
-    return job_panel(service, job_id)[1]
-
-
-def log_tail(service: JobService, job_id, lines: int = 20) -> str:
-    return job_panel(service, job_id, lines)[0]
-
-
-# --- the Dashboard -------------------------------------------------------------------------------
-
-
-def run_rows(service: JobService, model="", method="", user="", criterion="") -> list[dict[str, Any]]:
-    """One row of :data:`RUN_COLUMNS` per succeeded job that passes the filters (empty: any)."""
-    rows = []
-    done = [j for j in service.list(limit=500) if j["status"] == "SUCCEEDED"]
-    all_metrics = service.metrics([j["id"] for j in done])
-    for j in done:
-        if (
-            (model and model not in str(j["model"]))
-            or (method and j["method"] != method)
-            or (criterion and j["criterion"] != criterion)
-            or (user and j["submitted_by"] != user)
-        ):
-            continue
-        m = all_metrics[j["id"]]
-        rows.append(
-            {
-                "id": j["id"],
-                "model": Path(str(j["model"])).name,
-                "method": j["method"],
-                "criterion": j["criterion"],
-                "ratio": j["ratio"],
-                "achieved": m.get("achieved_ratio"),
-                "perplexity": None if m.get("perplexity") is None else round(m["perplexity"], 3),
-                "params_after": m.get("params_after"),
-                "user": j["submitted_by"] or "–",
-            }
-        )
-    return rows
-
-
-def dashboard_data(service: JobService, model="", method="", user="", metric="perplexity", criterion=""):
-    """(runs table, plot data: the runs with ``metric`` renamed ``value``) as pandas DataFrames."""
-    import pandas as pd
-
-    df = pd.DataFrame(run_rows(service, model, method, user, criterion), columns=RUN_COLUMNS)
-    return df, df.dropna(subset=[metric]).rename(columns={metric: "value"})
-
-
-# --- the Model page ------------------------------------------------------------------------------
-
-
-def model_page(service: JobService, job_id):
-    """(heading + metrics + timings, recipe YAML, per-layer report rows, model card + snippet, the
-    download links (Markdown), error curve)."""
-    if not job_id:
-        return "Pick a job id.", "", None, "", "", None
-    try:
-        info = service.show(int(job_id))
-    except KeyError as exc:
-        return f"**{exc.args[0]}**", "", None, "", "", None
-    report = [
-        [r["layer"], r["module"], r["kept"], r["total"], round(r["error_before"], 4), round(r["error_after"], 4)]
-        for r in info["report"] or []
-    ]
-    ckpt = next((a["path"] for a in info["artifacts"] if a["kind"] == "checkpoint"), None)
-    return (
-        _page_head(info),
-        yaml.safe_dump(info["recipe"], sort_keys=False),
-        report,
-        _page_card(ckpt),
-        listings.downloads_markdown(service, info["id"]),
-        error_curve(info["report"]),
-    )
-
-
-def _page_head(info: dict[str, Any]) -> str:
-    head = (
-        f"### Job {info['id']} — {info['status']}\n\n`{info['model']}` · ratio {info['ratio']} · "
-        f"{info['method']} · {info['criterion']} · by {info['submitted_by'] or '–'}"
-    )
-    if info["error"]:
-        head += f"\n\n**Error:** {info['error']}"
-    metrics = "\n".join(f"| {k} | {v:.6g} |" for k, v in sorted(info["metrics"].items()))
-    if metrics:
-        head += "\n\n| metric | value |\n|---|---|\n" + metrics
-    timings = listings.timings_markdown(info.get("timings"))
-    if timings:
-        head += "\n\n#### Where the time went\n\n" + timings
-    return head
-
-
-def _page_card(ckpt: str | None) -> str:
-    """The checkpoint's model card (without its front matter) and a snippet that loads it."""
-    card = Path(ckpt, "README.md").read_text() if ckpt and Path(ckpt, "README.md").exists() else ""
-    if card.startswith("---"):  # drop the card's YAML front matter (hub metadata)
-        card = card.split("---", 2)[-1].lstrip()
-    if not ckpt:
-        return card
-    snippet = (
-        f"from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained(\n"
-        f'    "{ckpt}", trust_remote_code=True)'
-    )
-    return card + "\n\n```python\n" + snippet + "\n```"
-
-
-def error_curve(report: list[dict[str, Any]] | None):
-    """The per-projection error before and after reconstruction, in layer order (a pandas DataFrame)."""
-    import pandas as pd
-
-    return pd.DataFrame(
-        [
-            {"projection": f"{r['layer']}.{r['module'][:4]}", "step": i, "error": r[key], "when": when}
-            for i, r in enumerate(report or [])
-            for key, when in (("error_before", "pruned"), ("error_after", "reconstructed"))
-        ],
-        columns=["projection", "step", "error", "when"],
-    )

@@ -1,42 +1,55 @@
-"""The "Jobs" tab: a live table of recent jobs; cancel, re-run, and the log tail and stage timings of one."""
+"""The "Jobs" tab: a live table of recent jobs; select a row to follow its log and stage timings,
+cancel it, re-run it or open its model page."""
 
 from __future__ import annotations
 
 import gradio as gr
 
-from app.web import forms
+from app.web import views
 from jobs.service import JobService
 
 REFRESH_SECONDS = 2.0
 
 
-def build(service: JobService) -> None:
-    """The tab's components, inside the current ``gr.Tab``, and their events."""
-    status_filter = gr.Dropdown(forms.STATUSES, value="", label="Status")
+def build(service: JobService) -> tuple[gr.State, gr.Button]:
+    """The tab's components, inside the current ``gr.Tab``, and their events; returns the picked job
+    (a ``gr.State``) and the "Model page" button, which the app wires to the Model tab."""
+    status_filter = gr.Dropdown(views.STATUSES, value="", label="Status")
     table = gr.Dataframe(
-        headers=forms.TABLE_COLUMNS, value=lambda: forms.job_rows(service), interactive=False, elem_id="jobs-table"
+        headers=views.TABLE_COLUMNS,
+        value=lambda: views.job_rows(service),
+        interactive=False,
+        label="Jobs — select a row to follow it",
+        elem_id="jobs-table",
     )
+    picked = gr.State(None)
+    heading = gr.Markdown(views.job_panel(service, None)[0], elem_id="job-heading")
     with gr.Row():
-        job_pick = gr.Number(None, label="Job id", precision=0)
         cancel_btn = gr.Button("Cancel job", variant="stop")
         rerun_btn = gr.Button("Re-run")
-    job_msg = gr.Markdown()
+        open_btn = gr.Button("Model page ›")
+    job_msg = gr.Markdown(elem_id="job-message")
     with gr.Row():
-        log_tail = gr.Code(label="Log tail", language=None)
+        log_tail = gr.Code(label="Log (live)", language=None, elem_id="job-log")
         timings = gr.Markdown(elem_id="job-timings")
     timer = gr.Timer(REFRESH_SECONDS)
+    panel = [heading, log_tail, timings]
 
-    def rows(status):
-        return forms.job_rows(service, status)
+    def pick(evt: gr.SelectData):
+        job_id = views.job_id_of(evt.row_value)
+        return job_id, *views.job_panel(service, job_id)
 
-    def picked(job_id):
-        return forms.job_panel(service, job_id)
+    def refresh(status, job_id):
+        rows = views.job_rows(service, status)
+        if job_id is None:
+            return rows, gr.skip(), gr.skip(), gr.skip()
+        return rows, *views.job_panel(service, job_id)
 
-    def tick(status, job_id):
-        return (rows(status), *picked(job_id)) if job_id else (rows(status), gr.skip(), gr.skip())
-
-    timer.tick(tick, [status_filter, job_pick], [table, log_tail, timings], api_name=False)
-    status_filter.change(rows, [status_filter], [table], api_name=False)
-    cancel_btn.click(lambda job_id: forms.cancel_job(service, job_id), [job_pick], [job_msg], api_name=False)
-    rerun_btn.click(lambda job_id: forms.rerun_job(service, job_id), [job_pick], [job_msg], api_name=False)
-    job_pick.change(picked, [job_pick], [log_tail, timings], api_name=False)
+    table.select(pick, None, [picked, *panel], api_name=False)
+    timer.tick(refresh, [status_filter, picked], [table, *panel], api_name=False)
+    status_filter.change(refresh, [status_filter, picked], [table, *panel], api_name=False)
+    for button, action in ((cancel_btn, views.cancel_job), (rerun_btn, views.rerun_job)):
+        button.click(lambda job_id, action=action: action(service, job_id), [picked], [job_msg], api_name=False).then(
+            refresh, [status_filter, picked], [table, *panel], api_name=False
+        )
+    return picked, open_btn

@@ -1,35 +1,55 @@
-"""The "Model" tab: one job's recipe, metrics, stage timings, per-layer error, model card, and its
-checkpoint to download (the whole of it as one file, or file by file with sizes and sha256)."""
+"""The "Model" tab: one job's metrics, stage timings, recipe, per-layer error (table and chart), how to
+load it, and its checkpoint to download (the whole of it as one file, or file by file with sizes and
+sha256)."""
 
 from __future__ import annotations
 
 import gradio as gr
 
-from app.web import forms
+from app.web import views
+from app.web.dashboard import vega
 from jobs.service import JobService
 
 
-def build(service: JobService) -> None:
-    """The tab's components, inside the current ``gr.Tab``, and their events."""
+def build(service: JobService) -> gr.Number:
+    """The tab's components, inside the current ``gr.Tab``, and their events; returns the job id box
+    (the Jobs tab, the dashboard and ``?job=N`` links set it)."""
     page_id = gr.Number(None, label="Job id", precision=0, elem_id="model-job-id")
-    head = gr.Markdown()
+    head = gr.Markdown(elem_id="model-head")
+    load = gr.Markdown(elem_id="model-load")
+    download = gr.Markdown(elem_id="model-downloads")  # links to app.web.downloads' routes
+    layers = gr.Plot(show_label=False, elem_id="error-plot")
     with gr.Row():
         page_recipe = gr.Code(label="Recipe", language="yaml")
         page_report = gr.Dataframe(
-            headers=forms.REPORT_HEADERS, label="Per-layer reconstruction error", interactive=False
+            headers=views.REPORT_HEADERS, label="Per-layer reconstruction error", interactive=False
         )
-    error_plot = gr.LinePlot(
-        x="step",
-        y="error",
-        color="when",
-        title="relative output error per pruned projection (layer order)",
-        elem_id="error-plot",
-    )
-    download = gr.Markdown(elem_id="model-downloads")  # links to app.web.downloads' routes
-    card = gr.Markdown()
-    page_id.change(
-        lambda job_id: forms.model_page(service, job_id),
-        [page_id],
-        [head, page_recipe, page_report, card, download, error_plot],
-        api_name=False,
-    )
+
+    def show(job_id):
+        page = views.model_page(service, job_id)
+        return page.head, page.load, page.downloads, vega(page.layers), page.recipe, page.report
+
+    page_id.change(show, [page_id], [head, load, download, layers, page_recipe, page_report], api_name=False)
+    return page_id
+
+
+def openers(
+    demo: gr.Blocks, tabs: gr.Tabs, page_id: gr.Number, picked: gr.State, open_picked: gr.Button, runs: gr.Dataframe
+) -> None:
+    """What opens a job's model page: the Jobs tab's button (its picked job), a row of the
+    dashboard's runs table, and the app's address with ``?job=N`` (a chart point's link, or one
+    shared by a colleague)."""
+
+    def open_job(job_id):
+        job_id = views.job_id_of(job_id)
+        return (gr.skip(), gr.skip()) if job_id is None else (gr.Tabs(selected="model"), job_id)
+
+    def open_row(evt: gr.SelectData):
+        return open_job(evt.row_value)
+
+    def open_link(request: gr.Request = None):
+        return open_job(request.query_params.get("job") if request else None)
+
+    open_picked.click(open_job, [picked], [tabs, page_id], api_name=False)
+    runs.select(open_row, None, [tabs, page_id], api_name=False)
+    demo.load(open_link, None, [tabs, page_id], api_name=False)

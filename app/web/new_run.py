@@ -1,4 +1,5 @@
-"""The "New run" tab: the pruning form, its recipe as YAML, and submission (one job or a method sweep)."""
+"""The "New run" tab: the pruning form, its recipe as YAML, and submission (one job, or a sweep of one
+job per ratio × reconstruction method)."""
 
 from __future__ import annotations
 
@@ -35,13 +36,17 @@ def _pruning_column(models: list[str]) -> dict:
             info="kept neurons per layer rounded to a multiple: auto = 128 on a GPU worker, 64 on a CPU "
             "(faster kernels); 1 = exact widths",
         )
-    c["ratio"] = gr.Slider(
-        0.05, 0.9, value=0.2, step=0.05, label="Ratio", info="fraction of the transformer blocks' parameters to remove"
+    c["ratio"] = gr.Textbox(
+        "0.2",
+        label="Ratio",
+        info="fraction of the transformer blocks' parameters to remove, strictly between 0 and 1; several "
+        "(0.2, 0.3, 0.5) → a sweep: one job per ratio × method",
+        elem_id="ratio",
     )
     with gr.Row():
         c["criterion"] = gr.Dropdown(forms.CRITERIA, value="magnitude", label="Criterion", info=forms.CRITERIA_INFO)
         c["methods"] = gr.CheckboxGroup(
-            forms.METHODS, value=["liar"], label="Reconstruction", info="several → a side-by-side sweep"
+            forms.METHODS, value=["liar"], label="Reconstruction", info="several → a sweep, side by side"
         )
         c["damp"] = gr.Number(0.001, label="Damping", minimum=0)
     return c
@@ -71,7 +76,9 @@ def _data_column(texts: list[str], eval_texts: list[str]) -> dict:
         label="Perplexity on (held-out text)",
         info="evaluated after pruning; decoders only",
     )
-    c["user"] = gr.Textbox(label="Your name", value=os.environ.get("USER", ""))
+    c["user"] = gr.Textbox(
+        label="Your name", value=os.environ.get("USER", ""), info="recorded with the job; with login on, the account is"
+    )
     return c
 
 

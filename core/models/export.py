@@ -9,7 +9,8 @@ README model card. Two forms:
   ``mlp_bias``, whose other projections then get zero biases). Loads with plain ``from_pretrained``.
 - *liar*: per-layer widths in ``config.liar_layout`` and ``modeling_liar.py`` bundled beside the
   weights (``auto_map``), loaded with ``from_pretrained(dir, trust_remote_code=True)`` — this project
-  need not be installed. ``core.load_pruned`` loads both forms without trusting remote code.
+  need not be installed. ``core.load_pruned`` loads both forms without trusting remote code. Its
+  ``model_type`` is the stock one, so ``AutoTokenizer.from_pretrained(dir)`` needs no remote code.
 
 Writing goes to a temporary sibling directory renamed into place at the end, so a failed export
 never leaves a half-written checkpoint.
@@ -122,9 +123,10 @@ def _config_dict(model: nn.Module, family_name: str, layout: list[dict]) -> tupl
             cfg.pop(key, None)
         cfg.update(overrides)
         return cfg, True
+    # model_type stays the stock one, so AutoConfig (which AutoTokenizer always reads first) resolves it
+    # without the bundled code; the pruned classes come from auto_map / architectures
     classes = CLASSES[family_name]
     arch = type(model).__name__
-    cfg["model_type"] = f"liar_{family_name}"
     cfg["architectures"] = [f"Liar{arch}"]
     cfg["auto_map"] = {"AutoConfig": f"modeling_liar.{classes['config'].__name__}"}
     for auto, cls in classes.items():
@@ -136,7 +138,11 @@ def _config_dict(model: nn.Module, family_name: str, layout: list[dict]) -> tupl
 
 def model_card(result, stock: bool, architecture: str) -> str:
     r = result.recipe
-    load = ('from transformers import {auto}\nmodel = {auto}.from_pretrained("PATH"{trust})').format(
+    load = (
+        "from transformers import {auto}, AutoTokenizer\n"
+        'model = {auto}.from_pretrained("PATH"{trust})\n'
+        'tokenizer = AutoTokenizer.from_pretrained("PATH")'
+    ).format(
         auto=_auto_name(architecture),
         trust="" if stock else ", trust_remote_code=True",
     )

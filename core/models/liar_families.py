@@ -201,7 +201,7 @@ FAMILIES: dict[str, Family] = {
     ),
 }
 
-PRUNED_PREFIX = "liar_"  # model_type of a checkpoint whose layers have different widths
+PRUNED_PREFIX = "liar_"  # model_type of older liar_-form checkpoints (newer ones keep the stock type)
 
 
 def family_of(model_type: str | None) -> Family | None:

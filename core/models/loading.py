@@ -57,7 +57,7 @@ def load_model(name: str, dtype: str = "auto", device: str = "auto"):
     local = Path(name).expanduser()
     src = str(local) if local.is_dir() else name
     if (local / "config.json").is_file():
-        if str(read_config(local).get("model_type", "")).startswith(PRUNED_PREFIX):
+        if is_pruned_config(read_config(local)):
             dev = resolve_device(device)
             model, tokenizer = load_pruned(local, dtype=None if dtype == "auto" else getattr(torch, dtype), device=dev)
             if dev.type == "cpu" and dtype == "auto":
@@ -80,6 +80,12 @@ def load_model(name: str, dtype: str = "auto", device: str = "auto"):
         raise RuntimeError(f"could not load a tokenizer for {name!r}: {exc}") from exc
     ensure_pad_token(tokenizer)
     return model, tokenizer, adapter
+
+
+def is_pruned_config(raw: dict) -> bool:
+    """Whether a raw ``config.json`` is a ``liar_`` checkpoint's (per-layer widths in ``liar_layout``;
+    its ``model_type`` is the stock one, or ``liar_<family>`` in checkpoints written before)."""
+    return raw.get("liar_layout") is not None or str(raw.get("model_type", "")).startswith(PRUNED_PREFIX)
 
 
 def pruned_classes(raw: dict, cfg_file: Path) -> tuple[type, type]:
@@ -105,8 +111,7 @@ def load_pruned(path: str | Path, dtype: torch.dtype | None = None, device: str 
         raise FileNotFoundError(f"{str(path)!r} is not a model directory (no config.json)")
     raw = read_config(path)
     kwargs = {} if dtype is None else {"dtype": dtype}
-    mt = raw.get("model_type", "")
-    if mt.startswith("liar_"):
+    if is_pruned_config(raw):
         model = pruned_classes(raw, cfg_file)[1].from_pretrained(path, **kwargs)
     else:
         config = AutoConfig.from_pretrained(path)

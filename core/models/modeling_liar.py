@@ -288,7 +288,9 @@ def _liar_classes(family_name: str, config_base: type, model_bases: dict[str, ty
     config_cls = type(
         f"Liar{config_base.__name__}",
         (config_base,),
-        {"model_type": f"liar_{family_name}", "__module__": __name__},
+        # the stock model_type: the checkpoint's config then loads without remote code (AutoTokenizer
+        # reads it, and would otherwise ask whether to trust the bundled code)
+        {"model_type": config_base.model_type, "__module__": __name__},
     )
 
     out = {"config": config_cls}

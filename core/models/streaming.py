@@ -22,8 +22,7 @@ from torch import nn
 
 from core.models.adapter import Adapter, adapter_for
 from core.models.config_file import read_config
-from core.models.liar_families import PRUNED_PREFIX
-from core.models.loading import model_class, pruned_classes, resolve_device, resolve_dtype
+from core.models.loading import is_pruned_config, model_class, pruned_classes, resolve_device, resolve_dtype
 from core.models.safetensors_io import CheckpointError, CheckpointReader, LazyTensor
 
 META = torch.device("meta")
@@ -52,7 +51,7 @@ def _skeleton(directory: Path, dtype: torch.dtype):
     from transformers import AutoConfig
 
     raw = read_config(directory)
-    if str(raw.get("model_type", "")).startswith(PRUNED_PREFIX):
+    if is_pruned_config(raw):
         config_cls, cls = pruned_classes(raw, directory / "config.json")
         config = config_cls.from_pretrained(directory)
     else:

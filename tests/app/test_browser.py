@@ -1,6 +1,9 @@
 """The web app in a real browser: Debian's Chromium driven headless by Playwright (no browser download).
 
-Screenshots of every page are written to docs/screenshots/.
+Two servers: the session's ``app_server`` (no login) for the form, and one with login on for the whole
+path — log in, submit, watch the job live, the dashboard, the model page, download — as two users.
+Screenshots of every page are written to docs/screenshots/. Waits are generous and nothing is timed:
+the tests share two CPU cores with everything else.
 """
 
 from __future__ import annotations
@@ -28,37 +31,49 @@ ARGS = [
     "--disable-sync",
     "--disable-dev-shm-usage",
 ]
+USERS = {"alice": "alice-pw", "bob": "bob-pw"}
+LONG = 240  # seconds: the longest wait for a job (three tiny jobs, one worker, paused steps)
 
 
 @pytest.fixture(scope="module")
-def page(app_server):
+def browser():
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is required for the browser tests (.ci/run installs Debian's chromium)")
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-        pg = context.new_page()
-        pg.external_requests = []
-        pg.on(
-            "request",
-            lambda r: (
-                None if r.url.startswith(("http://127.0.0.1", "data:", "blob:")) else pg.external_requests.append(r.url)
-            ),
-        )
-        pg.set_default_timeout(30_000)
-        pg.goto(app_server["url"])
-        pg.get_by_role("tab", name="New run").wait_for()
-        yield pg
-        browser.close()
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield chromium
+        chromium.close()
 
 
-def _jobs(app_server) -> list[dict]:
+def _new_page(browser, url: str):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    pg = context.new_page()
+    pg.external_requests = []
+    pg.on(
+        "request",
+        lambda r: (
+            None if r.url.startswith(("http://127.0.0.1", "data:", "blob:")) else pg.external_requests.append(r.url)
+        ),
+    )
+    pg.set_default_timeout(60_000)
+    pg.goto(url)
+    return pg
+
+
+@pytest.fixture(scope="module")
+def page(browser, app_server):
+    pg = _new_page(browser, app_server["url"])
+    pg.get_by_role("tab", name="New run").wait_for()
+    return pg
+
+
+def _jobs(url: str, auth: tuple[str, str] | None = None) -> list[dict]:
     from gradio_client import Client
 
-    return json.loads(Client(app_server["url"], verbose=False).predict("", api_name="/list_jobs"))
+    return json.loads(Client(url, auth=auth, verbose=False).predict("", api_name="/list_jobs"))
 
 
 def _fill(page, label: str, value: str) -> None:
@@ -67,87 +82,75 @@ def _fill(page, label: str, value: str) -> None:
     box.press("Tab")
 
 
+def _fill_ratio(page, value: str) -> None:
+    box = page.locator("#ratio textarea, #ratio input").first
+    box.fill(value)
+    box.press("Tab")
+
+
+def _status(page) -> str:
+    return page.locator("#submit-status").inner_text()
+
+
+def _cell(page, table: str, job_id: int, col: int):
+    """The cell of a table's row for ``job_id`` (the id in column 0) in column ``col``."""
+    row = page.locator(f"#{table} [role=row]").filter(
+        has=page.locator("[data-col='0']", has_text=re.compile(rf"^\s*{job_id}\s*$"))
+    )
+    return row.locator(f"[data-col='{col}']").first
+
+
+def _table_ids(page, table: str) -> set[int]:
+    """The job ids in a table's first column."""
+    cells = page.locator(f"#{table} [role=gridcell][data-col='0']").all_inner_texts()
+    return {int(t) for t in (c.strip() for c in cells) if t.isdigit()}
+
+
+# --- the form, without login -----------------------------------------------------------------------
+
+
 def test_invalid_form_shows_error_and_creates_no_job(page, app_server):
-    before = len(_jobs(app_server))
+    before = len(_jobs(app_server["url"]))
     _fill(page, "Model", str(app_server["data"] / "models" / "no-such-model"))
     page.get_by_role("button", name="Submit", exact=True).click()
     status = page.locator("#submit-status")
     status.get_by_text(re.compile("does not exist")).wait_for()
     page.screenshot(path=str(SHOTS / "new-run-error.png"), full_page=True)
     assert "Traceback" not in status.inner_text()
-    assert len(_jobs(app_server)) == before
+    assert len(_jobs(app_server["url"])) == before
 
 
-def test_submit_watch_dashboard_download(page, app_server, tmp_path):
+def test_bad_ratios_and_emptied_fields_are_sentences_not_toasts(page, app_server):
+    """A ratio out of range is named, not clamped; an emptied box is a sentence in the status line,
+    not a raw error toast; nothing is queued either way."""
     data = app_server["data"]
+    before = len(_jobs(app_server["url"]))
     _fill(page, "Model", str(data / "models" / "tiny-llama-demo"))
-    _fill(page, "Samples", "8")
-    _fill(page, "Sequence length", "32")
-    page.get_by_label("ls", exact=True).check()  # liar + ls: a two-job sweep
-    width = page.get_by_label("FFN width multiple", exact=True)
-    width.click()
-    page.get_by_role("option", name="8", exact=True).click()
-    page.locator("#model-info").get_by_text(re.compile("decoder · llama")).wait_for()
-    page.get_by_role("button", name="Validate").click()
-    page.locator("#submit-status").get_by_text("valid").wait_for()
-    page.locator("#recipe-file a").first.wait_for()  # the recipe offered as a download
-    assert "neurons: 8" in page.locator(".cm-content").first.inner_text()  # the form's rounding, in the YAML
+    _fill_ratio(page, "0.2, 1.5")
     page.get_by_role("button", name="Submit", exact=True).click()
-    page.locator("#submit-status").get_by_text(re.compile("submitted sweep")).wait_for()
-    page.screenshot(path=str(SHOTS / "new-run.png"), full_page=True)
-    ids = sorted(j["id"] for j in _jobs(app_server))[-2:]
+    page.locator("#submit-status").get_by_text(re.compile("ratio 1.5 must lie strictly between 0 and 1")).wait_for()
+    _fill_ratio(page, "0.2")
+    for label, message in (("Samples", "samples must be a number"), ("Calibration set", "choose a calibration set")):
+        box = page.get_by_label(label, exact=True)
+        kept = box.input_value()
+        _fill(page, label, "")
+        page.get_by_role("button", name="Submit", exact=True).click()
+        page.locator("#submit-status").get_by_text(re.compile(message)).wait_for()
+        assert page.locator(".toast-body").count() == 0, page.locator(".toast-body").all_inner_texts()
+        _fill(page, label, kept)
+    assert len(_jobs(app_server["url"])) == before
 
-    page.get_by_role("tab", name="Jobs").click()
-    table = page.locator("#jobs-table")
-    wait_for(lambda: table.inner_text().count("SUCCEEDED") >= 2, timeout=240, what="the jobs table to show success")
-    page.screenshot(path=str(SHOTS / "jobs.png"), full_page=True)
-
-    page.get_by_role("tab", name="Dashboard").click()
-    page.get_by_role("button", name="Refresh").click()
-    runs = page.locator("#runs-table")
-    wait_for(lambda: all(str(i) in runs.inner_text() for i in ids), timeout=60, what="the dashboard rows")
-    page.locator("#ppl-plot").wait_for()
-    page.wait_for_timeout(1500)  # let the plot render before the screenshot
-    page.screenshot(path=str(SHOTS / "dashboard.png"), full_page=True)
-
-    page.get_by_role("tab", name="Model").click()
-    box = page.locator("#model-job-id input")
-    box.fill(str(ids[0]))
-    box.press("Tab")
-    page.get_by_text(f"Job {ids[0]} — SUCCEEDED").wait_for()
-    page.locator("#error-plot").wait_for()
-    page.wait_for_timeout(1500)
-    downloads = page.locator("#model-downloads")
-    downloads.get_by_role("link", name="SHA256SUMS", exact=True).wait_for()
-    page.screenshot(path=str(SHOTS / "model.png"), full_page=True)
-    with page.expect_download() as dl:  # one file, as listed with its sha256
-        downloads.get_by_role("link", name="config.json", exact=True).click()
-    config = tmp_path / "config.json"
-    dl.value.save_as(config)
-    assert hashlib.sha256(config.read_bytes()).hexdigest() in downloads.inner_text()
-    with page.expect_download() as dl:  # the whole checkpoint as one (streamed, uncompressed) tar
-        downloads.get_by_role("link", name=re.compile("Whole checkpoint")).click()
-    assert dl.value.suggested_filename == f"liar-job-{ids[0]}.tar"
-    archive = tmp_path / "ckpt.tar"
-    dl.value.save_as(archive)
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp_path / "x", filter="data")
-    from core import load_pruned
-
-    model, tok = load_pruned(tmp_path / "x" / f"liar-job-{ids[0]}")
-    assert tok is not None and sum(p.numel() for p in model.parameters()) > 0
-    assert "Where the time went" in page.locator("body").inner_text()
-
-    page.get_by_role("tab", name="Jobs").click()  # the picked job's stage timings
-    pick = page.get_by_label("Job id", exact=True).first
-    pick.fill(str(ids[0]))
-    pick.press("Tab")
-    page.locator("#job-timings").get_by_text("reconstruct").wait_for()
-    page.screenshot(path=str(SHOTS / "jobs-timings.png"), full_page=True)
+    recipes = data / "recipes"
+    count = len(list(recipes.iterdir())) if recipes.exists() else 0
+    for _ in range(2):  # the same recipe validated twice: one file to download
+        page.get_by_role("button", name="Validate").click()
+        page.locator("#submit-status").get_by_text("✓ valid").wait_for()
+        page.locator("#recipe-file a").first.wait_for()
+    assert len(list(recipes.iterdir())) <= count + 1
 
 
 def test_no_requests_leave_the_machine(page):
-    """Works offline: no analytics, no web fonts, nothing fetched from outside."""
+    """Works offline: no analytics, no web fonts, nothing fetched from outside (charts included)."""
     for tab in ("Jobs", "Dashboard", "Model", "New run"):
         page.get_by_role("tab", name=tab).click()
     page.wait_for_timeout(500)
@@ -161,7 +164,7 @@ def test_encoder_is_detected_and_pasted_recipe_submits(page, app_server):
     page.locator("#model-info").get_by_text(re.compile("encoder · bert.*perplexity does not apply")).wait_for()
     _fill(page, "Model", str(data / "models" / "tiny-llama-demo"))
     page.locator("#model-info").get_by_text(re.compile("decoder")).wait_for()
-    before = len(_jobs(app_server))
+    before = len(_jobs(app_server["url"]))
     box = page.locator(".cm-content").first  # the editable recipe box
     box.click()
     page.keyboard.press("Control+A")
@@ -172,4 +175,146 @@ def test_encoder_is_detected_and_pasted_recipe_submits(page, app_server):
     )
     page.get_by_role("button", name="Submit this YAML").click()
     page.locator("#submit-status").get_by_text(re.compile("submitted job")).wait_for()
-    assert len(_jobs(app_server)) == before + 1
+    assert len(_jobs(app_server["url"])) == before + 1
+
+
+# --- the whole path, two users, login on -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def login_server(tmp_path_factory):
+    """``liar app`` with two accounts and its worker pausing 2 s in each layer and each evaluation
+    (``LIAR_STAGE_PAUSE``), so a running job can be watched on a machine of any speed."""
+    from tests.app.conftest import start_app, stop_app
+
+    data = tmp_path_factory.mktemp("login") / "data"
+    users = ",".join(f"{u}:{p}" for u, p in USERS.items())
+    proc, url = start_app(data, LIAR_APP_USERS=users, LIAR_STAGE_PAUSE="reconstruct=2,evaluate=2")
+    yield {"url": url, "data": data}
+    stop_app(proc)
+
+
+def _log_in(browser, url: str, user: str):
+    pg = _new_page(browser, url)
+    pg.get_by_label("username").fill(user)
+    pg.get_by_label("password").fill(USERS[user])
+    pg.get_by_role("button", name="Login").click()
+    pg.get_by_role("tab", name="New run").wait_for()
+    return pg
+
+
+def _submit(pg, data: Path, ratios: str, methods: tuple[str, ...] = ("liar",)) -> str:
+    pg.get_by_role("tab", name="New run").click()
+    _fill(pg, "Model", str(data / "models" / "tiny-llama-demo"))
+    pg.locator("#model-info").get_by_text(re.compile("decoder · `?llama")).wait_for()
+    _fill(pg, "Samples", "8")
+    _fill(pg, "Sequence length", "32")
+    _fill_ratio(pg, ratios)
+    for method in ("liar", "ls"):
+        box = pg.get_by_label(method, exact=True)
+        box.check() if method in methods else box.uncheck()
+    pg.get_by_role("button", name="Submit", exact=True).click()
+    pg.locator("#submit-status").get_by_text(re.compile("submitted")).wait_for()
+    return _status(pg)
+
+
+def _ids(status: str) -> list[int]:
+    return [int(i) for i in re.findall(r"\d+", status.rsplit("job", 1)[1])]
+
+
+def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_path):
+    url, data = login_server["url"], login_server["data"]
+    alice = _log_in(browser, url, "alice")
+    status = _submit(alice, data, "0.2, 0.4")  # a sweep over two ratios
+    assert "of 2 jobs (2 ratios)" in status, status
+    alice.screenshot(path=str(SHOTS / "new-run.png"), full_page=True)
+    a1, a2 = _ids(status)
+
+    # watch the first job live: select its row, see it reconstruct layer by layer, then evaluate
+    alice.get_by_role("tab", name="Jobs").click()
+    alice.get_by_role("button", name="Cancel job").click()  # nothing selected yet: a sentence
+    alice.locator("#job-message").get_by_text("select a job in the table first").wait_for()
+    wait_for(lambda: "RUNNING" in _cell(alice, "jobs-table", a1, 1).inner_text(), timeout=LONG, what="job 1 to run")
+    _cell(alice, "jobs-table", a1, 1).click()
+    heading, log = alice.locator("#job-heading"), alice.locator("#job-log")
+    heading.get_by_text(re.compile(rf"Job {a1}")).wait_for()
+    heading.get_by_text(re.compile(r"RUNNING · reconstruct \(layer \d/2\)")).wait_for(timeout=LONG * 1000)
+    alice.screenshot(path=str(SHOTS / "jobs.png"), full_page=True)
+    wait_for(lambda: "layer 1/2:" in log.inner_text(), timeout=LONG, what="the live log to show layer 1")
+    heading.get_by_text(re.compile(r"RUNNING · evaluate ·")).wait_for(timeout=LONG * 1000)  # a stage of its own
+    assert "user" in alice.locator("#jobs-table").inner_text()
+
+    bob = _log_in(browser, url, "bob")
+    (b1,) = _ids(_submit(bob, data, "0.3", ("ls",)))
+    auth = ("bob", USERS["bob"])
+    wait_for(
+        lambda: sum(j["status"] == "SUCCEEDED" for j in _jobs(url, auth)) == 3,
+        timeout=3 * LONG,
+        what="the three jobs to succeed",
+    )
+    owners = {j["id"]: j["submitted_by"] for j in _jobs(url, auth)}
+    assert owners == {a1: "alice", a2: "alice", b1: "bob"}
+    bob.get_by_role("tab", name="Jobs").click()
+    for job_id, owner in owners.items():  # each job shows its owner, in either user's table
+        wait_for(lambda j=job_id: "SUCCEEDED" in _cell(bob, "jobs-table", j, 1).inner_text(), what="the table")
+        assert _cell(bob, "jobs-table", job_id, 6).inner_text().strip() == owner
+    _cell(bob, "jobs-table", a1, 1).click()
+    bob.locator("#job-timings").get_by_text("reconstruct").wait_for()
+    bob.locator("#job-heading").get_by_text(re.compile("by alice")).wait_for()
+    bob.screenshot(path=str(SHOTS / "jobs-timings.png"), full_page=True)
+
+    # the dashboard: perplexity vs ratio, a line per criterion · method, the dense model as a line
+    bob.get_by_role("tab", name="Dashboard").click()
+    wait_for(lambda: _table_ids(bob, "runs-table") == set(owners), timeout=60, what="the dashboard rows")
+    point = bob.locator(f'#ratio-plot svg path[aria-label*="job: {a1};"]').first
+    point.wait_for()
+    bob.locator("#ratio-plot").get_by_text("dense model").wait_for()
+    bob.locator("#ratio-plot").get_by_text("perplexity (log scale)").wait_for()
+    point.hover(force=True)
+    tooltip = bob.locator("#vg-tooltip-element")
+    wait_for(lambda: "alice" in tooltip.inner_text(), timeout=30, what="the point's tooltip")
+    assert str(a1) in tooltip.inner_text()
+    bob.screenshot(path=str(SHOTS / "dashboard.png"), full_page=True)
+    for metric, title in (("params_after", "parameters after pruning"), ("perplexity", "perplexity (log scale)")):
+        bob.get_by_label("Metric", exact=True).click()  # the chart follows the metric at once
+        bob.get_by_role("option", name=metric, exact=True).click()
+        bob.locator("#ratio-plot").get_by_text(title).wait_for()
+        bob.locator(f'#ratio-plot svg path[aria-label*="job: {a1};"]').first.wait_for()
+    _fill(bob, "User", "bob")  # the chart follows the filters, no Refresh needed
+    wait_for(lambda: _table_ids(bob, "runs-table") == {b1}, timeout=60, what="the filter to apply")
+    bob.locator(f'#ratio-plot svg path[aria-label*="job: {b1};"]').first.wait_for()
+    assert bob.locator(f'#ratio-plot svg path[aria-label*="job: {a1};"]').count() == 0
+    _fill(bob, "User", "")
+    bob.locator(f'#ratio-plot svg path[aria-label*="job: {a1};"]').first.wait_for()
+
+    # a click on the point opens the job's model page (?job=N)
+    bob.locator(f'#ratio-plot svg path[aria-label*="job: {a1};"]').first.click(force=True)
+    bob.wait_for_url(re.compile(rf"\?job={a1}$"))
+    bob.get_by_text(f"Job {a1} — SUCCEEDED").wait_for()
+    head = bob.locator("#model-head")
+    assert "by alice" in head.inner_text()
+    assert len(re.findall(r"^params_after\t", bob.locator("body").inner_text(), re.M)) == 1  # metrics shown once
+    bob.locator("#error-plot svg.marks").first.wait_for()
+    bob.locator("#error-plot").get_by_text("0 attn").first.wait_for()  # layers named on the axis
+    downloads = bob.locator("#model-downloads")
+    downloads.get_by_role("link", name="SHA256SUMS", exact=True).wait_for()
+    assert "AutoTokenizer.from_pretrained" in bob.locator("#model-load").inner_text()
+    bob.wait_for_timeout(1000)  # let the chart settle before the screenshot
+    bob.screenshot(path=str(SHOTS / "model.png"), full_page=True)
+    with bob.expect_download() as dl:  # one file, as listed with its sha256
+        downloads.get_by_role("link", name="config.json", exact=True).click()
+    config = tmp_path / "config.json"
+    dl.value.save_as(config)
+    assert hashlib.sha256(config.read_bytes()).hexdigest() in downloads.inner_text()
+    with bob.expect_download() as dl:  # the whole checkpoint as one (streamed, uncompressed) tar
+        downloads.get_by_role("link", name=re.compile("Whole checkpoint")).click()
+    assert dl.value.suggested_filename == f"liar-job-{a1}.tar"
+    archive = tmp_path / "ckpt.tar"
+    dl.value.save_as(archive)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    from core import load_pruned
+
+    model, tok = load_pruned(tmp_path / "x" / f"liar-job-{a1}")
+    assert tok is not None and sum(p.numel() for p in model.parameters()) > 0
+    assert alice.external_requests == [] and bob.external_requests == []

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from app.web import downloads, forms, listings
+from app.web import downloads, listings, views
 from jobs.db import Artifact, Job
 from jobs.tasks import execute
 
@@ -100,23 +100,27 @@ def test_an_older_job_offers_its_archive(job_service, llama_dir):
     assert got.status_code == 200 and got.content == b"old" and got.history[0].status_code == 307
     listing = listings.download_listing(job_service, job_id)
     assert listing["checkpoint_tar"] == f"jobs/{job_id}/files/{archive.name}"
-    page = forms.model_page(job_service, job_id)[4]
+    page = views.model_page(job_service, job_id).downloads
     assert f"[⬇ Whole checkpoint as one file — {archive.name}](jobs/{job_id}/files/{archive.name})" in page
     assert "`" + "ab" * 32 + "`" in page
 
 
 def test_the_model_page_and_the_jobs_tab_show_files_and_timings(finished):
     service, job_id, _ = finished
-    head, _, _, _, links, _ = forms.model_page(service, job_id)
+    head, _, report, layers, links, load = views.model_page(service, job_id)
     info = service.show(job_id)
     assert f"(jobs/{job_id}/checkpoint.tar)" in links
     for a in info["artifacts"][1:]:
         assert f"| [{a['name']}](jobs/{job_id}/files/{a['name']}) | " in links and f"`{a['sha256']}`" in links
     assert "#### Where the time went" in head and "| reconstruct | " in head
     assert "&nbsp;&nbsp;&nbsp;layer 2/2 |" in head and "| **total** |" in head
-    tab = forms.job_timings(service, job_id)
+    assert head.count("| params_after |") == 1 and "| layer | module |" not in head  # each table once
+    assert len(report) == len(info["report"]) and layers["data"]["values"][0]["projection"] == "0 attn"
+    checkpoint = next(a["path"] for a in info["artifacts"] if a["kind"] == "checkpoint")
+    assert f'from_pretrained("{checkpoint}"' in load and "AutoTokenizer.from_pretrained" in load
+    tab = views.job_panel(service, job_id)[2]
     assert "| load | " in tab and "layer 1/2" not in tab  # per stage only
-    assert forms.job_timings(service, 999) == "" and forms.job_timings(service, None) == ""
+    assert views.job_panel(service, 999)[2] == "" and views.job_panel(service, None)[2] == ""
 
 
 def test_sizes_read_as_a_download_bar_counts():

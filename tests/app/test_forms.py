@@ -1,5 +1,5 @@
-"""The web app's form logic (``app.web.forms``) without a server or Gradio: the recipe a form makes, model
-descriptions, the messages the status line shows, and the jobs table."""
+"""The web app's logic without a server or Gradio: the recipe a form makes (``app.web.forms``), model
+descriptions, the messages the status line shows, the jobs table and the model page (``app.web.views``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
-from app.web import forms
-from app.web.forms import build_recipe, describe_model, evaluations_for, job_rows
+from app.web import forms, views
+from app.web.forms import build_recipe, describe_model, evaluations_for
+from app.web.views import job_rows
+from core.models.liar_families import supported_families_text
 from core.spec.recipe import Recipe
 from jobs.service import SubmitError
 
@@ -25,7 +29,7 @@ def _fields(tmp_path, **over) -> dict:
     values = dict(
         model="some/model",
         modules="both",
-        ratio=0.3,
+        ratio="0.3",
         allocation="uniform",
         round_neurons=1,
         criterion="magnitude",
@@ -124,7 +128,7 @@ def test_describe_an_unsupported_model_lists_the_supported_types(tmp_path):
 
 
 def test_describe_what_is_not_a_local_model():
-    assert describe_model("") == (None, "")
+    assert describe_model("") == (None, f"Supported families: {supported_families_text()}")
     assert describe_model("org/some-model") == (None, "hub id or unknown directory: checked when the job starts")
 
 
@@ -170,35 +174,131 @@ def test_validate_submit_and_the_jobs_table(job_service, llama_dir, tmp_path):
     )
     assert forms.submit_form(job_service, _form(tmp_path, llama_dir), "ada") == "✓ submitted job 1"
     message = forms.submit_form(job_service, _form(tmp_path, llama_dir, methods=["liar", "ls"]), "bob")
-    assert message.startswith("✓ submitted sweep ") and message.endswith(": jobs 2, 3")
+    assert message.startswith("✓ submitted sweep ") and message.endswith(" of 2 jobs (2 methods): jobs 2, 3")
     assert forms.submit_yaml(job_service, " ", "(none)", "ada").startswith("**⚠ the recipe box is empty")
     assert forms.submit_yaml(job_service, text, "(none)", None) == "✓ submitted job 4"
 
     rows = job_rows(job_service)
     assert [r[0] for r in rows] == [4, 3, 2, 1]
-    assert len(rows[0]) == len(forms.TABLE_COLUMNS)
+    assert len(rows[0]) == len(views.TABLE_COLUMNS)
     assert rows[-1][1:4] == ["QUEUED", "queued", "–"] and rows[-1][6:8] == ["ada", "llama"]
     assert rows[1][9] == "ls" and rows[0][6] == "–"
     assert job_rows(job_service, "RUNNING") == []
 
 
 def test_job_actions_and_the_model_page(job_service, llama_dir, tmp_path):
-    assert forms.cancel_job(job_service, None).startswith(
-        "**⚠ int() argument"
-    )  # no id picked: the conversion error (unchanged)
-    assert forms.rerun_job(job_service, 7) == "**⚠ no job 7**"
-    assert forms.model_page(job_service, None)[0] == "Pick a job id."
-    assert forms.model_page(job_service, 7)[0] == "**no job 7**"
+    picked = (3, 3.0, "3", [3, "RUNNING"])  # a number box, the API, the query string, a selected row
+    assert [views.job_id_of(v) for v in picked] == [3, 3, 3, 3]
+    assert all(views.job_id_of(v) is None for v in ("?", 0, 2.5, [], float("inf"), None))
+    for nothing in (None, "", float("nan")):  # no row selected: a sentence, not int()'s error
+        assert views.cancel_job(job_service, nothing) == "**⚠ select a job in the table first**"
+        assert views.rerun_job(job_service, nothing) == "**⚠ select a job in the table first**"
+    assert views.rerun_job(job_service, 7) == "**⚠ no job 7**" and views.cancel_job(job_service, 7) == "**⚠ no job 7**"
+    assert views.model_page(job_service, None).head.startswith("Pick a job")
+    assert views.model_page(job_service, 7).head == "**no job 7**"
     forms.submit_form(job_service, _form(tmp_path, llama_dir), "ada")
-    assert forms.rerun_job(job_service, 1) == "re-submitted job 1 as job 2"
-    assert "submitted by ada" in forms.log_tail(job_service, 1)
-    head, recipe, report, card, links, curve = forms.model_page(job_service, 2)
-    assert head.startswith("### Job 2 — QUEUED") and "by ada" in head and "time went" not in head
-    assert yaml.safe_load(recipe)["model"] == str(llama_dir)
-    assert report == [] and card == "" and links == "" and curve.empty
-    assert forms.cancel_job(job_service, 2) == "job 2: CANCELLED"
-    df, plot = forms.dashboard_data(job_service)  # nothing succeeded
-    assert list(df.columns) == forms.RUN_COLUMNS and df.empty and plot.empty
+    assert views.rerun_job(job_service, 1) == "re-submitted job 1 as job 2"
+    heading, log, _ = views.job_panel(job_service, [1, "QUEUED"])  # a selected row
+    assert heading.startswith("**Job 1** · QUEUED") and "by ada" in heading and "submitted by ada" in log
+    page = views.model_page(job_service, 2)
+    assert page.head.startswith("### Job 2 — QUEUED") and "by ada" in page.head and "time went" not in page.head
+    assert yaml.safe_load(page.recipe)["model"] == str(llama_dir)
+    assert page.report == [] and page.layers is None and page.downloads == "" and page.load == ""
+    assert views.cancel_job(job_service, 2) == "job 2: cancelled"
+    assert views.cancel_job(job_service, 2) == "job 2 had already finished (CANCELLED)"
+
+
+def test_a_pending_cancel_shows_in_the_table_and_the_heading(job_service, llama_dir, tmp_path):
+    from sqlalchemy import update
+
+    from jobs.db import Job
+
+    forms.submit_form(job_service, _form(tmp_path, llama_dir), "ada")
+    with job_service.sessions.begin() as s:
+        s.execute(update(Job).where(Job.id == 1).values(status="RUNNING", stage="reconstruct", layer=1, n_layers=4))
+    assert job_rows(job_service)[0][1] == "RUNNING"
+    assert views.cancel_job(job_service, 1) == "job 1: cancel requested — it stops at its next layer or stage boundary"
+    assert job_rows(job_service)[0][1] == "RUNNING · cancel requested"
+    heading = views.job_panel(job_service, 1)[0]
+    assert "reconstruct (layer 1/4)" in heading and "cancel requested" in heading
+
+
+@pytest.mark.parametrize(
+    "text, ratios",
+    [("0.2", [0.2]), (0.3, [0.3]), ("20%", [0.2]), ("0.2, 0.3 0.5", [0.2, 0.3, 0.5]), ("0.2,0.2;0.4", [0.2, 0.4])],
+)
+def test_ratios_typed_in_the_form(text, ratios):
+    assert forms.parse_ratios(text) == ratios
+
+
+@given(st.lists(st.floats(min_value=0.001, max_value=0.999), min_size=1, max_size=6), st.sampled_from([",", " ", "; "]))
+def test_any_ratios_in_range_read_back_in_order(ratios, separator):
+    parsed = forms.parse_ratios(separator.join(repr(r) for r in ratios))
+    assert parsed == list(dict.fromkeys(round(r, 6) for r in ratios))
+
+
+@given(st.floats().filter(lambda r: not 0 < r < 1))
+def test_any_ratio_out_of_range_is_refused(ratio):
+    with pytest.raises(SubmitError, match="must lie strictly between 0 and 1|is not a number"):
+        forms.parse_ratios(f"0.5, {ratio!r}")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "enter a ratio"),
+        ("0.95 1.5", "ratio 1.5 must lie strictly between 0 and 1"),
+        ("0", "ratio 0 must lie strictly between 0 and 1"),
+        ("-0.2", "ratio -0.2 must lie"),
+        ("nan", "ratio nan must lie"),
+        ("0.2, half", "ratio 'half' is not a number"),
+    ],
+)
+def test_a_bad_ratio_is_named_not_clamped(text, message):
+    with pytest.raises(SubmitError, match=message):
+        forms.parse_ratios(text)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("calibration", "", "choose a calibration set"),
+        ("calibration", "   ", "choose a calibration set"),
+        ("samples", None, "samples must be a number, got nothing"),
+        ("samples", 2.5, "samples must be a whole number"),
+        ("seq_len", 1, "sequence length must be at least 2"),
+        ("damp", "", "damping must be a number"),
+    ],
+)
+def test_emptied_or_bad_fields_are_one_sentence(tmp_path, field, value, message):
+    with pytest.raises(SubmitError, match=message):
+        build_recipe(**_fields(tmp_path, **{field: value}))
+
+
+def test_the_form_submits_a_sweep_of_ratios_and_methods(job_service, llama_dir, tmp_path):
+    form = _form(tmp_path, llama_dir, methods=["liar", "ls"], ratio="0.2, 0.4")
+    message, text, _ = forms.validate_form(job_service, form)
+    assert message == "✓ valid: a sweep of 4 jobs (2 ratios × 2 methods); the YAML is its first job"
+    assert yaml.safe_load(text)["ratio"] == 0.2
+    message = forms.submit_form(job_service, form, "ada")
+    assert message.endswith(" of 4 jobs (2 ratios × 2 methods): jobs 1, 2, 3, 4"), message
+    cells = sorted((j["ratio"], j["method"]) for j in job_service.list())
+    assert cells == [(0.2, "liar"), (0.2, "ls"), (0.4, "liar"), (0.4, "ls")]
+    assert len({j["group_id"] for j in job_service.list()}) == 1
+    # a bad ratio in the list: nothing queued
+    message = forms.submit_form(job_service, _form(tmp_path, llama_dir, ratio="0.2, 1.2"), "ada")
+    assert message.startswith("**⚠ ratio 1.2 must lie strictly between 0 and 1 (the fraction of the blocks'")
+    assert len(job_service.list()) == 4
+
+
+def test_validating_keeps_one_recipe_file_per_recipe(job_service, llama_dir, tmp_path, monkeypatch):
+    recipes = job_service.settings.data_dir / "recipes"
+    first = forms.validate_form(job_service, _form(tmp_path, llama_dir))[2]
+    again = forms.validate_form(job_service, _form(tmp_path, llama_dir))[2]
+    assert first == again and len(list(recipes.iterdir())) == 1  # the same recipe: the same file
+    monkeypatch.setattr(forms, "KEEP_RECIPE_FILES", 2)
+    paths = [forms.validate_form(job_service, _form(tmp_path, llama_dir, seed=s))[2] for s in (1, 2, 3)]
+    assert len(set(paths)) == 3 and sorted(recipes.iterdir()) == sorted(Path(p).parent for p in paths[1:])
 
 
 def test_formatters():

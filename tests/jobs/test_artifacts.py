@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from jobs.artifacts import Served, TarStream, check_name, confined, is_no_space
+from jobs.artifacts import Served, TarStream, check_name, confined, is_no_space, no_space_errno
 from jobs.db import Artifact, Job
 from jobs.service import JobService
 from jobs.settings import Settings
@@ -152,6 +152,11 @@ def test_quota_and_wrapped_errors_count_as_a_full_disk():
     )
     assert not is_no_space(OSError(errno.EACCES, "Permission denied"))
     assert not is_no_space(ValueError("bad recipe"))
+    # a file past the file-size limit (ulimit -f) or the file system's largest file; which one it was
+    assert no_space_errno(OSError(errno.EFBIG, "File too large")) == errno.EFBIG
+    assert no_space_errno(Exception('IoError(Os { code: 27, kind: FileTooLarge, message: "File too large" })')) == 27
+    assert no_space_errno(OSError(errno.EDQUOT, "Disk quota exceeded")) == errno.EDQUOT
+    assert no_space_errno(Exception("StorageFull")) == errno.ENOSPC and no_space_errno(KeyError("x")) is None
 
 
 def test_file_names_and_paths_stay_inside_the_job_folder(done, tmp_path):

@@ -1,0 +1,276 @@
+"""The dashboard's rows and the web app's charts as Vega-Lite specifications (plain dicts, no Gradio).
+
+``gr.Plot`` draws a spec with the Vega-Lite bundled in Gradio's frontend (nothing is fetched). The
+charts read like the paper's figures:
+
+- :func:`metric_vs_ratio`: a metric against the target pruning ratio, one line per (criterion,
+  method) — per model too when several are shown — every run a point (so a series of one ratio shows),
+  the dense model as a dashed horizontal line, perplexity on a log scale; a point's tooltip names its
+  job and a click on it opens the job (:func:`job_link`).
+- :func:`perplexity_vs_size`: perplexity against the parameters kept, the dense model as a point.
+- :func:`layer_errors`: a job's relative output error per pruned projection before and after
+  reconstruction, with the layers named on the axis.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jobs.baseline import DENSE
+from jobs.service import JobService
+
+RUN_COLUMNS = [
+    "id",
+    "model",
+    "criterion",
+    "method",
+    "ratio",
+    "achieved",
+    "perplexity",
+    "dense",
+    "params_after",
+    "speedup",
+    "user",
+]
+# dashboard metric → (axis title, log scale); the names are columns of the runs table
+METRICS = {
+    "perplexity": ("perplexity (log scale)", True),
+    "achieved": ("achieved ratio (fraction of block parameters removed)", False),
+    "params_after": ("parameters after pruning", False),
+    "speedup": ("block speed-up (dense time / pruned time)", False),
+}
+DASHBOARD_METRICS = list(METRICS)
+SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"  # names the version; never fetched
+WIDTH, HEIGHT = 520, 300
+
+
+def job_link(job_id: int) -> str:
+    """The app's address of a job (relative: the query string only); the app opens its model page."""
+    return f"?job={int(job_id)}"
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(float(value), digits)
+
+
+def run_rows(service: JobService, model="", method="", user="", criterion="") -> list[dict[str, Any]]:
+    """One row of :data:`RUN_COLUMNS` (plus ``params_before``) per succeeded job that passes the
+    filters (empty: any; ``model``: a part of its name), newest first."""
+    done = service.list(status="SUCCEEDED", limit=1000)
+    all_metrics = service.metrics([j["id"] for j in done])
+    rows = []
+    for j in done:
+        if (
+            (model and model not in str(j["model"]))
+            or (method and j["method"] != method)
+            or (criterion and j["criterion"] != criterion)
+            or (user and j["submitted_by"] != user)
+        ):
+            continue
+        m = all_metrics[j["id"]]
+        rows.append(
+            {
+                "id": j["id"],
+                "model": Path(str(j["model"])).name,
+                "criterion": j["criterion"],
+                "method": j["method"],
+                "ratio": j["ratio"],
+                "achieved": _round(m.get("achieved_ratio")),
+                "perplexity": _round(m.get("perplexity"), 3),
+                "dense": _round(m.get(DENSE), 3),
+                "params_after": m.get("params_after"),
+                "speedup": _round(m.get("block_speedup"), 3),
+                "user": j["submitted_by"] or "–",
+                "params_before": m.get("params_before"),
+            }
+        )
+    return rows
+
+
+def _series(rows: list[dict[str, Any]]):
+    several = len({r["model"] for r in rows}) > 1
+    return lambda r: " · ".join(([r["model"]] if several else []) + [r["criterion"], r["method"]])
+
+
+def _dense(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The dense model's perplexity per model (from the newest run that has it)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["dense"] is not None and r["model"] not in seen:
+            seen[r["model"]] = {"model": r["model"], "value": r["dense"], "params": r["params_before"]}
+    several = len(seen) > 1
+    for d in seen.values():
+        d["label"] = f"dense {d['model']}" if several else "dense model"
+    return list(seen.values())
+
+
+def _base(title: str, values: list[dict[str, Any]], width: int = WIDTH) -> dict[str, Any]:
+    return {
+        "$schema": SCHEMA,
+        "title": title,
+        "width": width,
+        "height": HEIGHT,
+        "autosize": {"type": "fit", "contains": "padding"},
+        # SVG: crisp, and its marks carry aria labels (the browser tests find the points by them)
+        "usermeta": {"embedOptions": {"renderer": "svg", "actions": False}},
+        "data": {"values": values},
+    }
+
+
+def _tooltip(value_title: str) -> list[dict[str, Any]]:
+    return [
+        {"field": "job", "type": "ordinal", "title": "job"},
+        {"field": "model", "type": "nominal"},
+        {"field": "series", "type": "nominal", "title": "criterion · method"},
+        {"field": "ratio", "type": "quantitative", "title": "target ratio"},
+        {"field": "achieved", "type": "quantitative", "title": "achieved ratio"},
+        {"field": "value", "type": "quantitative", "title": value_title},
+        {"field": "user", "type": "nominal"},
+    ]
+
+
+def _points(rows: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:
+    series = _series(rows)
+    return [
+        {
+            "job": r["id"],
+            "model": r["model"],
+            "series": series(r),
+            "ratio": r["ratio"],
+            "achieved": r["achieved"],
+            "params": r["params_after"],
+            "value": r[field],
+            "user": r["user"],
+            "href": job_link(r["id"]),
+        }
+        for r in rows
+        if r.get(field) is not None
+    ]
+
+
+def metric_vs_ratio(rows: list[dict[str, Any]], metric: str = "perplexity") -> dict[str, Any] | None:
+    """``metric`` against the target ratio (see the module docstring); None if no run has it."""
+    title, log = METRICS[metric]
+    points = [p for p in _points(rows, metric) if not log or p["value"] > 0]
+    if not points:
+        return None
+    y = {"field": "value", "type": "quantitative", "title": title, "scale": {"type": "log"} if log else {"zero": False}}
+    x = {"field": "ratio", "type": "quantitative", "title": "target pruning ratio", "scale": {"zero": False}}
+    color = {"field": "series", "type": "nominal", "title": "criterion · method"}
+    layers: list[dict[str, Any]] = [
+        {  # one line per series through the mean of its runs at each ratio
+            "mark": {"type": "line"},
+            "encoding": {"x": x, "y": {**y, "aggregate": "mean"}, "color": color},
+        },
+        {
+            "mark": {"type": "point", "filled": True, "size": 90, "cursor": "pointer"},
+            "encoding": {"x": x, "y": y, "color": color, "tooltip": _tooltip(metric), "href": {"field": "href"}},
+        },
+    ]
+    dense = _dense(rows) if metric == "perplexity" else []
+    if dense:
+        layers += _dense_rule(dense, min(p["ratio"] for p in points))
+    spec = _base(f"{metric} vs pruning ratio", points)
+    spec["layer"] = layers
+    return spec
+
+
+def _dense_rule(dense: list[dict[str, Any]], left: float) -> list[dict[str, Any]]:
+    y = {"field": "value", "type": "quantitative"}
+    tooltip = [{"field": "label", "title": "baseline"}, {"field": "value", "title": "perplexity"}]
+    return [
+        {
+            "data": {"values": dense},
+            "mark": {"type": "rule", "strokeDash": [6, 4], "color": "#555"},
+            "encoding": {"y": y, "tooltip": tooltip},
+        },
+        {
+            "data": {"values": dense},
+            "mark": {"type": "text", "align": "left", "dy": -7, "color": "#555"},
+            "encoding": {"y": y, "x": {"datum": left, "type": "quantitative"}, "text": {"field": "label"}},
+        },
+    ]
+
+
+def perplexity_vs_size(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Perplexity (log scale) against the parameters kept, each run a point, the dense model too."""
+    points = [p for p in _points(rows, "perplexity") if p["value"] > 0 and p["params"]]
+    if not points:
+        return None
+    x = {"field": "params", "type": "quantitative", "title": "parameters", "axis": {"format": "~s"}}
+    y = {"field": "value", "type": "quantitative", "title": "perplexity (log scale)", "scale": {"type": "log"}}
+    layers: list[dict[str, Any]] = [
+        {
+            "mark": {"type": "point", "filled": True, "size": 90, "cursor": "pointer"},
+            "encoding": {
+                "x": x,
+                "y": y,
+                "color": {"field": "series", "type": "nominal", "title": "criterion · method"},
+                "tooltip": _tooltip("perplexity"),
+                "href": {"field": "href"},
+            },
+        }
+    ]
+    dense = [d for d in _dense(rows) if d["params"]]
+    if dense:
+        layers.append(
+            {
+                "data": {"values": dense},
+                "mark": {"type": "point", "shape": "diamond", "size": 140, "filled": True, "color": "#555"},
+                "encoding": {
+                    "x": {"field": "params", "type": "quantitative"},
+                    "y": {"field": "value", "type": "quantitative"},
+                    "tooltip": [{"field": "label", "title": "baseline"}, {"field": "value", "title": "perplexity"}],
+                },
+            }
+        )
+    spec = _base("perplexity vs parameters kept (◆ dense)", points)
+    spec["layer"] = layers
+    return spec
+
+
+MODULE_LABELS = {"attention": "attn", "ffn": "ffn"}
+
+
+def layer_errors(report: list[dict[str, Any]] | None, width: int = 1000) -> dict[str, Any] | None:
+    """The relative output error of each pruned projection before ("pruned") and after
+    ("reconstructed") reconstruction, in layer order, the projections named (``12 attn``)."""
+    if not report:
+        return None
+    values = [
+        {
+            "projection": f"{r['layer']} {MODULE_LABELS.get(r['module'], r['module'])}",
+            "order": i,
+            "error": r[key],
+            "when": when,
+            "kept": f"{r['kept']}/{r['total']}",
+        }
+        for i, r in enumerate(report)
+        for key, when in (("error_before", "pruned"), ("error_after", "reconstructed"))
+    ]
+    x = {
+        "field": "projection",
+        "type": "ordinal",
+        "sort": {"field": "order"},
+        "title": "layer · pruned unit",
+        "axis": {"labelAngle": -45, "labelOverlap": True},
+    }
+    tooltip = [
+        {"field": "projection", "title": "layer · unit"},
+        {"field": "kept", "title": "kept"},
+        {"field": "when"},
+        {"field": "error", "type": "quantitative", "format": ".4f", "title": "relative error"},
+    ]
+    encoding = {
+        "x": x,
+        "y": {"field": "error", "type": "quantitative", "title": "relative output error"},
+        "color": {"field": "when", "type": "nominal", "title": None, "sort": ["pruned", "reconstructed"]},
+        "tooltip": tooltip,
+    }
+    spec = _base("relative output error per pruned unit (layer order)", values, width)
+    spec["layer"] = [
+        {"mark": {"type": "line"}, "encoding": encoding},
+        {"mark": {"type": "point"}, "encoding": encoding},
+    ]
+    return spec

@@ -1,0 +1,225 @@
+"""What the Jobs tab and the Model page show, as plain functions of a :class:`JobService` (no Gradio).
+
+A job is picked by selecting a row of a table, by a chart point's link (``?job=N``) or, on the Model
+page, by its id; every function takes what was picked (:func:`job_id_of`), or None.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+
+from app.web import charts, listings
+from app.web.forms import bar, elapsed, shown
+from jobs.service import JobService, SubmitError
+
+STATUSES = ["", "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"]
+FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED")
+TABLE_COLUMNS = [
+    "id",
+    "status",
+    "stage",
+    "layer",
+    "progress",
+    "elapsed",
+    "user",
+    "model",
+    "ratio",
+    "method",
+    "criterion",
+]
+REPORT_HEADERS = ["layer", "unit", "kept", "of", "error before", "error after"]
+NOTHING_PICKED = "select a job in the table first"
+CANCELLING = "cancel requested"
+# the metrics a reader looks for first, in this order (the others follow, sorted)
+KEY_METRICS = [
+    "perplexity",
+    "perplexity_dense",
+    "target_ratio",
+    "achieved_ratio",
+    "params_before",
+    "params_after",
+    "block_speedup",
+    "prefill_speedup",
+    "prune_seconds",
+    "peak_memory_mb",
+]
+
+
+def job_id_of(value: Any) -> int | None:
+    """A job id from a table cell, a row, the ``job`` query parameter or a number box; None if none."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    try:
+        number = float(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+    return int(number) if number.is_integer() and number > 0 else None
+
+
+def status_text(job: dict[str, Any]) -> str:
+    """The status, with a cancel that is pending (a running job stops at its next layer or stage)."""
+    pending = job.get("cancel_requested") and job["status"] in ("RUNNING", "QUEUED")
+    return f"{job['status']} · {CANCELLING}" if pending else job["status"]
+
+
+def job_rows(service: JobService, status: str | None = None) -> list[list[Any]]:
+    """The jobs table: one row of :data:`TABLE_COLUMNS` per recent job, newest first."""
+    rows = []
+    for j in service.list(status=status or None, limit=200):
+        layer = f"{j['layer']}/{j['n_layers']}" if j["n_layers"] else "–"
+        rows.append(
+            [
+                j["id"],
+                status_text(j),
+                j["stage"] or "–",
+                layer,
+                bar(j["progress"] or 0.0),
+                elapsed(j["elapsed_s"]),
+                j["submitted_by"] or "–",
+                Path(str(j["model"])).name,
+                j["ratio"],
+                j["method"],
+                j["criterion"],
+            ]
+        )
+    return rows
+
+
+def job_heading(info: dict[str, Any]) -> str:
+    """One line on the picked job: who, what, where it is, and a pending cancel."""
+    where = info["stage"] or "–"
+    if info["stage"] == "reconstruct" and info["n_layers"]:
+        where += f" (layer {info['layer']}/{info['n_layers']})"
+    line = (
+        f"**Job {info['id']}** · {info['status']} · {where} · {bar(info['progress'] or 0.0)} · "
+        f"by {info['submitted_by'] or '–'} · `{Path(str(info['model'])).name}` ratio {info['ratio']} "
+        f"{info['method']} · {info['criterion']}"
+    )
+    if info.get("cancel_requested") and info["status"] == "RUNNING":
+        line += f"\n\n**⏳ {CANCELLING}**: the job stops at its next layer or stage boundary."
+    if info["error"]:
+        line += f"\n\n**Error:** {info['error']}"
+    return line
+
+
+def job_panel(service: JobService, job_id, lines: int = 30) -> tuple[str, str, str]:
+    """(heading, log tail, stage timings per stage) of the picked job, from one read of it."""
+    job_id = job_id_of(job_id)
+    if job_id is None:
+        return "Select a job in the table to follow its log.", "", ""
+    try:
+        info = service.show(job_id)
+    except KeyError as exc:
+        return shown(exc.args[0]), "", ""
+    tail = "\n".join(f"{x['at'][11:19]} {x['level']:7s} {x['message']}" for x in info["log"][-lines:])
+    return job_heading(info), tail, listings.timings_markdown(info["timings"], steps=False)
+
+
+def cancel_job(service: JobService, job_id) -> str:
+    """Cancel the picked job; says what happens (a running job finishes its current layer first)."""
+    job_id = job_id_of(job_id)
+    if job_id is None:
+        return shown(NOTHING_PICKED)
+    try:
+        before = service.show(job_id)["status"]
+        status = before if before in FINISHED else service.cancel(job_id)
+    except KeyError as exc:
+        return shown(exc.args[0])
+    if before in FINISHED:
+        return f"job {job_id} had already finished ({before})"
+    if status == "RUNNING":
+        return f"job {job_id}: {CANCELLING} — it stops at its next layer or stage boundary"
+    return f"job {job_id}: cancelled"
+
+
+def rerun_job(service: JobService, job_id) -> str:
+    """Submit a job's recipe and evaluations again, as the same user."""
+    job_id = job_id_of(job_id)
+    if job_id is None:
+        return shown(NOTHING_PICKED)
+    try:
+        info = service.show(job_id)
+        new = service.submit(info["recipe"], submitted_by=info["submitted_by"], evaluations=info["evaluations"])
+    except (KeyError, SubmitError) as exc:
+        return shown(exc.args[0])
+    return f"re-submitted job {job_id} as job {new}"
+
+
+# --- the Model page ------------------------------------------------------------------------------
+
+
+class ModelPage(NamedTuple):
+    head: str  # heading, metrics (once), where the time went
+    recipe: str  # YAML
+    report: list[list[Any]]  # per-layer rows of REPORT_HEADERS
+    layers: dict[str, Any] | None  # the per-layer error chart (Vega-Lite)
+    downloads: str  # Markdown links (app.web.listings)
+    load: str  # how to load the checkpoint (Markdown code)
+
+
+def model_page(service: JobService, job_id) -> ModelPage:
+    job_id = job_id_of(job_id)
+    if job_id is None:
+        return ModelPage(
+            "Pick a job: select it in the Jobs tab or the dashboard, or type its id.", "", [], None, "", ""
+        )
+    try:
+        info = service.show(job_id)
+    except KeyError as exc:
+        return ModelPage(f"**{exc.args[0]}**", "", [], None, "", "")
+    report = [
+        [r["layer"], r["module"], r["kept"], r["total"], round(r["error_before"], 4), round(r["error_after"], 4)]
+        for r in info["report"] or []
+    ]
+    ckpt = next((a["path"] for a in info["artifacts"] if a["kind"] == "checkpoint"), None)
+    return ModelPage(
+        _page_head(info),
+        yaml.safe_dump(info["recipe"], sort_keys=False),
+        report,
+        charts.layer_errors(info["report"]),
+        listings.downloads_markdown(service, info["id"]),
+        load_snippet(ckpt),
+    )
+
+
+def _metric_text(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() and abs(value) >= 1000 else f"{value:.6g}"
+
+
+def _page_head(info: dict[str, Any]) -> str:
+    head = (
+        f"### Job {info['id']} — {info['status']}\n\n`{info['model']}` · ratio {info['ratio']} · "
+        f"{info['method']} · {info['criterion']} · by {info['submitted_by'] or '–'}"
+    )
+    if info["error"]:
+        head += f"\n\n**Error:** {info['error']}"
+    metrics = info["metrics"]
+    names = [k for k in KEY_METRICS if k in metrics] + sorted(k for k in metrics if k not in KEY_METRICS)
+    if names:
+        head += "\n\n| metric | value |\n|---|---:|\n" + "\n".join(
+            f"| {k} | {_metric_text(metrics[k])} |" for k in names
+        )
+    timings = listings.timings_markdown(info.get("timings"))
+    if timings:
+        head += "\n\n#### Where the time went\n\n" + timings
+    return head
+
+
+_CODE = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def load_snippet(ckpt: str | None) -> str:
+    """How to load the checkpoint: the model card's code (which knows whether the bundled code is
+    needed) with the checkpoint's path filled in; empty before there is a checkpoint."""
+    if not ckpt:
+        return ""
+    card = Path(ckpt, "README.md")
+    found = _CODE.search(card.read_text()) if card.is_file() else None
+    if found is None:
+        return ""
+    code = found.group(1).replace('"PATH"', repr(str(ckpt)).replace("'", '"'))
+    return f"#### Load it\n\n```python\n{code}```"

@@ -1,0 +1,129 @@
+"""The dashboard's rows and the Vega-Lite charts (``app.web.charts``), without a server: they read like
+the paper's figures (metric vs ratio, a line per criterion · method, the dense model, log perplexity),
+every run is a point naming its job and linking to it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.web import charts
+from jobs.db import Job, Metric, Status
+
+
+def _row(job, ratio, ppl, criterion="magnitude", method="liar", model="llama-7b", dense=5.68, **over):
+    row = {
+        "id": job,
+        "model": model,
+        "criterion": criterion,
+        "method": method,
+        "ratio": ratio,
+        "achieved": ratio - 0.01,
+        "perplexity": ppl,
+        "dense": dense,
+        "params_after": int(6.7e9 * (1 - ratio)),
+        "speedup": 1 + ratio,
+        "user": "ada",
+        "params_before": int(6.7e9),
+    }
+    row.update(over)
+    return row
+
+
+ROWS = [
+    _row(1, 0.2, 6.9),
+    _row(2, 0.4, 9.8),
+    _row(3, 0.2, 7.4, method="bias"),
+    _row(4, 0.3, 12.0, criterion="flap", dense=None),  # a series of one ratio
+]
+
+
+def _layer(spec, mark):
+    return next(layer for layer in spec["layer"] if layer["mark"]["type"] == mark)
+
+
+def test_perplexity_vs_ratio_reads_like_the_papers_figure():
+    spec = charts.metric_vs_ratio(ROWS, "perplexity")
+    json.dumps(spec)  # plain JSON for gr.Plot
+    line, points, rule = _layer(spec, "line"), _layer(spec, "point"), _layer(spec, "rule")
+    assert line["encoding"]["y"]["scale"] == {"type": "log"} and points["encoding"]["y"]["scale"] == {"type": "log"}
+    assert line["encoding"]["color"]["field"] == "series" and line["encoding"]["x"]["field"] == "ratio"
+    values = spec["data"]["values"]
+    assert sorted({v["series"] for v in values}) == ["flap · liar", "magnitude · bias", "magnitude · liar"]
+    assert [v["job"] for v in values if v["series"] == "flap · liar"] == [4]  # drawn as a point
+    assert {v["href"] for v in values} == {"?job=1", "?job=2", "?job=3", "?job=4"}
+    assert points["encoding"]["href"] == {"field": "href"}
+    assert points["encoding"]["tooltip"][0]["field"] == "job"
+    dense = {"model": "llama-7b", "value": 5.68, "params": int(6.7e9), "label": "dense model"}
+    assert rule["data"]["values"] == [dense]
+
+
+def test_other_metrics_are_linear_and_never_empty():
+    for metric in ("achieved", "params_after", "speedup"):
+        spec = charts.metric_vs_ratio(ROWS, metric)
+        assert len(spec["data"]["values"]) == len(ROWS), metric  # params_after used to empty the plot
+        assert "type" not in _layer(spec, "point")["encoding"]["y"]["scale"]
+        assert not any(layer["mark"]["type"] == "rule" for layer in spec["layer"])  # a dense line: perplexity only
+    assert charts.metric_vs_ratio([], "perplexity") is None
+    assert charts.metric_vs_ratio([_row(1, 0.2, None)], "perplexity") is None
+
+
+def test_several_models_get_their_own_lines_and_dense_lines():
+    rows = ROWS + [_row(5, 0.2, 8.1, model="llama-13b", dense=5.09)]
+    spec = charts.metric_vs_ratio(rows, "perplexity")
+    assert "llama-13b · magnitude · liar" in {v["series"] for v in spec["data"]["values"]}
+    labels = [d["label"] for d in _layer(spec, "rule")["data"]["values"]]
+    assert sorted(labels) == ["dense llama-13b", "dense llama-7b"]
+
+
+def test_perplexity_vs_size_has_the_dense_model_as_a_point():
+    spec = charts.perplexity_vs_size(ROWS)
+    dense = [layer for layer in spec["layer"] if layer.get("data")]
+    assert dense[0]["data"]["values"][0]["params"] == int(6.7e9) and dense[0]["mark"]["shape"] == "diamond"
+    assert charts.perplexity_vs_size([]) is None
+
+
+def test_layer_errors_name_the_layers():
+    report = [
+        {"layer": 0, "module": "attention", "kept": 6, "total": 8, "error_before": 0.2, "error_after": 0.1},
+        {"layer": 0, "module": "ffn", "kept": 40, "total": 48, "error_before": 0.3, "error_after": 0.2},
+        {"layer": 1, "module": "attention", "kept": 6, "total": 8, "error_before": 0.25, "error_after": 0.15},
+    ]
+    spec = charts.layer_errors(report)
+    x = spec["layer"][0]["encoding"]["x"]
+    assert x["type"] == "ordinal" and x["sort"] == {"field": "order"}
+    assert [v["projection"] for v in spec["data"]["values"][::2]] == ["0 attn", "0 ffn", "1 attn"]
+    assert {v["when"] for v in spec["data"]["values"]} == {"pruned", "reconstructed"}
+    assert charts.layer_errors([]) is None and charts.layer_errors(None) is None
+
+
+@pytest.fixture()
+def finished_jobs(job_service):
+    """Three succeeded jobs and a failed one, stored directly (no worker)."""
+    runs = [
+        ("ada", 0.2, "liar", {"perplexity": 20.5, "perplexity_dense": 15.0, "achieved_ratio": 0.19}),
+        ("bob", 0.4, "liar", {"perplexity": 31.0, "achieved_ratio": 0.39, "params_after": 100.0}),
+        ("ada", 0.2, "ls", {"perplexity": 19.0, "achieved_ratio": 0.19}),
+    ]
+    with job_service.sessions.begin() as s:
+        for user, ratio, method, metrics in runs:
+            recipe = {"model": "/m/llama-7b", "ratio": ratio, "reconstruction": {"method": method}}
+            recipe["criterion"] = {"name": "magnitude"}
+            job = Job(recipe=recipe, evaluations=[], status=Status.SUCCEEDED.value, submitted_by=user)
+            s.add(job)
+            s.flush()
+            s.add_all(Metric(job_id=job.id, name=k, value=v) for k, v in metrics.items())
+        s.add(Job(recipe={"model": "/m/llama-7b", "ratio": 0.5}, evaluations=[], status=Status.FAILED.value))
+    return job_service
+
+
+def test_run_rows_filter_the_succeeded_jobs(finished_jobs):
+    rows = charts.run_rows(finished_jobs)
+    assert [r["id"] for r in rows] == [3, 2, 1] and rows[2]["dense"] == 15.0 and rows[2]["model"] == "llama-7b"
+    assert set(charts.RUN_COLUMNS) <= set(rows[0])
+    assert [r["id"] for r in charts.run_rows(finished_jobs, user="ada")] == [3, 1]
+    assert [r["id"] for r in charts.run_rows(finished_jobs, method="ls")] == [3]
+    assert charts.run_rows(finished_jobs, model="13b") == []
+    spec = charts.metric_vs_ratio(rows, "perplexity")
+    assert _layer(spec, "rule")["data"]["values"][0]["value"] == 15.0  # the dense line from job 1

@@ -1,0 +1,232 @@
+"""What the fault suite (``test_faults.py``) runs against: a fresh PostgreSQL database and a private
+``redis-server`` per test (on a free port, stopped and restarted at will), real ``liar worker``
+processes, and readings of their processes (pids, resident memory) from ``/proc``."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.jobs.conftest import PG_ADMIN, Stack, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A ``redis-server`` of one test's own, without persistence: stopping it loses every queue."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.port, self.proc = folder, free_port(), None
+        folder.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def ping(self) -> bool:
+        import redis
+
+        try:
+            client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+            try:
+                return bool(client.ping())
+            finally:
+                client.close()
+        except redis.exceptions.RedisError:
+            return False
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+            + ["--dir", str(self.folder), "--logfile", str(self.folder / "redis.log")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        wait_for(self.ping, timeout=30, every=0.05, what=f"redis-server on port {self.port}")
+
+    def stop(self) -> None:
+        """Kill it (SIGKILL: nothing is saved, the queues are gone)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """The URL of a fresh, empty PostgreSQL database, dropped afterwards."""
+    import sqlalchemy as sa
+
+    from jobs.db import dispose_all
+
+    name = f"liar_fault_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sa.text(f"CREATE DATABASE {name}"))
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        dispose_all()
+        with admin.connect() as c:
+            c.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+def terminate_backends(url: str, waiting: str | None = None) -> int:
+    """``pg_terminate_backend`` on the connections to ``url``'s database (all but the caller's, or only
+    those waiting on a lock in a statement ``LIKE waiting``); how many."""
+    import sqlalchemy as sa
+
+    where = "datname = :name AND pid <> pg_backend_pid()"
+    if waiting is not None:
+        where += " AND wait_event_type = 'Lock' AND query LIKE :waiting"
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            found = c.execute(
+                sa.text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {where}"),
+                {"name": url.rsplit("/", 1)[1], "waiting": waiting},
+            )
+            return len(found.all())
+    finally:
+        admin.dispose()
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0.0
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def children(pid: int) -> list[int]:
+    """The direct child processes of ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+class FaultStack(Stack):
+    """PostgreSQL + a private Redis + real workers, each worker with its own extra environment."""
+
+    def __init__(self, env: dict[str, str], data_dir: Path, redis: RedisServer):
+        super().__init__(env=env, data_dir=data_dir)
+        self.redis = redis
+
+    def start_worker(self, file_size_limit: int | None = None, **env: str) -> subprocess.Popen:
+        """A ``liar worker`` (prefork parent + one pool process), with ``env`` added to the stack's
+        (e.g. ``LIAR_STAGE_PAUSE``) and, if given, a file-size limit (``ulimit -f``) in bytes."""
+
+        def limit() -> None:
+            if file_size_limit is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
+        log = open(self.data_dir / f"worker-{len(self.workers)}.log", "w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "worker", "--loglevel", "INFO"],
+            env={**self.env, **env},
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=limit,
+        )
+        log.close()
+        self.workers.append(proc)
+        return proc
+
+    def worker_log(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.data_dir.glob("worker-*.log")))
+
+    def stop(self) -> None:
+        """SIGKILL every worker (no warm shutdown waiting for a paused job), then the broker."""
+        for proc in self.workers:
+            if proc.poll() is None:
+                self.kill_worker(proc)
+        self.redis.stop()
+
+
+def job_pid(info: dict) -> int:
+    """The pid of the process running a job (its ``worker`` is ``host:pid``)."""
+    return int(info["worker"].rsplit(":", 1)[1])
+
+
+def wait_job(service, job_id: int, predicate, timeout: float = 120.0, what: str = "") -> dict:
+    """The job's ``show`` once ``predicate(info)`` holds (AssertionError with its state otherwise)."""
+    last: dict = {}
+
+    def check():
+        last.update(service.show(job_id))
+        return predicate(last) and dict(last)
+
+    try:
+        return wait_for(check, timeout=timeout, every=0.1, what=what or f"job {job_id}")
+    except AssertionError as exc:
+        state = {k: last.get(k) for k in ("status", "stage", "layer", "attempts", "error")}
+        raise AssertionError(f"{exc}; job {job_id} is {state}") from None
+
+
+def in_layer(n: int = 1):
+    """Predicate: the job runs, inside reconstructed layer ``n`` or later."""
+    return lambda i: i["status"] == "RUNNING" and i["stage"] == "reconstruct" and (i["layer"] or 0) >= n
+
+
+def finished(info: dict) -> bool:
+    return info["status"] in FINISHED
+
+
+def started_lines(info: dict) -> int:
+    """How many times a job started (its "started on …" log lines)."""
+    return sum(line["message"].startswith("started on ") for line in info["log"])
+
+
+def kill(pid: int, group: bool = False) -> float:
+    """SIGKILL a process (or its whole process group); the monotonic time it was sent."""
+    t = time.monotonic()
+    try:
+        os.killpg(pid, signal.SIGKILL) if group else os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return t

@@ -1,0 +1,99 @@
+"""What a running job's row shows (stage, the stage's progress, a pending cancel) and the dense
+baseline perplexity recorded beside the pruned model's — in-process, no worker."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import update
+
+import jobs.tasks
+from jobs.baseline import DENSE
+from jobs.db import Job, Status
+from jobs.service import JobService
+from jobs.settings import Settings
+from jobs.tasks import execute
+from tests.jobs.conftest import recipe
+
+
+class _FakeCelery:
+    def send_task(self, name, args):
+        class R:
+            id = "msg"
+
+        return R()
+
+
+@pytest.fixture()
+def service(tmp_path):
+    settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'jobs.db'}", broker_url="memory://")
+    return JobService(settings, celery_app=_FakeCelery())
+
+
+@pytest.fixture()
+def rows_seen(monkeypatch):
+    """(stage reported, done, total, the row's stage and progress right after) for every progress call."""
+    seen = []
+    real = jobs.tasks._progress_callback
+
+    def recording(sf, job_id, *args, **kwargs):
+        progress = real(sf, job_id, *args, **kwargs)
+
+        def call(stage, done, total):
+            progress(stage, done, total)
+            with sf() as s:
+                job = s.get(Job, job_id)
+                seen.append((stage, done, total, job.stage, job.progress))
+
+        return call
+
+    monkeypatch.setattr(jobs.tasks, "_progress_callback", recording)
+    return seen
+
+
+def test_evaluate_and_export_are_stages_of_their_own(service, job_models, rows_seen):
+    evaluation = [{"type": "perplexity", "dataset": str(job_models["calib"]), "seq_len": 32}]
+    job = service.submit(recipe(job_models), evaluations=evaluation)
+    assert execute(job, service.settings) == "SUCCEEDED"
+    shown = [(row_stage, row_progress) for _, _, _, row_stage, row_progress in rows_seen]
+    assert "done" not in [stage for stage, _ in shown]  # the engine's end marker is no stage of the job
+    assert ("evaluate", 0.0) in shown and ("export", 0.0) in shown and ("export", 1.0) in shown
+    # a call that starts or ends a stage shows it on the row at once, at that stage's progress
+    previous = None
+    for stage, done, total, row_stage, row_progress in rows_seen:
+        if stage != "done" and (stage != previous or done == total):
+            assert (row_stage, row_progress) == (stage, pytest.approx(done / total)), (stage, done, total)
+        previous = stage
+    evaluate = [(done, total) for stage, done, total, *_ in rows_seen if stage == "evaluate"]
+    assert evaluate == [(0, 2), (1, 2), (2, 2)]  # the pruned model, then the dense one
+    info = service.show(job)
+    assert info["stage"] == "done" and info["progress"] == 1.0
+    assert info["metrics"][DENSE] > 1
+    assert any(line["message"].startswith("dense model perplexity") for line in info["log"])
+
+
+def test_the_dense_baseline_is_measured_once_per_model_and_text(service, job_models, rows_seen):
+    evaluation = [{"type": "perplexity", "dataset": str(job_models["calib"]), "seq_len": 32}]
+    first = service.submit(recipe(job_models), evaluations=evaluation)
+    execute(first, service.settings)
+    rows_seen.clear()
+    second = service.submit(recipe(job_models, ratio=0.5), evaluations=evaluation)
+    assert execute(second, service.settings) == "SUCCEEDED"
+    assert [(d, t) for stage, d, t, *_ in rows_seen if stage == "evaluate"] == [(0, 1), (1, 1)]  # copied
+    a, b = service.show(first), service.show(second)
+    assert b["metrics"][DENSE] == a["metrics"][DENSE] and b["metrics"]["perplexity"] != a["metrics"]["perplexity"]
+    assert any(line["message"].endswith(f"(from job {first})") for line in b["log"])
+    # other windows: measured again
+    longer = service.submit(recipe(job_models), evaluations=[{**evaluation[0], "seq_len": 64}])
+    execute(longer, service.settings)
+    assert any(line["message"].endswith("(measured)") for line in service.show(longer)["log"])
+
+
+def test_a_pending_cancel_shows(service, job_models):
+    job = service.submit(recipe(job_models))
+    assert service.list()[0]["cancel_requested"] is False
+    with service.sessions.begin() as s:
+        s.execute(update(Job).where(Job.id == job).values(status=Status.RUNNING.value))
+    assert service.cancel(job) == "RUNNING"
+    row = service.list()[0]
+    assert row["status"] == "RUNNING" and row["cancel_requested"] is True
+    assert service.show(job)["cancel_requested"] is True
