@@ -253,7 +253,7 @@ def smollm2_recipe(
         "allocation": allocation,
         "round_to": {"neurons": 1},
         "criterion": criterion,
-        "reconstruction": {"method": method, "damp": damp},
+        "reconstruction": {"method": method, "damp": damp, "select": "criterion"},  # the paper's selection
         "dtype": "float32",
         "device": "cpu",
         "calibration": {

@@ -46,9 +46,65 @@ SETUPS = {
         "uniform",
     ),
     "magnitude+obs": ("magnitude counts + OBS selection", {"name": "magnitude"}, "both", "uniform"),
+    "kwon+obs": (
+        "Kwon et al. counts + OBS selection",
+        {"name": "kwon"},
+        "both",
+        "global",
+    ),
+    # error feedback: refit to the dense model's outputs (ls only)
+    "flap+ef": (
+        "FLAP + error feedback",
+        {"name": "flap", "options": {"metric": "WIFV", "structure": "UL-UM"}},
+        "both",
+        "uniform",
+    ),
+    "flap+obs+ef": (
+        "FLAP counts + OBS selection + error feedback",
+        {"name": "flap", "options": {"metric": "WIFV", "structure": "UL-UM"}},
+        "both",
+        "uniform",
+    ),
+    "magnitude+obs+ef": (
+        "magnitude counts + OBS selection + error feedback",
+        {"name": "magnitude"},
+        "both",
+        "uniform",
+    ),
+    # FLAP's own adaptive structure (standardised metrics ranked across layers and modules)
+    "flap-al": (
+        "FLAP (WIFV, AL-AM, global)",
+        {"name": "flap", "options": {"metric": "WIFV", "structure": "AL-AM"}},
+        "both",
+        "global",
+    ),
+    "flap-al+obs": (
+        "FLAP AL-AM counts + OBS selection",
+        {"name": "flap", "options": {"metric": "WIFV", "structure": "AL-AM"}},
+        "both",
+        "global",
+    ),
+    "flap-al+obs+ef": (
+        "FLAP AL-AM counts + OBS selection + error feedback",
+        {"name": "flap", "options": {"metric": "WIFV", "structure": "AL-AM"}},
+        "both",
+        "global",
+    ),
 }
-SELECT = {"flap+obs": "obs", "magnitude+obs": "obs"}  # reconstruction.select of a setup (default criterion)
-ONLY_METHODS = {name: ("liar", "ls") for name in SELECT}  # selection assumes a refit: no none / bias cells
+# reconstruction fields of a setup beyond the method, and the methods it runs (selection and error
+# feedback assume a refit: no none / bias cells; error feedback is ls only)
+RECONSTRUCTION = {
+    "flap+obs": {"select": "obs"},
+    "magnitude+obs": {"select": "obs"},
+    "flap+ef": {"target": "dense"},
+    "flap+obs+ef": {"select": "obs", "target": "dense"},
+    "flap-al+obs+ef": {"select": "obs", "target": "dense"},
+    "magnitude+obs+ef": {"select": "obs", "target": "dense"},
+    "flap-al+obs": {"select": "obs"},
+    "kwon+obs": {"select": "obs"},
+}
+ONLY_METHODS = {name: ("liar", "ls") for name in ("flap+obs", "magnitude+obs", "flap-al", "flap-al+obs", "kwon+obs")}
+ONLY_METHODS.update({name: ("ls",) for name, extra in RECONSTRUCTION.items() if extra.get("target") == "dense"})
 
 
 def _key(name: str, method: str, ratio: float) -> str:
@@ -71,7 +127,7 @@ def run_criterion(name: str, cells: list[tuple[str, float]], eval_windows: int, 
         torch.manual_seed(0)
         model, tok, _ = load_model(str(model_dir), "float32", "cpu")
         recipe = smollm2_recipe(calib, ratio, method, crit, modules=modules, allocation=allocation)
-        recipe["reconstruction"]["select"] = SELECT.get(name, "criterion")
+        recipe["reconstruction"].update(RECONSTRUCTION.get(name, {}))
         try:
             result = prune(recipe, model=model, tokenizer=tok, scores=scores)
         except Exception as exc:  # record and go on: the next run retries it

@@ -54,6 +54,9 @@ def recipe_from_args(args: argparse.Namespace):
         recon["method"] = args.reconstruction
     if args.damp is not None:
         recon["damp"] = args.damp
+    if args.paper:  # the paper's LIAR: its reconstruction, the criterion's units (explicit flags win)
+        recon["method"] = args.reconstruction or "liar"
+        recon["select"] = args.select or "criterion"
     if args.select is not None:
         recon["select"] = args.select
     if args.target is not None:
@@ -318,7 +321,7 @@ def register(sub) -> None:
 
 # the destinations of add_recipe_flags' flags (all but the recipe file)
 RECIPE_FLAGS = ("model", "modules", "ratio", "allocation", "round_neurons", "criterion", "reconstruction", "damp")
-RECIPE_FLAGS += ("select", "target")
+RECIPE_FLAGS += ("select", "target", "paper")
 RECIPE_FLAGS += ("calibration", "samples", "seq_len", "holdout", "seed", "batch_size", "dtype", "device", "execution")
 
 
@@ -341,7 +344,14 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         "64 on a CPU), a number, or 1 for exact widths",
     )
     p.add_argument("--criterion", help="pruning criterion: magnitude, random, flap, snip, kwon, taylor, kcm")
-    p.add_argument("--reconstruction", help="none | bias | mask_tuning | liar | ls")
+    p.add_argument("--reconstruction", help="none | bias | mask_tuning | liar | ls (default ls, the exact refit)")
+    p.add_argument(
+        "--paper",
+        action="store_const",
+        const=True,
+        help="the paper's LIAR: reconstruction liar and the criterion's units (select criterion) instead of the "
+        "default ls with reconstruction-aware selection",
+    )
     p.add_argument("--damp", type=float, help="ridge damping as a fraction of mean(diag G)")
     p.add_argument(
         "--select",

@@ -169,7 +169,7 @@ def build_recipe(
         "allocation": allocation,
         **rounding,
         "criterion": {"name": criterion},
-        "reconstruction": {"method": "liar", "damp": _number(damp, "damping", whole=False, minimum=0)},
+        "reconstruction": {"method": "ls", "damp": _number(damp, "damping", whole=False, minimum=0)},
         "calibration": {
             "dataset": str(source).strip(),
             "num_calibration_samples": _number(samples, "samples", minimum=1),

@@ -46,7 +46,7 @@ def _pruning_column(models: list[str]) -> dict:
     with gr.Row():
         c["criterion"] = gr.Dropdown(forms.CRITERIA, value="magnitude", label="Criterion", info=forms.CRITERIA_INFO)
         c["methods"] = gr.CheckboxGroup(
-            forms.METHODS, value=["liar"], label="Reconstruction", info="several → a sweep, side by side"
+            forms.METHODS, value=["ls"], label="Reconstruction", info="several → a sweep, side by side"
         )
         c["damp"] = gr.Number(0.001, label="Damping", minimum=0)
     return c

@@ -142,6 +142,9 @@ def _run(
 ) -> PruneResult:
     model, adapter, device, tokenizer = source.model, source.adapter, source.device, source.tokenizer
     check_model_fit(recipe, model.config)
+    # what runs is what the result (and the checkpoint's recipe.yaml) records: select's auto resolved
+    select = recipe.reconstruction.resolved_select(adapter.kind)
+    recipe = recipe.model_copy(update={"reconstruction": recipe.reconstruction.model_copy(update={"select": select})})
     report("load", 1, 1)
 
     report("calibration", 0, 1)

@@ -10,7 +10,7 @@ Example::
     ratio: 0.2               # fraction of the transformer blocks' parameters removed
     allocation: uniform      # uniform | global
     criterion: {name: magnitude}
-    reconstruction: {method: liar, damp: 0.001, select: criterion}   # select: criterion | obs
+    reconstruction: {method: ls, damp: 0.001, select: auto}   # paper: {method: liar, select: criterion}
     calibration:
       dataset: wikitext2     # a named set, or a local .txt / .jsonl file
       num_calibration_samples: 128
@@ -58,13 +58,18 @@ class CriterionConfig(_Strict):
 
 
 class ReconstructionConfig(_Strict):
-    method: str = Field("liar", description="none | bias | mask_tuning | liar | ls")
+    method: str = Field(
+        "ls",
+        description="none | bias | mask_tuning | liar | ls (the default: the exact refit, measured best; liar is "
+        "the paper's)",
+    )
     damp: float = Field(1e-3, ge=0.0, description="ridge damping, a fraction of mean(diag G)")
-    select: Literal["criterion", "obs"] = Field(
-        "criterion",
+    select: Literal["auto", "criterion", "obs"] = Field(
+        "auto",
         description="which units a layer drops (the count is the allocation's): the criterion's lowest-scored, "
         "or obs — those whose removal the least-squares refit compensates best, chosen greedily on the "
-        "calibration statistics (structured optimal brain surgeon)",
+        "calibration statistics (structured optimal brain surgeon); auto: obs for decoders refitted by ls or "
+        "liar (measured best), criterion otherwise (encoders: not measured yet)",
     )
     target: Literal["pruned", "dense"] = Field(
         "pruned",
@@ -84,6 +89,12 @@ class ReconstructionConfig(_Strict):
         if v not in METHODS:
             raise ValueError(f"unknown reconstruction method {v!r}; choose one of {sorted(METHODS)}")
         return v
+
+    def resolved_select(self, kind: str) -> str:
+        """``select`` with ``auto`` resolved for a model of ``kind`` (``decoder`` | ``encoder``)."""
+        if self.select != "auto":
+            return self.select
+        return "obs" if kind == "decoder" and self.method in ("ls", "liar") else "criterion"
 
     @model_validator(mode="after")
     def _target_needs_ls(self) -> ReconstructionConfig:

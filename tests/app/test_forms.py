@@ -62,7 +62,8 @@ def _config(tmp_path, name: str, **cfg) -> Path:
 def test_form_values_make_a_valid_recipe(tmp_path):
     recipe = Recipe.model_validate(build_recipe(**_fields(tmp_path, criterion="flap", modules="heads")))
     assert recipe.model == "some/model" and recipe.ratio == 0.3 and recipe.modules == "heads"
-    assert recipe.criterion.name == "flap" and recipe.reconstruction.method == "liar"
+    assert recipe.criterion.name == "flap" and recipe.reconstruction.method == "ls"  # the default recipe's
+    assert recipe.reconstruction.select == "auto"
     assert recipe.calibration.num_calibration_samples == 16 and recipe.calibration.max_seq_length == 32
 
 

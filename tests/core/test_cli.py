@@ -253,3 +253,17 @@ def test_stream_refuses_whole_model_gradient_criteria(llama_dir, calib_file, tmp
     assert not (tmp_path / "out").exists()
     assert main(["eval", str(llama_dir), "--stream", "--tasks", "x"]) == 2
     assert "perplexity only" in capsys.readouterr().err
+
+
+def test_default_recipe_and_the_paper_flag(llama_dir, calib_file, tmp_path, capsys):
+    """The default reconstruction is ls with reconstruction-aware selection (recorded resolved in the
+    checkpoint's recipe); --paper gives the paper's LIAR with the criterion's units."""
+    common = ["--model", str(llama_dir), "--ratio", "0.3", "--calibration", str(calib_file), "--samples", "8"]
+    common += ["--seq-len", "32", "--quiet"]
+    assert main(["prune", *common, "--output", str(tmp_path / "default")]) == 0
+    saved = Recipe.load(tmp_path / "default" / "recipe.yaml")
+    assert (saved.reconstruction.method, saved.reconstruction.select) == ("ls", "obs")
+    assert main(["prune", *common, "--paper", "--output", str(tmp_path / "paper")]) == 0
+    saved = Recipe.load(tmp_path / "paper" / "recipe.yaml")
+    assert (saved.reconstruction.method, saved.reconstruction.select) == ("liar", "criterion")
+    capsys.readouterr()
