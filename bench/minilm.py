@@ -55,10 +55,13 @@ def _setup(name: str, args) -> dict[str, Any]:
     return base
 
 
-def _key(name: str, setup: dict[str, Any], ratio: float, method: str, positions: str = "all") -> str:
+def _key(
+    name: str, setup: dict[str, Any], ratio: float, method: str, positions: str = "all", select: str = "criterion"
+) -> str:
     opts = json.dumps(setup["options"], sort_keys=True) if setup["options"] else ""
     key = f"{name}{opts}|{setup['modules']}|{setup['allocation']}|{ratio}|{method}"
-    return key if positions == "all" else f"{key}|{positions}"
+    key = key if positions == "all" else f"{key}|{positions}"
+    return key if select == "criterion" else f"{key}|select={select}"
 
 
 def _mean(xs: list[float]) -> float:
@@ -130,7 +133,7 @@ def run(args) -> dict:
         scores = None
         for ratio in (float(r) for r in _csv(args.ratios)):
             for method in _csv(args.methods):
-                key = _key(name, setup, ratio, method, args.positions)
+                key = _key(name, setup, ratio, method, args.positions, args.select)
                 if key in state["cells"]:
                     print(f"{key}: done before ({state['cells'][key]['accuracy']:.4f})", flush=True)
                     continue
@@ -142,7 +145,12 @@ def run(args) -> dict:
                     "modules": setup["modules"],
                     "allocation": setup["allocation"],
                     "criterion": {"name": name, "options": setup["options"]},
-                    "reconstruction": {"method": method, "damp": args.damp, "positions": args.positions},
+                    "reconstruction": {
+                        "method": method,
+                        "damp": args.damp,
+                        "positions": args.positions,
+                        "select": args.select,
+                    },
                     "round_to": {"neurons": 1},  # exact widths: the table compares with the paper
                     "dtype": "float32",
                     "device": "cpu",
@@ -170,6 +178,7 @@ def run(args) -> dict:
                     "ratio": ratio,
                     "method": method,
                     "positions": args.positions,
+                    "select": args.select,
                     "accuracy": acc,
                     "relative": acc / dense_acc,
                     "achieved_ratio": result.achieved_ratio,
@@ -202,6 +211,8 @@ def write_report(state: dict, out: Path) -> str:
     for c in cells:
         label = c["criterion"] + (f" {json.dumps(c['options'], sort_keys=True)}" if c["options"] else "")
         fit = "[CLS] only" if c.get("positions", "all") == "first" else "all tokens"
+        if c.get("select", "criterion") != "criterion":
+            label += f" + {c['select']} selection"
         groups.setdefault((label, c["modules"], c["allocation"], fit, c["ratio"]), {})[c["method"]] = c
     dense = state["dense"]["accuracy"]
     ft = state.get("finetune", {})
@@ -270,6 +281,12 @@ def main() -> None:
         choices=["all", "first"],
         default="all",
         help="token positions the reconstruction fits (reconstruction.positions): all, or the [CLS] token only",
+    )
+    p.add_argument(
+        "--select",
+        choices=["criterion", "obs"],
+        default="criterion",
+        help="which units a layer drops (reconstruction.select): the criterion's (the paper), or obs",
     )
     p.add_argument("--test-limit", type=int, help="evaluate on the first N test snippets only (smoke runs)")
     p.add_argument("--threads", type=int, default=2)

@@ -246,7 +246,7 @@ def _prune_block(
     ``dense``: the pruned projections' inputs in the dense model (error feedback), else empty."""
     fam = adapter.family
     added: list[str] = []
-    obs = recipe.reconstruction.resolved_select(adapter.kind) == "obs"
+    obs = recipe.reconstruction.resolved_select() == "obs"
     if len(lp.heads) < adapter.n_heads:
         keep = _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
         unit = _Unit(

@@ -143,7 +143,7 @@ def _run(
     model, adapter, device, tokenizer = source.model, source.adapter, source.device, source.tokenizer
     check_model_fit(recipe, model.config)
     # what runs is what the result (and the checkpoint's recipe.yaml) records: select's auto resolved
-    select = recipe.reconstruction.resolved_select(adapter.kind)
+    select = recipe.reconstruction.resolved_select()
     recipe = recipe.model_copy(update={"reconstruction": recipe.reconstruction.model_copy(update={"select": select})})
     report("load", 1, 1)
 

@@ -68,8 +68,8 @@ class ReconstructionConfig(_Strict):
         "auto",
         description="which units a layer drops (the count is the allocation's): the criterion's lowest-scored, "
         "or obs — those whose removal the least-squares refit compensates best, chosen greedily on the "
-        "calibration statistics (structured optimal brain surgeon); auto: obs for decoders refitted by ls or "
-        "liar (measured best), criterion otherwise (encoders: not measured yet)",
+        "calibration statistics (structured optimal brain surgeon); auto: obs when refitted by ls or liar "
+        "(measured best on SmolLM2 and MiniLM), criterion otherwise",
     )
     target: Literal["pruned", "dense"] = Field(
         "pruned",
@@ -90,11 +90,11 @@ class ReconstructionConfig(_Strict):
             raise ValueError(f"unknown reconstruction method {v!r}; choose one of {sorted(METHODS)}")
         return v
 
-    def resolved_select(self, kind: str) -> str:
-        """``select`` with ``auto`` resolved for a model of ``kind`` (``decoder`` | ``encoder``)."""
+    def resolved_select(self) -> str:
+        """``select`` with ``auto`` resolved: obs when a least-squares refit follows (ls, liar)."""
         if self.select != "auto":
             return self.select
-        return "obs" if kind == "decoder" and self.method in ("ls", "liar") else "criterion"
+        return "obs" if self.method in ("ls", "liar") else "criterion"
 
     @model_validator(mode="after")
     def _target_needs_ls(self) -> ReconstructionConfig:

@@ -149,12 +149,12 @@ def test_file_errors_name_the_record_but_never_quote_its_contents(tmp_path):
     assert "ssn" not in str(exc.value) and "fine" not in str(exc.value)
 
 
-def test_select_auto_resolves_by_model_kind_and_method():
+def test_select_auto_resolves_by_method():
     from core.spec.recipe import ReconstructionConfig
 
     default = ReconstructionConfig()
     assert default.method == "ls" and default.select == "auto"
-    assert default.resolved_select("decoder") == "obs"
-    assert default.resolved_select("encoder") == "criterion"  # not measured on encoders yet
-    assert ReconstructionConfig(method="none").resolved_select("decoder") == "criterion"  # no refit follows
-    assert ReconstructionConfig(method="liar", select="criterion").resolved_select("decoder") == "criterion"
+    assert default.resolved_select() == "obs"
+    assert ReconstructionConfig(method="liar").resolved_select() == "obs"
+    assert ReconstructionConfig(method="none").resolved_select() == "criterion"  # no refit follows
+    assert ReconstructionConfig(method="liar", select="criterion").resolved_select() == "criterion"
