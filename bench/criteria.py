@@ -24,87 +24,49 @@ sys.path.insert(0, str(ROOT))
 OUT = ROOT / "docs" / "results" / "criteria.md"
 METHODS = ("none", "bias", "liar", "ls")
 
+FLAP_UL = {"name": "flap", "options": {"metric": "WIFV", "structure": "UL-UM"}}
+FLAP_AL = {"name": "flap", "options": {"metric": "WIFV", "structure": "AL-AM"}}  # adaptive, global
+
 # name → (label, criterion JSON, modules, allocation): each criterion in its source's own structure
 SETUPS = {
     "magnitude": ("magnitude (L2, uniform)", {"name": "magnitude"}, "both", "uniform"),
-    "flap": (
-        "FLAP (WIFV, UL-UM)",
-        {"name": "flap", "options": {"metric": "WIFV", "structure": "UL-UM"}},
-        "both",
-        "uniform",
-    ),
+    "flap": ("FLAP (WIFV, UL-UM)", FLAP_UL, "both", "uniform"),
     "snip": ("SNIP (uniform)", {"name": "snip"}, "both", "uniform"),
     "kwon": ("Kwon et al. (Fisher, mask search + rearrangement)", {"name": "kwon"}, "both", "global"),
     "taylor": ("LLM-Pruner Taylor (param_first, sum, uniform)", {"name": "taylor"}, "both", "uniform"),
     "kcm": ("KCM (R2×D2, neurons only)", {"name": "kcm"}, "neurons", "uniform"),
     "random": ("random (uniform)", {"name": "random"}, "both", "uniform"),
+    "flap-al": ("FLAP (WIFV, AL-AM, global)", FLAP_AL, "both", "global"),
     # reconstruction-aware selection: the criterion's per-layer counts, the units chosen on the Gram
-    "flap+obs": (
-        "FLAP counts + OBS selection",
-        {"name": "flap", "options": {"metric": "WIFV", "structure": "UL-UM"}},
-        "both",
-        "uniform",
-    ),
+    "flap+obs": ("FLAP counts + OBS selection", FLAP_UL, "both", "uniform"),
     "magnitude+obs": ("magnitude counts + OBS selection", {"name": "magnitude"}, "both", "uniform"),
-    "kwon+obs": (
-        "Kwon et al. counts + OBS selection",
-        {"name": "kwon"},
-        "both",
-        "global",
-    ),
-    # error feedback: refit to the dense model's outputs (ls only)
-    "flap+ef": (
-        "FLAP + error feedback",
-        {"name": "flap", "options": {"metric": "WIFV", "structure": "UL-UM"}},
-        "both",
-        "uniform",
-    ),
-    "flap+obs+ef": (
-        "FLAP counts + OBS selection + error feedback",
-        {"name": "flap", "options": {"metric": "WIFV", "structure": "UL-UM"}},
-        "both",
-        "uniform",
-    ),
+    "kwon+obs": ("Kwon et al. counts + OBS selection", {"name": "kwon"}, "both", "global"),
+    "flap-al+obs": ("FLAP AL-AM counts + OBS selection", FLAP_AL, "both", "global"),
+    # ... and error feedback: refit to the dense model's outputs
     "magnitude+obs+ef": (
         "magnitude counts + OBS selection + error feedback",
         {"name": "magnitude"},
         "both",
         "uniform",
     ),
-    # FLAP's own adaptive structure (standardised metrics ranked across layers and modules)
-    "flap-al": (
-        "FLAP (WIFV, AL-AM, global)",
-        {"name": "flap", "options": {"metric": "WIFV", "structure": "AL-AM"}},
-        "both",
-        "global",
-    ),
-    "flap-al+obs": (
-        "FLAP AL-AM counts + OBS selection",
-        {"name": "flap", "options": {"metric": "WIFV", "structure": "AL-AM"}},
-        "both",
-        "global",
-    ),
-    "flap-al+obs+ef": (
-        "FLAP AL-AM counts + OBS selection + error feedback",
-        {"name": "flap", "options": {"metric": "WIFV", "structure": "AL-AM"}},
-        "both",
-        "global",
-    ),
 }
-# reconstruction fields of a setup beyond the method, and the methods it runs (selection and error
-# feedback assume a refit: no none / bias cells; error feedback is ls only)
+# reconstruction fields of a setup beyond the method (the others keep the paper's selection)
 RECONSTRUCTION = {
     "flap+obs": {"select": "obs"},
     "magnitude+obs": {"select": "obs"},
-    "flap+ef": {"target": "dense"},
-    "flap+obs+ef": {"select": "obs", "target": "dense"},
-    "flap-al+obs+ef": {"select": "obs", "target": "dense"},
-    "magnitude+obs+ef": {"select": "obs", "target": "dense"},
-    "flap-al+obs": {"select": "obs"},
     "kwon+obs": {"select": "obs"},
+    "flap-al+obs": {"select": "obs"},
+    "magnitude+obs+ef": {"select": "obs", "target": "dense"},
 }
-ONLY_METHODS = {name: ("liar", "ls") for name in ("flap+obs", "magnitude+obs", "flap-al", "flap-al+obs", "kwon+obs")}
-ONLY_METHODS.update({name: ("ls",) for name, extra in RECONSTRUCTION.items() if extra.get("target") == "dense"})
+
+
+def setup_methods(name: str) -> tuple[str, ...]:
+    """The reconstructions a setup runs: selection assumes a refit (no none / bias cells), error
+    feedback is an ls solve."""
+    extra = RECONSTRUCTION.get(name)
+    if extra is None:
+        return METHODS
+    return ("ls",) if extra.get("target") == "dense" else ("liar", "ls")
 
 
 def _key(name: str, method: str, ratio: float) -> str:
@@ -235,7 +197,7 @@ def main() -> None:
         todo = [
             (m, ratio)
             for ratio in args.ratios
-            for m in ONLY_METHODS.get(name, METHODS)
+            for m in setup_methods(name)
             if _key(name, m, ratio) not in rows or "error" in rows[_key(name, m, ratio)]
         ]
         if todo:

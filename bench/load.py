@@ -43,7 +43,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 TARGET_P95_S = 1.0
 LAYERS = 30
 METRIC_NAMES = (
@@ -63,21 +62,10 @@ def database(backend: str, folder: Path) -> Iterator[str]:
     if backend == "sqlite":
         yield f"sqlite:///{folder / 'load.db'}"
         return
-    import sqlalchemy as sa
+    from tests.jobs.conftest import postgres_database  # the test suite's scratch database
 
-    name = f"liar_load_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sa.text(f"CREATE DATABASE {name}"))
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        from jobs.db import dispose_all
-
-        dispose_all()
-        with admin.connect() as c:
-            c.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
+    with postgres_database("liar_load") as url:
+        yield url
 
 
 def _job(i: int, rng: random.Random, now: dt.datetime, folder: Path) -> dict:

@@ -47,34 +47,21 @@ def mistral_dir(tmp_path_factory):
     return tiny_decoder(tmp_path_factory.mktemp("models") / "mistral", "mistral")
 
 
-@pytest.fixture(scope="session")
-def qwen3_dir(tmp_path_factory):
-    return tiny_decoder(tmp_path_factory.mktemp("models") / "qwen3", "qwen3")
-
-
-@pytest.fixture(scope="session")
-def gemma2_dir(tmp_path_factory):
-    return tiny_decoder(tmp_path_factory.mktemp("models") / "gemma2", "gemma2")
-
-
-@pytest.fixture(scope="session")
-def gemma3_dir(tmp_path_factory):
-    return tiny_decoder(tmp_path_factory.mktemp("models") / "gemma3", "gemma3")
-
-
-@pytest.fixture(scope="session")
-def phi3_dir(tmp_path_factory):
-    return tiny_decoder(tmp_path_factory.mktemp("models") / "phi3", "phi3")
-
-
-@pytest.fixture(scope="session")
-def opt_dir(tmp_path_factory):
-    return tiny_decoder(tmp_path_factory.mktemp("models") / "opt", "opt")
-
-
 # the families added after the first three, which every family-template test also runs on
 NEW_FAMILIES = ["qwen3", "gemma2", "gemma3", "phi3", "opt"]
 DECODER_FAMILIES = ["llama", "mistral", "qwen2", *NEW_FAMILIES]
+
+
+def _decoder_dir_fixture(family: str):
+    @pytest.fixture(scope="session", name=f"{family}_dir")
+    def fixture(tmp_path_factory):
+        return tiny_decoder(tmp_path_factory.mktemp("models") / family, family)
+
+    return fixture
+
+
+for _family in NEW_FAMILIES:  # qwen3_dir, gemma2_dir, ...: one tiny random model per new family
+    globals()[f"{_family}_dir"] = _decoder_dir_fixture(_family)
 
 
 @pytest.fixture(scope="session")

@@ -63,6 +63,7 @@ class Family:
     # ``activation_fn``, whose FFN is written inline in the block): a replay of the block bypasses it
     ffn_inline_act: str | None = None
     ffn_width_key: str = "intermediate_size"  # config key of the FFN width (OPT: ``ffn_dim``)
+    label: str = ""  # the family's name for people (messages, the model picker); default ``name``
 
 
 _DECODER = dict(
@@ -82,9 +83,14 @@ _DECODER = dict(
     final_norm="norm",
 )
 
+# Gemma's sandwich norms: ``post_attention_layernorm`` normalises the attention's *output*; the FFN's
+# input norm is ``pre_feedforward_layernorm``
+_SANDWICH = {**_DECODER, "ffn_input_norm": "pre_feedforward_layernorm"}
+
 FAMILIES: dict[str, Family] = {
     "llama": Family(
         name="llama",
+        label="LLaMA",
         model_types=("llama",),
         config_class="LlamaConfig",
         model_classes={"AutoModelForCausalLM": "LlamaForCausalLM", "AutoModel": "LlamaModel"},
@@ -94,6 +100,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "mistral": Family(
         name="mistral",
+        label="Mistral",
         model_types=("mistral",),
         config_class="MistralConfig",
         model_classes={"AutoModelForCausalLM": "MistralForCausalLM"},
@@ -101,6 +108,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "qwen2": Family(
         name="qwen2",
+        label="Qwen2",
         model_types=("qwen2",),
         config_class="Qwen2Config",
         model_classes={"AutoModelForCausalLM": "Qwen2ForCausalLM"},
@@ -110,32 +118,34 @@ FAMILIES: dict[str, Family] = {
     # nothing of theirs is sliced when heads go
     "qwen3": Family(
         name="qwen3",
+        label="Qwen3",
         model_types=("qwen3",),
         config_class="Qwen3Config",
         model_classes={"AutoModelForCausalLM": "Qwen3ForCausalLM"},
         attn_bias_flag="attention_bias",
         **_DECODER,
     ),
-    # sandwich norms: ``post_attention_layernorm`` normalises the attention's *output*; the FFN's input
-    # norm is ``pre_feedforward_layernorm``
     "gemma2": Family(
         name="gemma2",
+        label="Gemma 2",
         model_types=("gemma2",),
         config_class="Gemma2Config",
         model_classes={"AutoModelForCausalLM": "Gemma2ForCausalLM"},
         attn_bias_flag="attention_bias",
-        **{**_DECODER, "ffn_input_norm": "pre_feedforward_layernorm"},
+        **_SANDWICH,
     ),
     "gemma3": Family(
         name="gemma3",
+        label="Gemma 3 (text)",
         model_types=("gemma3_text",),
         config_class="Gemma3TextConfig",
         model_classes={"AutoModelForCausalLM": "Gemma3ForCausalLM"},
         attn_bias_flag="attention_bias",
-        **{**_DECODER, "ffn_input_norm": "pre_feedforward_layernorm"},
+        **_SANDWICH,
     ),
     "phi3": Family(
         name="phi3",
+        label="Phi-3",
         model_types=("phi3",),
         config_class="Phi3Config",
         model_classes={"AutoModelForCausalLM": "Phi3ForCausalLM"},
@@ -155,6 +165,7 @@ FAMILIES: dict[str, Family] = {
     # skipped during a replay
     "opt": Family(
         name="opt",
+        label="OPT",
         kind="decoder",
         model_types=("opt",),
         layers="decoder.layers",
@@ -177,6 +188,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "bert": Family(
         name="bert",
+        label="BERT",
         kind="encoder",
         model_types=("bert",),
         layers="encoder.layer",
@@ -214,18 +226,7 @@ def family_of(model_type: str | None) -> Family | None:
 
 def supported_families_text() -> str:
     """One line naming the families the engine prunes, for error messages and the model picker."""
-    names = {
-        "llama": "LLaMA",
-        "mistral": "Mistral",
-        "qwen2": "Qwen2",
-        "qwen3": "Qwen3",
-        "gemma2": "Gemma 2",
-        "gemma3": "Gemma 3 (text)",
-        "phi3": "Phi-3",
-        "opt": "OPT",
-        "bert": "BERT",
-    }
-    return ", ".join(names.get(f, f) for f in FAMILIES)
+    return ", ".join(f.label or f.name for f in FAMILIES.values())
 
 
 _MIXTURE_OF_EXPERTS = (

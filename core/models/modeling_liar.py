@@ -108,10 +108,9 @@ def _kv_indexed_attention(module, query, key, value, attention_mask, **kwargs):
     soft-capping, sliding windows, the cache) runs unchanged."""
     index = _device_index(module, key.device)
     key, value = key.index_select(1, index), value.index_select(1, index)
-    stock = next(c for c in type(module).__mro__ if c not in _LIAR_ATTENTION.values())
-    eager = getattr(sys.modules[stock.__module__], "eager_attention_forward", eager_attention_forward)
     real = module.__dict__["config"]._attn_implementation
-    return ALL_ATTENTION_FUNCTIONS.get_interface(real, eager)(module, query, key, value, attention_mask, **kwargs)
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(real, type(module).liar_eager)
+    return interface(module, query, key, value, attention_mask, **kwargs)
 
 
 AttentionInterface.register(KV_INDEXED, _kv_indexed_attention)
@@ -154,13 +153,16 @@ _LIAR_ATTENTION: dict[type, type] = {}  # stock attention class -> its subclass 
 
 def _set_config_overrides(attn: nn.Module, overrides: dict) -> None:
     """Give ``attn`` a per-layer config view with ``overrides``, or its stock class back if none."""
-    stock = next(c for c in type(attn).__mro__ if c not in _LIAR_ATTENTION.values())
+    stock = getattr(type(attn), "liar_stock", type(attn))
     if not overrides:
         attn.__class__ = stock
         attn.__dict__.pop("liar_config_overrides", None)
         return
     if stock not in _LIAR_ATTENTION:
-        _LIAR_ATTENTION[stock] = type("Liar" + stock.__name__, (stock,), {"config": property(_get_config, _set_config)})
+        # the family's own eager attention (Gemma's soft-capping), looked up once per class
+        eager = getattr(sys.modules[stock.__module__], "eager_attention_forward", eager_attention_forward)
+        attrs = {"config": property(_get_config, _set_config), "liar_stock": stock, "liar_eager": staticmethod(eager)}
+        _LIAR_ATTENTION[stock] = type("Liar" + stock.__name__, (stock,), attrs)
     attn.__class__ = _LIAR_ATTENTION[stock]
     attn.liar_config_overrides = overrides
 

@@ -32,12 +32,7 @@ from core.stats.reconstruct import (
     relative_output_error_tensors,
 )
 from core.stats.select import obs_select
-from core.stats.target import (
-    TargetStats,
-    refit_to_dense,
-    relative_errors_to_dense,
-    relative_errors_to_dense_from_inputs,
-)
+from core.stats.target import TargetStats, refit_to_dense, relative_errors_to_dense
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``; raising from it aborts the run (cooperative cancellation)."""
@@ -119,7 +114,7 @@ class _LayerFitter:
             fit_stats = InputStats(lin.in_features, self.stats_dtype, self.device)
             sinks = [fit_stats] * self.n_fit + [_NO_STATS] * n_held
         else:  # error feedback: each batch's pruned inputs paired with the dense model's
-            fit_stats = TargetStats(lin.in_features, self.stats_dtype, self.device)
+            fit_stats = TargetStats(lin.in_features, self.stats_dtype, self.device, dense_gram=not self.has_held)
             sinks = [_Paired(fit_stats, x) for x in dense_inputs[: self.n_fit]] + [_NO_STATS] * n_held
         # the replay keeps only the kept channels, unless they are chosen from the statistics below
         channels = None if unit.select else unit.keep.nonzero().squeeze(1).to(self.device)
@@ -179,7 +174,7 @@ class _LayerFitter:
         if self.has_held:
             x_p = self.runner.kept_rows(unit.path, self.n_fit)
             x_d = self.runner.rows(dense_inputs[self.n_fit :], self.n_fit)
-            return new_w, new_b, relative_errors_to_dense_from_inputs(w, b, keep, candidates, x_p, x_d)
+            return new_w, new_b, relative_output_error_from_inputs(w, b, keep, candidates, x_p, x_ref=x_d)
         return new_w, new_b, relative_errors_to_dense(w, b, keep, candidates, stats)
 
 
@@ -212,7 +207,8 @@ def _select_heads(lp: LayerPlan, adapter: Adapter, damp: float, w: torch.Tensor,
     """Reconstruction-aware choice of the kept query heads: as many as planned, among the heads of the
     planned key/value groups, each group keeping one at least (the parameter count is the plan's)."""
     n_rep = adapter.n_rep if adapter.family.gqa else 1
-    candidates = [h for h in range(adapter.n_heads) if h // n_rep in set(lp.kv_heads)] if n_rep > 1 else None
+    kept_groups = set(lp.kv_heads)
+    candidates = [h for h in range(adapter.n_heads) if h // n_rep in kept_groups] if n_rep > 1 else None
     groups = [h // n_rep for h in range(adapter.n_heads)] if n_rep > 1 else None
     lp.heads = obs_select(w, stats, len(lp.heads), adapter.head_dim, damp, candidates, groups)
     return _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)

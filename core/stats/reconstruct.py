@@ -43,8 +43,11 @@ def register(name: str) -> Callable[[Method], Method]:
     return deco
 
 
-def solve_spd(matrix: torch.Tensor, rhs: torch.Tensor, damp: float = 0.0, overwrite: bool = False) -> torch.Tensor:
-    """Solve ``(M + λI) X = R`` for symmetric positive (semi-)definite M by Cholesky.
+def solve_spd(
+    matrix: torch.Tensor, rhs: torch.Tensor | None, damp: float = 0.0, overwrite: bool = False
+) -> torch.Tensor:
+    """Solve ``(M + λI) X = R`` for symmetric positive (semi-)definite M by Cholesky; with ``rhs``
+    None, return ``(M + λI)⁻¹`` itself (no identity right-hand side is built).
 
     ``λ = damp · mean(diag M)``. Zero diagonal entries (dead channels) are set to 1. If the
     factorisation fails, the damping is raised tenfold (starting at 1e-10 relative) with a warning,
@@ -54,7 +57,7 @@ def solve_spd(matrix: torch.Tensor, rhs: torch.Tensor, damp: float = 0.0, overwr
     m = matrix.to(SOLVE_PRECISION)
     if m is matrix and not overwrite:  # .to() copied already when the dtype differs
         m = m.clone()
-    r = rhs.to(SOLVE_PRECISION)
+    r = None if rhs is None else rhs.to(SOLVE_PRECISION)
     diag = m.diagonal()
     dead = diag <= 0
     diag[dead] = 1.0
@@ -68,7 +71,7 @@ def solve_spd(matrix: torch.Tensor, rhs: torch.Tensor, damp: float = 0.0, overwr
     for _ in range(8):
         chol, info = torch.linalg.cholesky_ex(m)
         if int(info) == 0:
-            return torch.cholesky_solve(r, chol)
+            return torch.cholesky_inverse(chol) if r is None else torch.cholesky_solve(r, chol)
         del chol
         new_lam = max(float(lam) * 10.0, 1e-10 * float(scale))
         warnings.warn(
@@ -83,7 +86,7 @@ def solve_spd(matrix: torch.Tensor, rhs: torch.Tensor, damp: float = 0.0, overwr
     evals, evecs = torch.linalg.eigh(m)
     keep = evals > evals.max() * len(m) * torch.finfo(m.dtype).eps
     inv = torch.where(keep, 1.0 / evals.clamp_min(torch.finfo(m.dtype).tiny), torch.zeros_like(evals))
-    return evecs @ (inv[:, None] * (evecs.T @ r))
+    return evecs @ (inv[:, None] * (evecs.T if r is None else evecs.T @ r))
 
 
 def _eigh_projection(target: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
@@ -354,14 +357,18 @@ def relative_output_error_from_inputs(
     keep: torch.Tensor,
     candidates: list[tuple[torch.Tensor, torch.Tensor | None]],
     x: torch.Tensor,
+    x_ref: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """:func:`relative_output_errors` computed directly on raw inputs ``x`` (n, C_in), as 0-d float64
     tensors on ``x``'s device: for held-aside samples, n is far below C_in, so ``X W`` costs less than
-    any product with G and no second Gram matrix is accumulated for them."""
+    any product with G and no second Gram matrix is accumulated for them. ``x_ref``: the inputs the
+    reference output ``x_ref W + B`` is computed from, when not ``x`` (the dense model's, for error
+    feedback; row i is the same token as in ``x``)."""
     x = x.to(SOLVE_PRECISION)
     w = weight.to(device=x.device, dtype=SOLVE_PRECISION)
     b = None if bias is None else bias.to(device=x.device, dtype=SOLVE_PRECISION)
-    ref = x @ w.T + (0 if b is None else b)
+    ref_in = x if x_ref is None else x_ref.to(device=x.device, dtype=SOLVE_PRECISION)
+    ref = ref_in @ w.T + (0 if b is None else b)
     x_u = x.index_select(1, keep.to(x.device).nonzero().squeeze(1))
     den = (ref * ref).sum()
     out = []

@@ -22,33 +22,18 @@ import math
 import torch
 
 from core.stats.accumulate import InputStats
+from core.stats.reconstruct import solve_spd
 
-SELECT_PRECISION = torch.float64
+SELECT_PRECISION = torch.float64  # as the solves
 
 
 def damped_inverse_covariance(stats: InputStats, damp: float) -> torch.Tensor:
-    """``(C + λI)⁻¹`` of the centred input covariance ``C = G − n μμᵀ``, λ = damp · mean(diag C),
-    raised tenfold (from 1e-10 of it) while the factorisation fails, as for collinear channels.
-    Dead channels (zero variance) get a unit diagonal."""
+    """``(C + λI)⁻¹`` of the centred input covariance ``C = G − n μμᵀ``, damped, with dead channels and
+    failed factorisations handled as in every other solve (:func:`~core.stats.reconstruct.solve_spd`)."""
     n = stats.count
-    mu = stats.sum / n
-    h = stats.gram.to(SELECT_PRECISION) - n * torch.outer(mu, mu).to(SELECT_PRECISION)
-    diag = h.diagonal()
-    dead = diag <= 0
-    if dead.any():
-        h[dead, :] = 0.0
-        h[:, dead] = 0.0
-        diag[dead] = 1.0
-    scale = float(diag.mean())
-    lam = damp * scale
-    diag += lam
-    while True:  # collinear channels: raise the damping until the factorisation exists
-        chol, info = torch.linalg.cholesky_ex(h)
-        if int(info) == 0:
-            return torch.cholesky_inverse(chol)
-        new_lam = max(lam * 10.0, 1e-10 * scale)
-        diag += new_lam - lam
-        lam = new_lam
+    mu = stats.sum.to(SELECT_PRECISION) / n
+    cov = stats.gram.to(SELECT_PRECISION) - n * torch.outer(mu, mu)
+    return solve_spd(cov, None, damp, overwrite=True)
 
 
 def _unit_errors(w: torch.Tensor, hinv: torch.Tensor, units: torch.Tensor, group: int) -> torch.Tensor:

@@ -24,13 +24,18 @@ from core.stats.reconstruct import SOLVE_PRECISION, _block, solve_spd
 
 
 class TargetStats:
-    """Streams pairs ``(X_p, X_d)`` of a projection's inputs in the pruned and in the dense model."""
+    """Streams pairs ``(X_p, X_d)`` of a projection's inputs in the pruned and in the dense model:
+    the pruned inputs' Gram and sum, the dense inputs' sum, the cross products — and, only with
+    ``dense_gram`` (errors from statistics, when no samples are held aside), the dense inputs' Gram."""
 
-    def __init__(self, c_in: int, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"):
+    def __init__(
+        self, c_in: int, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu", dense_gram: bool = True
+    ):
         self.pruned = InputStats(c_in, dtype, device)
-        self.dense = InputStats(c_in, dtype, device)
+        self.dense = InputStats(c_in, dtype, device) if dense_gram else None
         self.dtype = dtype
         self.cross = torch.zeros(c_in, c_in, dtype=torch.float64, device=device)  # X_pᵀ X_d
+        self._dense_sum = torch.zeros(c_in, dtype=torch.float64, device=device)
         self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._buffered = 0
 
@@ -43,14 +48,15 @@ class TargetStats:
         """Add the inputs of one batch in the pruned model (``x_p``) and in the dense one (``x_d``)."""
         if x_p.shape != x_d.shape:
             raise ValueError(f"pruned and dense inputs differ in shape: {tuple(x_p.shape)} vs {tuple(x_d.shape)}")
-        self.pruned.add_batch(x_p, mask)
-        self.dense.add_batch(x_d, mask)
         c = x_p.shape[-1]
-        a, b = x_p.reshape(-1, c), x_d.reshape(-1, c)
-        if mask is not None:
+        a, b = x_p.detach().reshape(-1, c), x_d.detach().reshape(-1, c)
+        if mask is not None:  # real tokens only, selected once for every statistic
             keep = mask.reshape(-1).to(a.device)
             a, b = a[keep], b[keep]
-        self._pairs.append((a.detach(), b.detach()))
+        self.pruned.add_batch(a)
+        if self.dense is not None:
+            self.dense.add_batch(b)
+        self._pairs.append((a, b))
         self._buffered += len(a)
         if self._buffered >= FLUSH_TOKENS:
             self._flush()
@@ -60,11 +66,17 @@ class TargetStats:
             a = torch.cat([p for p, _ in self._pairs]).to(self.cross.device)
             b = torch.cat([d for _, d in self._pairs]).to(self.cross.device)
             self.cross += gram_product(a, b, self.dtype)
+            self._dense_sum += b.sum(0, dtype=torch.float64)
         self._pairs, self._buffered = [], 0
 
     def cross_products(self) -> torch.Tensor:
         self._flush()
         return self.cross
+
+    @property
+    def dense_sum(self) -> torch.Tensor:
+        self._flush()
+        return self._dense_sum
 
 
 def refit_to_dense(
@@ -75,7 +87,7 @@ def refit_to_dense(
     n = stats.count
     u = keep.nonzero().squeeze(1)
     mu_p = stats.pruned.sum.to(SOLVE_PRECISION) / n
-    mu_d = stats.dense.sum.to(SOLVE_PRECISION) / n
+    mu_d = stats.dense_sum.to(SOLVE_PRECISION) / n
     cov_uu = _block(stats.pruned.gram.to(SOLVE_PRECISION), u, u) - n * torch.outer(mu_p[u], mu_p[u])
     cov_ud = stats.cross_products().to(SOLVE_PRECISION).index_select(0, u) - n * torch.outer(mu_p[u], mu_d)
     w = weight.to(SOLVE_PRECISION)
@@ -92,7 +104,8 @@ def relative_errors_to_dense(
     candidates: list[tuple[torch.Tensor, torch.Tensor | None]],
     stats: TargetStats,
 ) -> list[torch.Tensor]:
-    """‖X_d W + B − (X_p,u W' + B')‖² / ‖X_d W + B‖² per candidate, from the statistics (float64)."""
+    """‖X_d W + B − (X_p,u W' + B')‖² / ‖X_d W + B‖² per candidate, from the statistics (float64; needs
+    ``dense_gram``). On raw held-aside inputs: ``relative_output_error_from_inputs(..., x_ref=X_d)``."""
     n = stats.count
     u = keep.nonzero().squeeze(1)
     w = weight.to(SOLVE_PRECISION)
@@ -100,7 +113,7 @@ def relative_errors_to_dense(
     g_uu = _block(stats.pruned.gram.to(SOLVE_PRECISION), u, u)
     g_dd = stats.dense.gram.to(SOLVE_PRECISION)
     g_ud = stats.cross_products().to(SOLVE_PRECISION).index_select(0, u)
-    s_u, s_d = stats.pruned.sum.to(SOLVE_PRECISION)[u], stats.dense.sum.to(SOLVE_PRECISION)
+    s_u, s_d = stats.pruned.sum.to(SOLVE_PRECISION)[u], stats.dense_sum.to(SOLVE_PRECISION)
     target_sq = ((w @ g_dd) * w).sum()  # ‖X_d Wᵀ‖²
     ws_d = w @ s_d
     den = target_sq + 2 * b @ ws_d + n * (b @ b)
@@ -112,27 +125,4 @@ def relative_errors_to_dense(
         quad = ((e @ g_uu) * e).sum() + target_sq - 2 * ((e @ g_ud) * w).sum()
         num = quad + 2 * delta @ (e @ s_u - ws_d) + n * (delta @ delta)
         out.append(torch.where(den > 0, num.clamp_min(0) / den, torch.zeros_like(den)))
-    return out
-
-
-def relative_errors_to_dense_from_inputs(
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    keep: torch.Tensor,
-    candidates: list[tuple[torch.Tensor, torch.Tensor | None]],
-    x_p: torch.Tensor,
-    x_d: torch.Tensor,
-) -> list[torch.Tensor]:
-    """The same errors computed on raw held-aside inputs (rows of ``x_p`` and ``x_d`` are the same tokens)."""
-    x_p, x_d = x_p.to(SOLVE_PRECISION), x_d.to(device=x_p.device, dtype=SOLVE_PRECISION)
-    w = weight.to(device=x_p.device, dtype=SOLVE_PRECISION)
-    b = None if bias is None else bias.to(device=x_p.device, dtype=SOLVE_PRECISION)
-    ref = x_d @ w.T + (0 if b is None else b)
-    x_u = x_p.index_select(1, keep.to(x_p.device).nonzero().squeeze(1))
-    den = (ref * ref).sum()
-    out = []
-    for new_weight, new_bias in candidates:
-        nb = b if new_bias is None else new_bias.to(device=x_p.device, dtype=SOLVE_PRECISION)
-        diff = ref - x_u @ new_weight.to(device=x_p.device, dtype=SOLVE_PRECISION).T - (0 if nb is None else nb)
-        out.append(torch.where(den > 0, (diff * diff).sum() / den, torch.zeros_like(den)))
     return out

@@ -12,12 +12,8 @@ from core.data.calibration import decoder_windows, load_texts
 from core.models.loading import load_model
 from core.models.modeling_liar import ensure_bias, prune_layer_
 from core.spec.recipe import Recipe
-from core.stats.target import (
-    TargetStats,
-    refit_to_dense,
-    relative_errors_to_dense,
-    relative_errors_to_dense_from_inputs,
-)
+from core.stats.reconstruct import relative_output_error_from_inputs
+from core.stats.target import TargetStats, refit_to_dense, relative_errors_to_dense
 from tests.conftest import recipe_for
 from tests.core.test_pipeline import _capture, _logits
 
@@ -58,8 +54,8 @@ def test_errors_to_dense_from_statistics_and_from_inputs_equal_direct_computatio
         for cw, cb in candidates
     ]
     got = relative_errors_to_dense(tw, tb, keep, candidates, stats)
-    direct = relative_errors_to_dense_from_inputs(
-        tw, tb, keep, candidates, torch.from_numpy(x_p), torch.from_numpy(x_d)
+    direct = relative_output_error_from_inputs(
+        tw, tb, keep, candidates, torch.from_numpy(x_p), x_ref=torch.from_numpy(x_d)
     )
     for e, g, d in zip(expected, got, direct):
         assert float(g) == pytest.approx(e, rel=1e-8) and float(d) == pytest.approx(e, rel=1e-10)

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +21,27 @@ from core.models.tiny import tiny_corpus, tiny_decoder
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 REDIS = "redis://127.0.0.1:6379"
+
+
+@contextmanager
+def postgres_database(prefix: str = "liar_test") -> Iterator[str]:
+    """The URL of a fresh, empty PostgreSQL database, dropped afterwards (with this process's pooled
+    connections to it)."""
+    import sqlalchemy as sa
+
+    from jobs.db import dispose_all
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sa.text(f"CREATE DATABASE {name}"))
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        dispose_all()
+        with admin.connect() as c:
+            c.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
 
 
 def _pg_available() -> bool:
@@ -173,23 +196,15 @@ def stack(request, tmp_path):
         if not (_pg_available() and _redis_available()):
             pytest.fail("PostgreSQL on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 are required (.ci/run starts them)")
         import redis
-        import sqlalchemy as sa
 
-        name = f"liar_test_{uuid.uuid4().hex[:10]}"
-        admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-        with admin.connect() as c:
-            c.execute(sa.text(f"CREATE DATABASE {name}"))
+        database = postgres_database()
         db_index = 1 + int(uuid.uuid4().int % 15)
         broker = f"{REDIS}/{db_index}"
         redis.Redis.from_url(broker).flushdb()
-        env.update(LIAR_DATABASE_URL=f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", LIAR_BROKER_URL=broker)
+        env.update(LIAR_DATABASE_URL=database.__enter__(), LIAR_BROKER_URL=broker)
 
         def drop():
-            from jobs.db import dispose_all
-
-            dispose_all()
-            with admin.connect() as c:
-                c.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            database.__exit__(None, None, None)
             redis.Redis.from_url(broker).flushdb()
 
         cleanup.append(drop)

@@ -11,9 +11,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from tests.jobs.conftest import PG_ADMIN, Stack, wait_for
@@ -70,26 +67,6 @@ class RedisServer:
     def restart(self) -> None:
         self.stop()
         self.start()
-
-
-@contextmanager
-def postgres_database() -> Iterator[str]:
-    """The URL of a fresh, empty PostgreSQL database, dropped afterwards."""
-    import sqlalchemy as sa
-
-    from jobs.db import dispose_all
-
-    name = f"liar_fault_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sa.text(f"CREATE DATABASE {name}"))
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        dispose_all()
-        with admin.connect() as c:
-            c.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
 
 
 def terminate_backends(url: str, waiting: str | None = None) -> int:

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from jobs.db import Job, utcnow
-from tests.jobs.conftest import _pg_available, recipe, wait_for
+from tests.jobs.conftest import _pg_available, postgres_database, recipe, wait_for
 from tests.jobs.faults import (
     ROOT,
     FaultStack,
@@ -32,7 +32,6 @@ from tests.jobs.faults import (
     job_pid,
     kill,
     parent,
-    postgres_database,
     rss_mb,
     started_lines,
     terminate_backends,
@@ -47,7 +46,7 @@ def faults(tmp_path):
         pytest.fail("PostgreSQL on 127.0.0.1:5432 is required (.ci/run starts it)")
     if shutil.which("redis-server") is None:
         pytest.fail("the redis-server program is required: each case starts its own (.ci/run installs it)")
-    with postgres_database() as url:
+    with postgres_database("liar_fault") as url:
         redis = RedisServer(tmp_path / "redis")
         redis.start()
         data = tmp_path / "data"

@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.jobs.conftest import PG_ADMIN, _pg_available
+from tests.jobs.conftest import _pg_available, postgres_database
 
 ROOT = Path(__file__).resolve().parents[2]
 # Each child connects (which migrates), then counts the rows of a table the migration created.
@@ -54,18 +53,8 @@ def test_eight_processes_on_an_empty_sqlite_file(tmp_path):
 def test_eight_processes_on_an_empty_postgres_database():
     if not _pg_available():
         pytest.fail("PostgreSQL on 127.0.0.1:5432 is required (.ci/run starts it)")
-    import sqlalchemy as sa
-
-    name = f"liar_migrate_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sa.text(f"CREATE DATABASE {name}"))
-    try:
-        _assert_all_succeeded(_start_together(f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"))
-    finally:
-        with admin.connect() as c:
-            c.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
+    with postgres_database("liar_migrate") as url:
+        _assert_all_succeeded(_start_together(url))
 
 
 def test_schema_older_or_newer_than_the_code_is_one_sentence(tmp_path, monkeypatch):
@@ -95,21 +84,8 @@ def empty_database(request, tmp_path):
         return
     if not _pg_available():
         pytest.fail("PostgreSQL on 127.0.0.1:5432 is required (.ci/run starts it)")
-    import sqlalchemy as sa
-
-    from jobs.db import dispose_all
-
-    name = f"liar_old_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sa.text(f"CREATE DATABASE {name}"))
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        dispose_all()
-        with admin.connect() as c:
-            c.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
+    with postgres_database("liar_old") as url:
+        yield url
 
 
 def test_upgrade_keeps_a_finished_job_and_its_archive(empty_database, tmp_path):
