@@ -74,6 +74,7 @@ def perplexity_streamed(
             out = layer(hidden[i], *args, **kwargs)
             hidden[i] = out[0] if isinstance(out, tuple) else out
         sm.free_block(li)
+    sm.close()
     norm, head = sm.model.base_model.get_submodule(sm.adapter.family.final_norm), sm.model.get_output_embeddings()
     cap = getattr(sm.model.config, "final_logit_softcapping", None)  # Gemma 2
 

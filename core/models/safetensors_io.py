@@ -127,9 +127,14 @@ class CheckpointReader:
 
     def read(self, name: str, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> torch.Tensor:
         """One tensor, read from its shard into a fresh buffer, then moved / cast as asked."""
-        e = self.entries[name]
         device = torch.device(device)
-        host = torch.empty(e.shape, dtype=e.dtype, pin_memory=device.type == "cuda")
+        return place(self.read_host(name, pinned=device.type == "cuda"), device, dtype)
+
+    def read_host(self, name: str, pinned: bool = False) -> torch.Tensor:
+        """One tensor as stored, in a fresh host buffer (page-locked with ``pinned``, for an
+        asynchronous copy to a GPU). Safe to call from another thread: each call opens the file."""
+        e = self.entries[name]
+        host = torch.empty(e.shape, dtype=e.dtype, pin_memory=pinned)
         if e.nbytes:
             view = memoryview(host.view(-1).view(torch.uint8).numpy())
             with open(e.file, "rb", buffering=0) as f:
@@ -140,8 +145,13 @@ class CheckpointReader:
                     if not n:
                         raise CheckpointError(f"shard {str(e.file)!r} is truncated while reading {name!r}")
                     got += n
-        out = host.to(device, non_blocking=device.type == "cuda")
-        return out if dtype is None or out.dtype == dtype else out.to(dtype)
+        return host
+
+
+def place(host: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A tensor read by :meth:`CheckpointReader.read_host` on ``device`` in ``dtype`` (None: as stored)."""
+    out = host.to(device, non_blocking=device.type == "cuda")
+    return out if dtype is None or out.dtype == dtype else out.to(dtype)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import functools
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -23,7 +24,7 @@ from torch import nn
 from core.models.adapter import Adapter, adapter_for
 from core.models.config_file import read_config
 from core.models.loading import is_pruned_config, model_class, pruned_classes, resolve_device, resolve_dtype
-from core.models.safetensors_io import CheckpointError, CheckpointReader, LazyTensor
+from core.models.safetensors_io import CheckpointError, CheckpointReader, LazyTensor, place
 
 META = torch.device("meta")
 
@@ -79,10 +80,17 @@ def return_freed_memory_to_the_os() -> bool:
 
 
 class StreamedModel:
-    """A checkpoint directory seen as a model whose blocks are materialised one at a time."""
+    """A checkpoint directory seen as a model whose blocks are materialised one at a time.
 
-    def __init__(self, directory: str | Path, dtype: torch.dtype, device: torch.device):
+    With ``prefetch`` (the default), loading block i starts reading block i + 1's tensors from disk
+    into host memory in a background thread (file reads release the GIL), so the read overlaps block
+    i's computation; the cost is one more block in host memory.
+    """
+
+    def __init__(self, directory: str | Path, dtype: torch.dtype, device: torch.device, prefetch: bool = True):
         self.directory, self.dtype, self.device = Path(directory), dtype, torch.device(device)
+        self._reads = ThreadPoolExecutor(1, thread_name_prefix="liar-prefetch") if prefetch else None
+        self._pending: dict[int, Future] = {}
         return_freed_memory_to_the_os()
         self.reader = CheckpointReader(self.directory)  # checks every shard first
         self.model = _skeleton(self.directory, dtype)
@@ -98,11 +106,13 @@ class StreamedModel:
         self._layer_prefixes = [module_names[id(layer)] + "." for layer in self.layers]
 
     @classmethod
-    def open(cls, directory: str | Path, dtype: str = "auto", device: str = "auto") -> StreamedModel:
+    def open(
+        cls, directory: str | Path, dtype: str = "auto", device: str = "auto", prefetch: bool = True
+    ) -> StreamedModel:
         """Open a checkpoint with a recipe's ``dtype`` / ``device`` names (``auto`` resolved as
         :func:`core.models.loading.load_model` does)."""
         dev = resolve_device(device)
-        return cls(directory, resolve_dtype(dtype, read_config(directory), dev), dev)
+        return cls(directory, resolve_dtype(dtype, read_config(directory), dev), dev, prefetch)
 
     # names -------------------------------------------------------------------------------------
     def _checkpoint_prefix(self) -> tuple[str, str]:
@@ -173,10 +183,38 @@ class StreamedModel:
                     module._buffers[key] = buf.to(self.device)
 
     def load_block(self, i: int) -> nn.Module:
+        """Materialise block i on the device (from its prefetched tensors when block i - 1 started
+        reading them) and start reading block i + 1."""
         layer, prefix = self.layers[i], self.layer_prefix(i)
-        for name, _ in list(layer.named_parameters()):
-            _set_param(layer, name, nn.Parameter(self._read(prefix + name), requires_grad=False))
+        pending = self._pending.pop(i, None)
+        host = pending.result() if pending is not None else self._read_block(i)
+        for name, tensor in host.items():
+            _, dtype = self._source(prefix + name)
+            _set_param(layer, name, nn.Parameter(place(tensor, self.device, dtype), requires_grad=False))
+        del host
+        self.prefetch(i + 1)
         return layer
+
+    def _read_block(self, i: int) -> dict[str, torch.Tensor]:
+        """Block i's parameters as stored, in host memory (pinned for a GPU)."""
+        prefix, pinned = self.layer_prefix(i), self.device.type == "cuda"
+        names = [name for name, _ in self.layers[i].named_parameters()]
+        return {name: self.reader.read_host(self._source(prefix + name)[0], pinned) for name in names}
+
+    def prefetch(self, i: int) -> None:
+        """Start reading block i in the background (nothing when prefetching is off, i is past the
+        last block, or its read is already under way)."""
+        if self._reads is not None and 0 <= i < len(self.layers) and i not in self._pending:
+            self._pending[i] = self._reads.submit(self._read_block, i)
+
+    def close(self) -> None:
+        """Stop the background reads (a read in progress finishes; its result is dropped)."""
+        for future in self._pending.values():
+            future.cancel()
+        self._pending.clear()
+        if self._reads is not None:
+            self._reads.shutdown(wait=True)
+            self._reads = None
 
     def free_block(self, i: int) -> None:
         """Put block i's parameters back on the meta device (its memory is released)."""

@@ -103,6 +103,7 @@ class StreamSource:
     def finish(self, recipe: Recipe, layout: list[dict]) -> tuple[Path, bool, dict[str, str]]:
         """Write what follows the blocks: zero biases the stock config implies, the index, config,
         bundled code, tokenizer and recipe. Returns ``(directory, stock, digests)``."""
+        self.sm.close()
         stock = write_config(self.model, self.adapter.name, layout, self.tmp)
         missing = [(n, p) for n, p in self.model.named_parameters() if n not in self.weight_map]
         if any(not n.endswith(".bias") for n, _ in missing):
@@ -120,6 +121,7 @@ class StreamSource:
         return self.tmp, stock, self.digests
 
     def abort(self) -> None:
+        self.sm.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

@@ -4,6 +4,7 @@ import errno
 import hashlib
 import json
 import shutil
+import threading
 
 import pytest
 import torch
@@ -149,6 +150,47 @@ def test_skeleton_allocates_no_parameters_but_real_buffers(llama_dir):
     assert all(p.is_meta for p in sm.layers[0].parameters())
     sm.free_block(1)
     assert all(p.is_meta for p in layer.parameters())
+
+
+def test_prefetched_blocks_equal_synchronous_reads_and_are_read_in_the_background(llama_dir, monkeypatch):
+    plain = StreamedModel(llama_dir, torch.float32, torch.device("cpu"), prefetch=False)
+    ahead = StreamedModel(llama_dir, torch.float32, torch.device("cpu"))
+    readers: dict[int, str] = {}
+    read_block = StreamedModel._read_block
+
+    def spy(self, i):
+        if self is ahead:
+            readers[i] = threading.current_thread().name
+        return read_block(self, i)
+
+    monkeypatch.setattr(StreamedModel, "_read_block", spy)
+    for i in range(len(ahead.layers)):
+        want = dict(plain.load_block(i).named_parameters())
+        got = dict(ahead.load_block(i).named_parameters())
+        assert want.keys() == got.keys()
+        for name in want:
+            assert torch.equal(got[name], want[name]), (i, name)
+        plain.free_block(i)
+        ahead.free_block(i)
+    n = len(ahead.layers)
+    assert readers[0] == "MainThread"  # nothing was under way for the first block
+    assert all(readers[i].startswith("liar-prefetch") for i in range(1, n))  # read while block i-1 ran
+    assert not ahead._pending  # nothing read past the last block
+    ahead.close()
+    ahead.load_block(0)  # still works after close, synchronously
+    assert not ahead._pending
+
+
+def test_streamed_prune_without_prefetch_is_identical(llama_dir, corpus, tmp_path, monkeypatch):
+    recipe = recipe_for(llama_dir, corpus, device="cpu", execution="stream")
+    with_prefetch = prune(recipe, output_dir=tmp_path / "a").save(tmp_path / "a")
+    original = StreamedModel.__init__
+    monkeypatch.setattr(
+        StreamedModel, "__init__", lambda self, d, dt, dev, prefetch=True: original(self, d, dt, dev, False)
+    )
+    without = prune(recipe, output_dir=tmp_path / "b").save(tmp_path / "b")
+    a, b = (load_file(d / "model-00002-of-00003.safetensors") for d in (with_prefetch, without))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_auto_streams_only_when_saving_a_model_read_from_disk(llama_dir, corpus, tmp_path):
