@@ -42,6 +42,11 @@ $(VENV)/.bench: $(STAMP)
 bench-engine: $(VENV)/.bench
 	$(BIN)/python bench/engine.py
 
+# Torch-Pruning and NVIDIA ModelOpt side by side with ours (each peer in its own venv under ~/.cache/liar/peers)
+.PHONY: bench-peers
+bench-peers: $(VENV)/.bench
+	$(BIN)/python bench/peers.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
 
