@@ -6,16 +6,19 @@ reconstruction solves alone, beside the paper's A100 table for LLaMA-7B/13B/30B;
 of ``bench/gpu_liar.py`` when its results exist. Writes docs/results/time.md + time.json.
 
 ``latency`` — dense vs pruned (ratios 0.2 and 0.5, LIAR; each with exact kept widths and with FFN
-widths rounded to multiples of 64, ``--round-neurons``) SmolLM2: prefill tokens/s (batch 1 and 8,
-prompts of 128 and 512 tokens), greedy decoding with the KV cache (batch 1, 64 new tokens): decode
-tokens/s and per-token latency, and ``model.generate`` end to end. Warm-up runs, then the median of
-repeats. Writes docs/results/latency.md + latency.json.
+widths rounded to multiples of 64, ``--round-neurons``; query heads free or in whole key/value groups,
+``--kv-groups``) SmolLM2: prefill tokens/s (batch 1 and 8, prompts of 128 and 512 tokens), greedy
+decoding with the KV cache (batch 1, 64 new tokens): decode tokens/s and per-token latency, and
+``model.generate`` end to end; with ``--compile``, decoding with a static KV cache, eager and compiled
+(``torch.compile``), at each ``--decode-batches``. Warm-up runs, then the median of repeats. Writes
+docs/results/latency.md + latency.json.
 
 Each measured configuration runs in its own process (peak memory is that run's). Timings mean
 something only on an otherwise idle machine.
 
     make bench-time        # python bench/speed.py time    [--samples 128 256 512 1024] [--threads N]
-    make bench-latency     # python bench/speed.py latency [--ratios 0.2 0.5] [--round-neurons 64] [--threads N]
+    make bench-latency     # python bench/speed.py latency [--ratios 0.2 0.5] [--round-neurons 1 64] [--threads N]
+    python bench/speed.py latency --round-neurons 64 --kv-groups free whole --compile --prompts 128
     python bench/speed.py time --quick       # smoke test: one small point, results to a temp folder
     python bench/speed.py latency --quick
 """
@@ -352,11 +355,11 @@ def latency_one(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     _quiet_transformers()
-    ratio, _, rounding = args.one.partition(":")
-    ratio, round_neurons = float(ratio), int(rounding or 1)
+    ratio, rounding, groups, heads = (args.one.split(":") + ["", "", ""])[:4]
+    ratio, round_neurons, groups, round_heads = float(ratio), int(rounding or 1), groups or "free", int(heads or 1)
     if ratio > 0:
         recipe = _recipe(args.prune_samples, 128, ratio, 16)
-        recipe["round_to"] = {"neurons": round_neurons}
+        recipe["round_to"] = {"neurons": round_neurons, "kv_groups": groups, "heads": round_heads}
         result = prune(recipe)
         model, tok = result.model, result.tokenizer
         achieved = result.achieved_ratio
@@ -370,6 +373,8 @@ def latency_one(args: argparse.Namespace) -> dict[str, Any]:
     row: dict[str, Any] = {
         "ratio": ratio,
         "round_neurons": round_neurons,
+        "kv_groups": groups,
+        "round_heads": round_heads,
         "achieved_ratio": achieved,
         "params": sum(p.numel() for p in model.parameters()),
         **_structure(model),
@@ -442,13 +447,32 @@ def latency_one(args: argparse.Namespace) -> dict[str, Any]:
             "tokens_per_s": args.new_tokens / med,
             "matches_manual_loop": new == tokens[: len(new)],
         }
+    if args.compile:
+        row["static_decode"] = _static_decodes(model, stream, args)
     return row
+
+
+def _static_decodes(model, stream, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Static-cache decoding, eager and compiled, per batch size (``bench/compiled_decode.py``)."""
+    from bench.compiled_decode import static_decode
+
+    out = []
+    for batch in args.decode_batches:
+        n = args.decode_prompt
+        ids = stream[: batch * n].reshape(batch, n)
+        eager = static_decode(model, ids, args.new_tokens, compiled=False)
+        compiled = static_decode(model, ids, args.new_tokens, compiled=True)
+        same = "error" not in compiled and compiled.pop("tokens") == eager.pop("tokens")
+        out.append({"batch": batch, "eager": eager, "compiled": compiled, "same_tokens": same})
+    return out
 
 
 def _label(r: dict[str, Any]) -> str:
     if r["ratio"] == 0:
         return "dense"
     rounded = f", FFN widths ×{r['round_neurons']}" if r.get("round_neurons", 1) > 1 else ""
+    rounded += ", whole kv groups" if r.get("kv_groups") == "whole" else ""
+    rounded += f", heads ×{r['round_heads']}" if r.get("round_heads", 1) > 1 else ""
     return f"pruned {r['ratio']:.0%}{rounded} ({r['achieved_ratio']:.1%} removed)"
 
 
@@ -460,16 +484,19 @@ def write_latency(rows: list[dict[str, Any]], args: argparse.Namespace, mach: di
         "# Inference throughput and latency: dense vs pruned SmolLM2-135M",
         "",
         f"Measured {dt.date.today().isoformat()} on {_machine_line(mach)}. "
-        f"Produced by `python bench/speed.py latency{' --quick' if args.quick else ''}`"
+        f"Produced by `python bench/speed.py {' '.join(sys.argv[1:]) or 'latency'}`"
         + (" (**smoke test, not a measurement**)" if args.quick else "")
         + ".",
         "",
-        "SmolLM2-135M-Instruct in float32 on the CPU. Pruned models come from `core.prune` in memory (LIAR,",
-        f"magnitude criterion, heads + neurons, uniform allocation, {args.prune_samples} calibration windows — the",
+        "SmolLM2-135M-Instruct in float32 on the CPU. Pruned models come from `core.prune` in memory (LIAR",
+        "with the default OBS selection, magnitude criterion, heads + neurons, uniform allocation,",
+        f"{args.prune_samples} calibration windows — the",
         "widths, and so the speed, do not depend on the number of windows). Layers whose kept query heads no",
         "longer form equal key/value groups gather their key/value heads through a per-layer index (counted",
         "below). Rows marked `FFN widths ×N` were pruned with `round_to: {neurons: N}` (kept FFN widths",
-        "rounded to multiples of N, the budget held). Each model is measured in its own process:",
+        "rounded to multiples of N, the budget held); `whole kv groups` with `round_to: {kv_groups: whole}`",
+        "(query heads dropped only as whole key/value groups: no layer gathers), `heads ×N` with",
+        "`round_to: {heads: N}`. Each model is measured in its own process:",
         f"{args.warmup} warm-up run(s), then the median of {args.repeats} repeats, `torch.inference_mode()`.",
         "",
         "- Prefill: one forward pass over the prompt building the KV cache; tokens/s = batch × prompt / time.",
@@ -515,6 +542,7 @@ def write_latency(rows: list[dict[str, Any]], args: argparse.Namespace, mach: di
             f"| {_label(r)} | {d['tokens_per_s']:.1f}{gain} | {d['ms_per_token_median']:.1f} | "
             f"{d['ms_per_token_p90']:.1f} | {g['tokens_per_s']:.1f} | {'yes' if g['matches_manual_loop'] else 'NO'} |"
         )
+    lines += _static_lines(rows, dense, args)
     lines.append("")
     out.write_text("\n".join(lines))
     payload = {
@@ -525,6 +553,50 @@ def write_latency(rows: list[dict[str, Any]], args: argparse.Namespace, mach: di
     }
     out.with_suffix(".json").write_text(json.dumps(payload, indent=2))
     return out
+
+
+def _static_lines(rows: list[dict[str, Any]], dense: dict[str, Any] | None, args: argparse.Namespace) -> list[str]:
+    """The static-cache decoding table (``--compile``): ms/token eager and compiled per batch size."""
+    if not any(r.get("static_decode") for r in rows):
+        return []
+    batches = [d["batch"] for d in rows[0]["static_decode"]]
+    lines = [
+        "",
+        "## Decoding with a static KV cache: eager and compiled",
+        "",
+        f"A `StaticCache` of prompt + {args.new_tokens} tokens, the {args.decode_prompt}-token prompt prefilled",
+        "eagerly, then greedy steps through the model's forward, eager or `torch.compile(dynamic=False)`",
+        "(Inductor, C++ on the CPU): median ms per step over 3 runs after a warm-up run (which compiles;",
+        "its time in brackets). Speed-up vs the dense model in brackets; `same` = the compiled steps",
+        "produced the eager steps' tokens.",
+        "",
+        "| model | " + " | ".join(f"b{b} eager ms/step | b{b} compiled ms/step" for b in batches) + " | same |",
+        "|---|" + "---|---|" * len(batches) + "---|",
+    ]
+    ref = {d["batch"]: d for d in (dense or {}).get("static_decode", [])}
+
+    def cell(d: dict[str, Any], base: dict[str, Any] | None, compiled: bool) -> str:
+        if "error" in d:
+            return f"failed: `{d['error']}`"
+        gain = (
+            ""
+            if base is None or "error" in base
+            else f" ({base['ms_per_token_median'] / d['ms_per_token_median']:.2f}×)"
+        )
+        warm = f" [compile {d['compile_seconds']:.0f} s]" if compiled else ""
+        return f"{d['ms_per_token_median']:.1f}{gain if base is not d else ''}{warm}"
+
+    for r in rows:
+        cells = []
+        for d in r.get("static_decode", []):
+            base = ref.get(d["batch"])
+            cells += [
+                cell(d["eager"], base and base["eager"], False),
+                cell(d["compiled"], base and base["compiled"], True),
+            ]
+        same = all(d["same_tokens"] for d in r.get("static_decode", []))
+        lines.append(f"| {_label(r)} | " + " | ".join(cells) + f" | {'yes' if same else 'NO'} |")
+    return lines
 
 
 def cmd_latency(args: argparse.Namespace) -> None:
@@ -538,7 +610,9 @@ def cmd_latency(args: argparse.Namespace) -> None:
     mach = machine(args.threads)
     print(f"machine: {_machine_line(mach)}")
     rows = []
-    models = ["0"] + [f"{r}:{n}" for r in args.ratios for n in dict.fromkeys([1, args.round_neurons])]
+    models = args.models or ["0"] + [
+        f"{r}:{n}:{g}" for r in args.ratios for n in args.round_neurons for g in args.kv_groups
+    ]
     for spec in models:
         extra = ["--one", spec, "--decode-prompt", str(args.decode_prompt), "--new-tokens", str(args.new_tokens)]
         extra += [
@@ -550,6 +624,7 @@ def cmd_latency(args: argparse.Namespace) -> None:
             str(args.prune_samples),
         ]
         extra += ["--batches", *map(str, args.batches), "--prompts", *map(str, args.prompts)]
+        extra += ["--decode-batches", *map(str, args.decode_batches)] + ["--compile"] * args.compile
         row = _child(args, extra)
         rows.append(row)
         prefill = ", ".join(f"b{p['batch']}×{p['prompt']}: {p['tokens_per_s']:,.0f} tok/s" for p in row["prefill"])
@@ -587,9 +662,24 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument(
                 "--round-neurons",
                 type=int,
-                default=64,
-                help="also measure each ratio with kept FFN widths rounded to this multiple (1: exact widths only)",
+                nargs="+",
+                default=[1, 64],
+                help="measure each ratio with kept FFN widths rounded to each of these multiples (1: exact)",
             )
+            p.add_argument(
+                "--kv-groups",
+                nargs="+",
+                default=["free"],
+                choices=["free", "whole"],
+                help="measure each ratio with query heads dropped freely and/or in whole key/value groups",
+            )
+            p.add_argument("--compile", action="store_true", help="also time static-cache decoding, eager and compiled")
+            p.add_argument(
+                "--models",
+                nargs="+",
+                help="explicit models instead of the grid: 0 (dense) or RATIO:FFN_MULTIPLE:KV_GROUPS[:HEADS_MULTIPLE]",
+            )
+            p.add_argument("--decode-batches", type=int, nargs="+", default=[1], help="static-cache decoding batches")
             p.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="prefill batch sizes")
             p.add_argument("--prompts", type=int, nargs="+", default=[128, 512], help="prefill prompt lengths")
             p.add_argument("--decode-prompt", type=int, default=128, help="prompt length before decoding")

@@ -49,6 +49,8 @@ def recipe_from_args(args: argparse.Namespace):
         data["criterion"] = {"name": args.criterion}
     if args.round_neurons is not None:
         data.setdefault("round_to", {})["neurons"] = args.round_neurons
+    if args.kv_groups is not None:
+        data.setdefault("round_to", {})["kv_groups"] = args.kv_groups
     recon = data.setdefault("reconstruction", {})
     if args.reconstruction:
         recon["method"] = args.reconstruction
@@ -320,7 +322,8 @@ def register(sub) -> None:
 
 
 # the destinations of add_recipe_flags' flags (all but the recipe file)
-RECIPE_FLAGS = ("model", "modules", "ratio", "allocation", "round_neurons", "criterion", "reconstruction", "damp")
+RECIPE_FLAGS = ("model", "modules", "ratio", "allocation", "round_neurons", "kv_groups", "criterion")
+RECIPE_FLAGS += ("reconstruction", "damp")
 RECIPE_FLAGS += ("select", "target", "paper")
 RECIPE_FLAGS += ("calibration", "samples", "seq_len", "holdout", "seed", "batch_size", "dtype", "device", "execution")
 
@@ -342,6 +345,13 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         type=_round_neurons,
         help="kept FFN neurons per layer a multiple of this (round_to.neurons): auto (default: 128 on a GPU, "
         "64 on a CPU), a number, or 1 for exact widths",
+    )
+    p.add_argument(
+        "--kv-groups",
+        choices=["free", "whole", "auto"],
+        help="grouped-query attention (round_to.kv_groups): whole — drop query heads only as whole key/value "
+        "groups, so every layer is a stock GQA attention; free (default) — one at a time, uneven groups "
+        "gathered by index; auto — whole on a GPU, free on a CPU",
     )
     p.add_argument("--criterion", help="pruning criterion: magnitude, random, flap, snip, kwon, taylor, kcm")
     p.add_argument("--reconstruction", help="none | bias | mask_tuning | liar | ls (default ls, the exact refit)")

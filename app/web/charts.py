@@ -8,6 +8,9 @@ charts read like the paper's figures:
   the dense model as a dashed horizontal line, perplexity on a log scale; a point's tooltip names its
   job and a click on it opens the job (:func:`job_link`).
 - :func:`perplexity_vs_size`: perplexity against the parameters kept, the dense model as a point.
+- :func:`perplexity_vs_speed`: perplexity against the realised speed-up measured on the worker (end to
+  end prefill where the job measured it, else the blocks' forward time), the dense model as a point at
+  1.0: the trade-off a user picks a model from.
 - :func:`layer_errors`: a job's relative output error per pruned projection before and after
   reconstruction, with the layers named on the axis.
 """
@@ -38,8 +41,10 @@ METRICS = {
     "perplexity": ("perplexity (log scale)", True),
     "achieved": ("achieved ratio (fraction of block parameters removed)", False),
     "params_after": ("parameters after pruning", False),
-    "speedup": ("block speed-up (dense time / pruned time)", False),
+    "speedup": ("realised speed-up (dense time / pruned time)", False),
 }
+# where a run's speed-up comes from: end-to-end prefill when the job measured it, else the blocks' forward
+SPEED_METRICS = (("prefill_speedup", "prefill"), ("block_speedup", "blocks"))
 DASHBOARD_METRICS = list(METRICS)
 SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"  # names the version; never fetched
 WIDTH, HEIGHT = 520, 300
@@ -69,6 +74,7 @@ def run_rows(service: JobService, model="", method="", user="", criterion="") ->
         ):
             continue
         m = all_metrics[j["id"]]
+        speed = next(((m[k], what) for k, what in SPEED_METRICS if m.get(k) is not None), (None, None))
         rows.append(
             {
                 "id": j["id"],
@@ -80,9 +86,10 @@ def run_rows(service: JobService, model="", method="", user="", criterion="") ->
                 "perplexity": _round(m.get("perplexity"), 3),
                 "dense": _round(m.get(DENSE), 3),
                 "params_after": m.get("params_after"),
-                "speedup": _round(m.get("block_speedup"), 3),
+                "speedup": _round(speed[0], 3),
                 "user": j["submitted_by"] or "–",
                 "params_before": m.get("params_before"),
+                "speed_of": speed[1],
             }
         )
     return rows
@@ -140,6 +147,8 @@ def _points(rows: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:
             "ratio": r["ratio"],
             "achieved": r["achieved"],
             "params": r["params_after"],
+            "speedup": r.get("speedup"),
+            "speed_of": r.get("speed_of") or "blocks",
             "value": r[field],
             "user": r["user"],
             "href": job_link(r["id"]),
@@ -226,6 +235,44 @@ def perplexity_vs_size(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
             }
         )
     spec = _base("perplexity vs parameters kept (◆ dense)", points)
+    spec["layer"] = layers
+    return spec
+
+
+def perplexity_vs_speed(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Perplexity (log scale) against the realised speed-up, one line per series in ratio order, every
+    run a point, the dense model a point at 1.0; None if no run has both."""
+    points = [p for p in _points(rows, "perplexity") if p["value"] > 0 and p["speedup"]]
+    if not points:
+        return None
+    x = {"field": "speedup", "type": "quantitative", "title": "realised speed-up (× dense)", "scale": {"zero": False}}
+    y = {"field": "value", "type": "quantitative", "title": "perplexity (log scale)", "scale": {"type": "log"}}
+    color = {"field": "series", "type": "nominal", "title": "criterion · method"}
+    tooltip = _tooltip("perplexity") + [
+        {"field": "speedup", "type": "quantitative", "title": "speed-up"},
+        {"field": "speed_of", "type": "nominal", "title": "measured on"},
+    ]
+    layers: list[dict[str, Any]] = [
+        {"mark": {"type": "line"}, "encoding": {"x": x, "y": y, "color": color, "order": {"field": "ratio"}}},
+        {
+            "mark": {"type": "point", "filled": True, "size": 90, "cursor": "pointer"},
+            "encoding": {"x": x, "y": y, "color": color, "tooltip": tooltip, "href": {"field": "href"}},
+        },
+    ]
+    dense = [{**d, "speedup": 1.0} for d in _dense(rows)]
+    if dense:
+        layers.append(
+            {
+                "data": {"values": dense},
+                "mark": {"type": "point", "shape": "diamond", "size": 140, "filled": True, "color": "#555"},
+                "encoding": {
+                    "x": {"field": "speedup", "type": "quantitative"},
+                    "y": {"field": "value", "type": "quantitative"},
+                    "tooltip": [{"field": "label", "title": "baseline"}, {"field": "value", "title": "perplexity"}],
+                },
+            }
+        )
+    spec = _base("perplexity vs realised speed-up (◆ dense)", points)
     spec["layer"] = layers
     return spec
 

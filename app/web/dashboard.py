@@ -1,5 +1,6 @@
 """The "Dashboard" tab: finished runs, filtered; a metric against the pruning ratio as in the paper's
-figures, perplexity against the parameters kept, and the runs table (charts: ``app.web.charts``)."""
+figures, perplexity against the parameters kept and against the realised speed-up, and the runs table
+(charts: ``app.web.charts``)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def build(service: JobService, demo: gr.Blocks, tab: gr.Tab) -> gr.Dataframe:
     with gr.Row():
         by_ratio = gr.Plot(show_label=False, elem_id="ratio-plot")
         by_size = gr.Plot(show_label=False, elem_id="size-plot")
+    with gr.Row():
+        by_speed = gr.Plot(show_label=False, elem_id="speed-plot")
     note = gr.Markdown(HINT, elem_id="dashboard-note")
     runs = gr.Dataframe(headers=charts.RUN_COLUMNS, interactive=False, elem_id="runs-table")
 
@@ -43,14 +46,19 @@ def build(service: JobService, demo: gr.Blocks, tab: gr.Tab) -> gr.Dataframe:
         rows = charts.run_rows(service, model, method, user, criterion)
         table = pd.DataFrame(rows, columns=charts.RUN_COLUMNS)
         text = HINT if rows else "No succeeded runs match these filters."
-        return vega(charts.metric_vs_ratio(rows, metric)), vega(charts.perplexity_vs_size(rows)), text, table
+        plots = (
+            charts.metric_vs_ratio(rows, metric),
+            charts.perplexity_vs_size(rows),
+            charts.perplexity_vs_speed(rows),
+        )
+        return *map(vega, plots), text, table
 
     gr.on(
         [refresh.click, f_metric.change, f_method.change, f_criterion.change, f_model.submit, f_user.submit]
         + [f_model.blur, f_user.blur, tab.select, demo.load],
         dashboard,
         [f_model, f_method, f_criterion, f_user, f_metric],
-        [by_ratio, by_size, note, runs],
+        [by_ratio, by_size, by_speed, note, runs],
         api_name=False,
     )
     return runs

@@ -33,6 +33,23 @@ CRITERIA_INFO = (
 NAMED_SETS = list(NAMED_DATASETS)
 MAX_UPLOAD_MB = 50
 ROUND_CHOICES = ["auto", 1, 8, 16, 32, 64, 128]
+KV_GROUP_CHOICES = ["free", "whole", "auto"]  # round_to.kv_groups; the first is the recipe's default
+# the fields of build_recipe, in the order the New-run tab passes them
+RECIPE_FIELDS = (
+    "model",
+    "modules",
+    "ratio",
+    "allocation",
+    "round_neurons",
+    "kv_groups",
+    "criterion",
+    "damp",
+    "calibration",
+    "upload",
+    "samples",
+    "seq_len",
+    "seed",
+)
 NO_EVALUATION = "(none)"
 MAX_FORM_JOBS = 48  # ratios × methods one form submission may queue (a bigger grid: `liar sweep` or the API)
 KEEP_RECIPE_FILES = 200  # validated recipes kept for download (the oldest go first)
@@ -143,7 +160,19 @@ def _number(value, name: str, whole: bool = True, minimum: float | None = None) 
 
 
 def build_recipe(
-    model, modules, ratio, allocation, round_neurons, criterion, damp, calibration, upload, samples, seq_len, seed
+    model,
+    modules,
+    ratio,
+    allocation,
+    round_neurons,
+    kv_groups,
+    criterion,
+    damp,
+    calibration,
+    upload,
+    samples,
+    seq_len,
+    seed,
 ) -> dict[str, Any]:
     """The recipe dict of the form's fields (not yet validated by the recipe schema; ``ratio``: the
     first of :func:`parse_ratios`); raises SubmitError."""
@@ -161,7 +190,12 @@ def build_recipe(
             multiple = 0
         if multiple < 1:
             raise SubmitError(f"FFN width multiple must be auto or a whole number ≥ 1, got {round_neurons!r}")
-    rounding = {} if multiple == "auto" else {"round_to": {"neurons": multiple}}
+    groups = KV_GROUP_CHOICES[0] if kv_groups in (None, "") else kv_groups
+    if groups not in KV_GROUP_CHOICES:
+        raise SubmitError(f"key/value groups must be one of {', '.join(KV_GROUP_CHOICES)}, got {kv_groups!r}")
+    round_to = {"neurons": multiple} if multiple != "auto" else {}
+    round_to.update({"kv_groups": groups} if groups != KV_GROUP_CHOICES[0] else {})
+    rounding = {"round_to": round_to} if round_to else {}
     return {
         "model": str(model).strip(),
         "modules": modules,
@@ -221,12 +255,14 @@ def from_form(service: JobService, form) -> FormRun:
     """The form values as a validated :class:`FormRun` (every ratio × method checked against the
     model's config); raises SubmitError.
 
-    ``form``: the 12 fields of :func:`build_recipe`, then the "Perplexity on" choice, then the methods.
+    ``form``: the :data:`RECIPE_FIELDS` of :func:`build_recipe`, then the "Perplexity on" choice, then the
+    methods.
     """
     *fields, evaluate, methods = form
-    ratios = parse_ratios(fields[2])
-    fields[8] = store_upload(service, fields[8])  # the upload, where submissions may read it
-    recipe = build_recipe(*fields)
+    values = dict(zip(RECIPE_FIELDS, fields, strict=True))
+    ratios = parse_ratios(values["ratio"])
+    values["upload"] = store_upload(service, values["upload"])  # where submissions may read it
+    recipe = build_recipe(**values)
     if not methods:
         raise SubmitError("pick at least one reconstruction method")
     if len(ratios) * len(methods) > MAX_FORM_JOBS:

@@ -36,6 +36,13 @@ def _pruning_column(models: list[str]) -> dict:
             info="kept neurons per layer rounded to a multiple: auto = 128 on a GPU worker, 64 on a CPU "
             "(faster kernels); 1 = exact widths",
         )
+        c["kv_groups"] = gr.Dropdown(
+            forms.KV_GROUP_CHOICES,
+            value=forms.KV_GROUP_CHOICES[0],
+            label="Key/value groups",
+            info="whole: drop query heads only in whole key/value groups (stock GQA layers, no gather); "
+            "free: one at a time; auto = whole on a GPU worker, free on a CPU",
+        )
     c["ratio"] = gr.Textbox(
         "0.2",
         label="Ratio",
@@ -83,21 +90,7 @@ def _data_column(texts: list[str], eval_texts: list[str]) -> dict:
 
 
 # the inputs of forms.from_form, in its order (then the methods; the user comes last)
-FORM_FIELDS = (
-    "model",
-    "modules",
-    "ratio",
-    "allocation",
-    "round_neurons",
-    "criterion",
-    "damp",
-    "calibration",
-    "upload",
-    "samples",
-    "seq_len",
-    "seed",
-    "evaluate",
-)
+FORM_FIELDS = (*forms.RECIPE_FIELDS, "evaluate")
 
 
 def build(service: JobService, models: list[str], texts: list[str], eval_texts: list[str]) -> None:
@@ -131,6 +124,7 @@ def build(service: JobService, models: list[str], texts: list[str], eval_texts: 
         ratio,
         allocation,
         round_neurons,
+        kv_groups,
         criterion,
         damp,
         calibration,
@@ -143,7 +137,7 @@ def build(service: JobService, models: list[str], texts: list[str], eval_texts: 
         user,
         request: gr.Request = None,
     ):
-        form = (model, modules, ratio, allocation, round_neurons, criterion, damp, calibration, upload)
+        form = (model, modules, ratio, allocation, round_neurons, kv_groups, criterion, damp, calibration, upload)
         form += (samples, seq_len, seed, evaluate, methods)
         return _status(forms.submit_form(service, form, forms.submitter(user, request)))
 

@@ -345,6 +345,13 @@ def _multiples(kept: int, total: int, m: int) -> list[int]:
     return sorted({min(lo, total), hi})
 
 
+def _rebalanced(adapter: Adapter, c: dict[str, int], drop: set[int], removed: int) -> int:
+    """Kept neurons that bring a layer dropping the heads ``drop`` closest to ``removed`` parameters."""
+    by_heads = _layer_plan(adapter, c, drop, 0, torch.arange(adapter.n_neurons)).removed
+    n = round((removed - by_heads) / c["neuron"])
+    return adapter.n_neurons - max(0, min(n, adapter.n_neurons - 1))
+
+
 def _round(layers, scores, adapter: Adapter, costs, target: int, modules: str, round_to) -> list[LayerPlan]:
     m_heads, m_neurons = round_to
     options = []  # per layer: candidate LayerPlans
@@ -352,7 +359,7 @@ def _round(layers, scores, adapter: Adapter, costs, target: int, modules: str, r
         head_order, neuron_order = _orders(s)
         ph, pn = _prunable(s, modules)
         h_counts = _multiples(len(lp.heads), adapter.n_heads, m_heads) if ph else [len(lp.heads)]
-        n_counts = _multiples(len(lp.neurons), adapter.n_neurons, m_neurons) if pn else [len(lp.neurons)]
+        own_counts = _multiples(len(lp.neurons), adapter.n_neurons, m_neurons) if pn else [len(lp.neurons)]
         cands = []
         for hk in h_counts:
             # keep the layer's own choice of heads when the count is unchanged, else re-rank by score
@@ -361,6 +368,9 @@ def _round(layers, scores, adapter: Adapter, costs, target: int, modules: str, r
                 if hk == len(lp.heads)
                 else set(head_order[: adapter.n_heads - hk])
             )
+            n_counts = own_counts
+            if pn and hk != len(lp.heads):  # the neurons make up what the other head count moves
+                n_counts = _multiples(_rebalanced(adapter, c, drop, lp.removed), adapter.n_neurons, m_neurons)
             for nk in n_counts:
                 if nk == len(lp.neurons):
                     kept = set(lp.neurons.tolist())

@@ -172,6 +172,9 @@ calibrated on {r.calibration.num_calibration_samples} × {r.calibration.max_seq_
 {load}
 ```
 
+## Serving
+{_serving(stock, architecture)}
+
 ## Metrics
 | metric | value |
 |---|---|
@@ -187,6 +190,24 @@ after reconstruction, measured on {result.report[0].measured_on if result.report
 
 The full recipe is in `recipe.yaml`; all numbers in `metrics.json`.
 """
+
+
+def _serving(stock: bool, architecture: str) -> str:
+    """How to serve the checkpoint: a stock one like its original, a ``liar_`` one in transformers only."""
+    if stock:
+        return f"""A stock `{architecture}` checkpoint: `config.json` states every width a serving engine reads
+(`num_attention_heads`, `num_key_value_heads` and `head_dim` where the architecture has them, the FFN
+width), the same for every layer, and there is no custom code. Serve it as the original model:
+`transformers` without `trust_remote_code`, or an engine that supports the architecture, e.g.
+`vllm serve PATH` (vLLM) or `--model-id PATH` (Text Generation Inference); the project checks the
+`transformers` load, not the engines."""
+    return """Not a stock architecture: layers have different widths, or a layer's kept query heads form key/value
+groups of unequal size (served by a key/value index). `config.json` carries the per-layer widths in
+`liar_layout` and the bundled `modeling_liar.py` builds them, so it loads in `transformers` only, with
+`trust_remote_code=True`; serving engines (vLLM, Text Generation Inference, llama.cpp) cannot run it.
+For a stock checkpoint, prune with `allocation: uniform` and `round_to: {kv_groups: whole}` (every layer
+a stock grouped-query attention), with FFN widths that come out equal in every layer (`round_to:
+{neurons: 1}` does; a coarser multiple may leave neighbouring multiples in different layers)."""
 
 
 def _auto_name(name: str) -> str:

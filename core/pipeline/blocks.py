@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from core import criteria
 from core.allocation import Plan, allocate
+from core.allocation.groups import allocate_groups
 from core.allocation.plan import LayerPlan, auto_multiple
 from core.criteria import Scores
 from core.data.calibration import CalibrationBatch
@@ -203,10 +204,17 @@ def _shrink_neurons(layer: nn.Module, fam, lp: LayerPlan) -> None:
     prune_neurons_(layer, fam, lp.neurons)
 
 
-def _select_heads(lp: LayerPlan, adapter: Adapter, damp: float, w: torch.Tensor, stats: InputStats) -> torch.Tensor:
+def _select_heads(
+    lp: LayerPlan, adapter: Adapter, damp: float, whole: bool, w: torch.Tensor, stats: InputStats
+) -> torch.Tensor:
     """Reconstruction-aware choice of the kept query heads: as many as planned, among the heads of the
-    planned key/value groups, each group keeping one at least (the parameter count is the plan's)."""
+    planned key/value groups, each group keeping one at least (the parameter count is the plan's).
+    ``whole``: as many whole key/value groups as planned, any of them (each costs the same)."""
     n_rep = adapter.n_rep if adapter.family.gqa else 1
+    if whole and n_rep > 1:  # a group's query heads are n_rep consecutive blocks of o_proj's inputs
+        lp.kv_heads = obs_select(w, stats, len(lp.kv_heads), n_rep * adapter.head_dim, damp)
+        lp.heads = [g * n_rep + r for g in lp.kv_heads for r in range(n_rep)]
+        return _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
     kept_groups = set(lp.kv_heads)
     candidates = [h for h in range(adapter.n_heads) if h // n_rep in kept_groups] if n_rep > 1 else None
     groups = [h // n_rep for h in range(adapter.n_heads)] if n_rep > 1 else None
@@ -237,9 +245,11 @@ def _prune_block(
     fitter: _LayerFitter,
     runner: BlockRunner,
     dense: dict[str, list[torch.Tensor]],
+    whole_groups: bool = False,
 ) -> list[str]:
     """Prune and reconstruct one block's attention, then its FFN; returns the projections given a bias.
-    ``dense``: the pruned projections' inputs in the dense model (error feedback), else empty."""
+    ``dense``: the pruned projections' inputs in the dense model (error feedback), else empty;
+    ``whole_groups``: the selection keeps whole key/value groups."""
     fam = adapter.family
     added: list[str] = []
     obs = recipe.reconstruction.resolved_select() == "obs"
@@ -253,7 +263,7 @@ def _prune_block(
             partial(_shrink_heads, layer, fam, config, lp),
             len(lp.heads),
             adapter.n_heads,
-            partial(_select_heads, lp, adapter, recipe.reconstruction.damp) if obs else None,
+            partial(_select_heads, lp, adapter, recipe.reconstruction.damp, whole_groups) if obs else None,
             dense.get(fam.o),
         )
         fitter.fit(layer, li, unit, added)
@@ -289,9 +299,10 @@ def reconstruct_blocks(
     show_progress: bool,
     io: BlockIO | None = None,
     speed: BlockSpeed | None = None,
+    kv_groups: str = "free",
 ) -> tuple[list[LayerReport], list[dict[str, Any]]]:
     """The block loop: prune and reconstruct each block on the pruned model's own inputs; ``speed``
-    times each block before and after pruning."""
+    times each block before and after pruning; ``kv_groups``: the resolved ``round_to.kv_groups``."""
     io = io or BlockIO()
     fit, held = calibration
     bs = recipe.calibration.batch_size
@@ -308,6 +319,7 @@ def reconstruct_blocks(
         i for i, lp in enumerate(plan.layers) if len(lp.heads) < adapter.n_heads or len(lp.neurons) < adapter.n_neurons
     ]
     last_pruned = max(pruned, default=-1)
+    whole = kv_groups == "whole"
     for li, layer in enumerate(layers):
         report("reconstruct", li, len(layers))
         io.load(li)
@@ -315,7 +327,7 @@ def reconstruct_blocks(
             speed.time(layer, runner, "dense")
         lp = plan.layers[li]
         dense = runner.dense_pass(layer, _pruned_paths(lp, adapter)) if runner.dense and li <= last_pruned else {}
-        added = _prune_block(layer, li, lp, adapter, model.config, recipe, fitter, runner, dense)
+        added = _prune_block(layer, li, lp, adapter, model.config, recipe, fitter, runner, dense, whole)
         if li < last_pruned:  # the next block still has something to prune: feed it
             runner.advance(layer)
         runner.restore(layer)
@@ -374,11 +386,26 @@ def round_to(recipe: Recipe, adapter: Adapter, device: torch.device) -> tuple[in
     return recipe.round_to.heads, int(neurons)
 
 
+def resolved_kv_groups(recipe: Recipe, device: torch.device) -> str:
+    """``round_to.kv_groups`` resolved for the device: ``whole`` or ``free`` (``auto``: whole on a GPU,
+    free on a CPU). A model without groups of several query heads is pruned the same either way."""
+    choice = recipe.round_to.kv_groups
+    if choice == "auto":
+        return "whole" if device.type == "cuda" else "free"
+    return choice
+
+
 def make_plan(
-    model: nn.Module, adapter: Adapter, recipe: Recipe, scores: list[Scores], rounding: tuple[int, int]
+    model: nn.Module,
+    adapter: Adapter,
+    recipe: Recipe,
+    scores: list[Scores],
+    rounding: tuple[int, int],
+    groups: str = "free",
 ) -> Plan:
+    """The plan of ``recipe`` for these scores; ``groups``: the resolved ``round_to.kv_groups``."""
     layers = adapter.layers(model)
-    return allocate(
+    return (allocate_groups if groups == "whole" else allocate)(
         scores,
         adapter,
         [unit_costs(layer, adapter) for layer in layers],

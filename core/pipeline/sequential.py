@@ -22,13 +22,23 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.allocation.groups import kv_index_layers
 from core.criteria import Scores
 from core.data.calibration import CalibrationBatch, calibration_batches
 from core.models.adapter import adapter_for, block_parameters
 from core.models.loading import ensure_pad_token, load_model
 from core.models.safetensors_io import INDEX, SINGLE
 from core.models.streaming import checkpoint_directory
-from core.pipeline.blocks import BlockIO, BlockSpeed, Progress, make_plan, peak_memory_mb, reconstruct_blocks, round_to
+from core.pipeline.blocks import (
+    BlockIO,
+    BlockSpeed,
+    Progress,
+    make_plan,
+    peak_memory_mb,
+    reconstruct_blocks,
+    resolved_kv_groups,
+    round_to,
+)
 from core.pipeline.preflight import as_recipe, check_model_fit
 from core.pipeline.result import PruneResult
 from core.pipeline.scoring import score_layers, split_batches
@@ -159,8 +169,8 @@ def _run(
         scores = source.score(recipe, split_batches(fit, recipe.calibration.batch_size))
     elif len(scores) != n_layers:
         raise ValueError(f"scores cover {len(scores)} layers but the model has {n_layers}")
-    rounding = round_to(recipe, adapter, device)
-    plan = make_plan(model, adapter, recipe, scores, rounding)
+    rounding, groups = round_to(recipe, adapter, device), resolved_kv_groups(recipe, device)
+    plan = make_plan(model, adapter, recipe, scores, rounding, groups)
     report("scoring", n_layers, n_layers)
 
     params_before = sum(p.numel() for p in model.parameters())
@@ -168,7 +178,7 @@ def _run(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     reports, layout = reconstruct_blocks(
-        model, adapter, recipe, plan, (fit, held), device, report, show_progress, source.io, speed
+        model, adapter, recipe, plan, (fit, held), device, report, show_progress, source.io, speed, groups
     )
     model.config.liar_layout = layout
     model.config.liar_family = adapter.name
@@ -186,7 +196,13 @@ def _run(
         seconds=0.0,
         peak_memory_mb=peak_memory_mb(device),
         scores=scores,
-        metrics={"round_to_heads": rounding[0], "round_to_neurons": rounding[1], **(speed.metrics() if speed else {})},
+        metrics={
+            "round_to_heads": rounding[0],
+            "round_to_neurons": rounding[1],
+            "round_to_kv_groups": groups,
+            "kv_index_layers": kv_index_layers(plan, adapter),
+            **(speed.metrics() if speed else {}),
+        },
     )
     if isinstance(source, StreamSource):
         report("write", 0, 1)

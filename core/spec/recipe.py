@@ -167,6 +167,14 @@ class RoundTo(_Strict):
         "(128 on a GPU, 64 on a CPU, smaller for narrow FFNs, none below 8) — exact widths ran slower than "
         "dense on a GPU; 1 keeps exact widths",
     )
+    kv_groups: Literal["free", "whole", "auto"] = Field(
+        "free",
+        description="grouped-query attention: whole — every layer drops query heads only as whole key/value "
+        "groups, so each layer is a stock GQA attention (equal groups, no key/value gather; a uniform prune "
+        "exports as the stock architecture), the budget they cost rebalanced in neurons; free — query heads "
+        "go one at a time and a layer whose groups end up unequal gathers its key/value heads by index; "
+        "auto — whole on a GPU, free on a CPU. No effect without grouped-query attention",
+    )
 
     @field_validator("neurons")
     @classmethod

@@ -45,7 +45,10 @@ def _unit_errors(w: torch.Tensor, hinv: torch.Tensor, units: torch.Tensor, group
     idx = torch.arange(len(units), device=units.device)
     h_uu = blocks[idx, :, idx, :]  # (units, group, group)
     w_u = w[:, ch].reshape(w.shape[0], len(units), group).permute(1, 0, 2)  # (units, C_out, group)
-    solved = torch.linalg.solve(h_uu, w_u.transpose(1, 2))  # (units, group, C_out)
+    # H⁻¹_uu is a principal block of an SPD matrix: Cholesky. (A batched LU solve, torch.linalg.solve,
+    # failed on 2 CPU threads with torch 2.13's MKL for SmolLM2's 192-channel key/value groups: "Pivots
+    # given to lu_solve must all be greater or equal to 1", DLASWP parameter errors.)
+    solved = torch.cholesky_solve(w_u.transpose(1, 2), torch.linalg.cholesky(h_uu))  # (units, group, C_out)
     return (w_u.transpose(1, 2) * solved).sum((1, 2))
 
 

@@ -84,6 +84,24 @@ def test_perplexity_vs_size_has_the_dense_model_as_a_point():
     assert charts.perplexity_vs_size([]) is None
 
 
+def test_perplexity_vs_speed_is_the_trade_off_with_the_dense_model_at_one():
+    rows = ROWS + [_row(5, 0.5, 30.0, speedup=None)]  # a run without a speed measurement is left out
+    spec = charts.perplexity_vs_speed(rows)
+    json.dumps(spec)
+    line, points = _layer(spec, "line"), _layer(spec, "point")
+    assert points["encoding"]["x"]["field"] == "speedup" and points["encoding"]["y"]["scale"] == {"type": "log"}
+    assert line["encoding"]["order"] == {"field": "ratio"} and line["encoding"]["color"]["field"] == "series"
+    assert points["encoding"]["href"] == {"field": "href"}
+    assert {"speed-up", "measured on"} <= {t.get("title") for t in points["encoding"]["tooltip"]}
+    values = spec["data"]["values"]
+    assert [v["job"] for v in values] == [1, 2, 3, 4] and values[0]["speedup"] == 1.2
+    dense = [layer for layer in spec["layer"] if layer.get("data")][0]
+    assert dense["data"]["values"][0]["speedup"] == 1.0 and dense["data"]["values"][0]["value"] == 5.68
+    assert dense["mark"]["shape"] == "diamond"
+    assert charts.perplexity_vs_speed([_row(1, 0.2, 6.9, speedup=None)]) is None
+    assert charts.perplexity_vs_speed([]) is None
+
+
 def test_layer_errors_name_the_layers():
     report = [
         {"layer": 0, "module": "attention", "kept": 6, "total": 8, "error_before": 0.2, "error_after": 0.1},
@@ -103,8 +121,8 @@ def finished_jobs(job_service):
     """Three succeeded jobs and a failed one, stored directly (no worker)."""
     runs = [
         ("ada", 0.2, "liar", {"perplexity": 20.5, "perplexity_dense": 15.0, "achieved_ratio": 0.19}),
-        ("bob", 0.4, "liar", {"perplexity": 31.0, "achieved_ratio": 0.39, "params_after": 100.0}),
-        ("ada", 0.2, "ls", {"perplexity": 19.0, "achieved_ratio": 0.19}),
+        ("bob", 0.4, "liar", {"perplexity": 31.0, "achieved_ratio": 0.39, "params_after": 100.0, "block_speedup": 1.4}),
+        ("ada", 0.2, "ls", {"perplexity": 19.0, "achieved_ratio": 0.19, "block_speedup": 1.1, "prefill_speedup": 1.2}),
     ]
     with job_service.sessions.begin() as s:
         for user, ratio, method, metrics in runs:
@@ -121,6 +139,8 @@ def finished_jobs(job_service):
 def test_run_rows_filter_the_succeeded_jobs(finished_jobs):
     rows = charts.run_rows(finished_jobs)
     assert [r["id"] for r in rows] == [3, 2, 1] and rows[2]["dense"] == 15.0 and rows[2]["model"] == "llama-7b"
+    # the realised speed-up: end-to-end prefill where the job measured it, else the blocks'
+    assert [(r["speedup"], r["speed_of"]) for r in rows] == [(1.2, "prefill"), (1.4, "blocks"), (None, None)]
     assert set(charts.RUN_COLUMNS) <= set(rows[0])
     assert [r["id"] for r in charts.run_rows(finished_jobs, user="ada")] == [3, 1]
     assert [r["id"] for r in charts.run_rows(finished_jobs, method="ls")] == [3]

@@ -32,6 +32,7 @@ def _fields(tmp_path, **over) -> dict:
         ratio="0.3",
         allocation="uniform",
         round_neurons=1,
+        kv_groups="free",
         criterion="magnitude",
         damp=0.001,
         calibration=str(text),
@@ -78,6 +79,23 @@ def test_ffn_width_multiple_becomes_round_to(tmp_path, choice, expected):
 def test_bad_ffn_width_multiple_is_refused(tmp_path, choice):
     with pytest.raises(SubmitError, match="FFN width multiple"):
         build_recipe(**_fields(tmp_path, round_neurons=choice))
+
+
+@pytest.mark.parametrize("choice, expected", [("free", "free"), (None, "free"), ("whole", "whole"), ("auto", "auto")])
+def test_key_value_groups_become_round_to(tmp_path, choice, expected):
+    recipe = Recipe.model_validate(build_recipe(**_fields(tmp_path, kv_groups=choice)))
+    assert recipe.round_to.kv_groups == expected and recipe.round_to.neurons == 1
+
+
+def test_bad_key_value_groups_are_refused(tmp_path):
+    with pytest.raises(SubmitError, match="key/value groups must be one of free, whole, auto, got 'some'"):
+        build_recipe(**_fields(tmp_path, kv_groups="some"))
+
+
+def test_form_fields_match_the_recipe_builder():
+    import inspect
+
+    assert tuple(inspect.signature(build_recipe).parameters) == forms.RECIPE_FIELDS
 
 
 def test_upload_wins_over_the_picked_set_and_missing_fields_are_refused(tmp_path):
@@ -166,9 +184,10 @@ def test_validate_submit_and_the_jobs_table(job_service, llama_dir, tmp_path):
     message, _, _ = forms.validate_form(job_service, _form(tmp_path, str(inside)))
     assert "does not exist" in message
 
-    message, text, path = forms.validate_form(job_service, _form(tmp_path, llama_dir, round_neurons=8))
+    form = _form(tmp_path, llama_dir, round_neurons=8, kv_groups="whole")
+    message, text, path = forms.validate_form(job_service, form)
     assert message == "✓ valid" and Path(path).read_text() == text
-    assert yaml.safe_load(text)["round_to"] == {"neurons": 8}
+    assert yaml.safe_load(text)["round_to"] == {"neurons": 8, "kv_groups": "whole"}
 
     assert forms.submit_form(job_service, _form(tmp_path, llama_dir, methods=[]), "ada") == (
         "**⚠ pick at least one reconstruction method**"

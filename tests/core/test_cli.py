@@ -58,12 +58,12 @@ def test_prune_from_recipe_file_with_override(llama_dir, calib_file, tmp_path, c
         f"calibration: {{dataset: {calib_file}, num_calibration_samples: 8, max_seq_length: 32}}\n"
     )
     out = tmp_path / "pruned"
-    flags = ["--ratio", "0.2", "--round-neurons", "8", "--select", "obs", "--output", str(out), "--quiet", "--json"]
-    assert main(["prune", str(recipe), *flags]) == 0
+    flags = ["--ratio", "0.2", "--round-neurons", "8", "--kv-groups", "whole", "--select", "obs"]
+    assert main(["prune", str(recipe), *flags, "--output", str(out), "--quiet", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["target_ratio"] == 0.2
+    assert summary["target_ratio"] == 0.2 and summary["round_to_kv_groups"] == "whole"
     saved = Recipe.load(out / "recipe.yaml")
-    assert saved.reconstruction.method == "ls" and saved.round_to.neurons == 8
+    assert saved.reconstruction.method == "ls" and saved.round_to.neurons == 8 and saved.round_to.kv_groups == "whole"
     assert saved.reconstruction.select == "obs"
     widths = [layer["neurons"] for layer in json.loads((out / "config.json").read_text())["liar_layout"]]
     assert all(w % 8 == 0 for w in widths)

@@ -89,6 +89,13 @@ CASES = {
         {"ratio": 0.2, "modules": "heads"},
         False,
     ),
+    # heads and neurons pruned uniformly in whole key/value groups: a stock GQA checkpoint
+    "llama-gqa-whole-groups": (
+        "llama_dir",
+        "AutoModelForCausalLM",
+        {"ratio": 0.5, "round_to": {"kv_groups": "whole"}},
+        True,
+    ),
 }
 # the family template: every family reloads in both forms (non-uniform widths per layer, and stock).
 # These families' stock configs cannot switch on an FFN bias, so the stock case reconstructs without
@@ -106,6 +113,24 @@ for _family in ["mistral", *NEW_FAMILIES]:
         {"ratio": 0.2, "modules": "neurons", "reconstruction": {"method": "mask_tuning"}},
         True,
     )
+    if _family != "opt":  # grouped-query attention: whole groups make uniform heads a stock checkpoint too
+        CASES[f"{_family}-whole-groups"] = (
+            f"{_family}_dir",
+            "AutoModelForCausalLM",
+            {"ratio": 0.5, "round_to": {"kv_groups": "whole"}, "reconstruction": {"method": "mask_tuning"}},
+            True,
+        )
+
+
+def _assert_explicit_widths(cfg: dict, result) -> None:
+    """What a serving engine reads from a stock config.json: head counts, head size (GQA families) and
+    FFN width, all those of the pruned model."""
+    fam, lp = result.adapter.family, result.plan.layers[0]
+    assert cfg["num_attention_heads"] == len(lp.heads)
+    assert cfg[fam.ffn_width_key] == len(lp.neurons)
+    if fam.gqa:
+        assert cfg["num_key_value_heads"] == len(lp.kv_heads)
+        assert cfg["head_dim"] == result.adapter.head_dim
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -121,12 +146,15 @@ def test_reload_without_project_gives_same_logits(case, request, corpus, tmp_pat
     assert (out / "modeling_liar.py").exists() == (not stock)
     for name in ("recipe.yaml", "metrics.json", "README.md", "model.safetensors", "tokenizer.json"):
         assert (out / name).is_file(), name
+    serving = (out / "README.md").read_text().split("## Serving")[1].split("## Metrics")[0]
+    assert ("vllm serve" in serving) == stock and ("trust_remote_code=True" in serving) != stock
 
     child = _reload_in_subprocess(out, auto, True, ids, mask, tmp_path)
     torch.testing.assert_close(torch.tensor(child["logits"]), expected, rtol=0, atol=1e-5)
     assert child["class"].startswith("Liar") != stock
     assert child["asked"] == 0 and child["tokenizer"]  # the tokenizer loaded without a trust prompt
-    if stock:  # stock form: no remote code needed at all
+    if stock:  # stock form: no remote code needed at all, and the config states every width
+        _assert_explicit_widths(cfg, result)
         child = _reload_in_subprocess(out, auto, False, ids, mask, tmp_path)
         torch.testing.assert_close(torch.tensor(child["logits"]), expected, rtol=0, atol=1e-5)
         assert not child["class"].startswith("Liar")

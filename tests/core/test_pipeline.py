@@ -39,8 +39,9 @@ def _capture(model, module, batch, kind, positions="all"):
     return x[batch.attention_mask.bool()] if kind == "encoder" else x.reshape(-1, x.shape[-1])
 
 
-def slow_reference(recipe: Recipe):
-    """Algorithm 1 written plainly: whole-model forwards, activations kept in memory, float64 lstsq maths."""
+def slow_reference(recipe: Recipe, plan=None):
+    """Algorithm 1 written plainly: whole-model forwards, activations kept in memory, float64 lstsq maths.
+    ``plan``: the kept heads and neurons per layer (default: the recipe's allocation without rounding)."""
     model, tok, adapter = load_model(recipe.model, "float32", "cpu")
     cfg = recipe.calibration
     fit, _ = (decoder_windows if adapter.kind == "decoder" else encoder_samples)(load_texts(cfg), tok, cfg)
@@ -48,7 +49,7 @@ def slow_reference(recipe: Recipe):
     scores = [
         score_layer(recipe.criterion.name, ly, adapter, i, recipe.criterion.options) for i, ly in enumerate(layers)
     ]
-    plan = allocate(
+    plan = plan or allocate(
         scores,
         adapter,
         [unit_costs(ly, adapter) for ly in layers],

@@ -1,0 +1,169 @@
+"""Whole key/value groups vs free query heads on SmolLM2-135M: held-out perplexity of the default recipe.
+
+The default recipe (magnitude counts, uniform allocation, OBS selection + ``ls``, ``round_to.neurons:
+auto`` = 64 on this CPU) at 20% and 50%, with ``round_to.kv_groups`` free (query heads go one at a time;
+uneven groups gather key/value heads by index) and whole (query heads go only as whole groups, every
+layer a stock GQA attention). Calibration and evaluation as in ``docs/results/criteria.md``: 128 × 128
+calibration tokens from 70% of the Wikipedia articles, perplexity on 20 windows of 512 tokens of the
+other 30%. Each cell runs in its own process, one at a time; finished cells are kept (resumable).
+The speed of the same models: ``python bench/speed.py latency --kv-groups free whole``.
+
+    python bench/kv_groups.py [--ratios 0.2 0.5] [--groups free whole] [--threads 2]
+    python bench/kv_groups.py --ratios 0.5 --groups whole --round-heads 6   # keep 2 of SmolLM2's 3 groups
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
+
+OUT = ROOT / "docs" / "results" / "kv_groups.md"
+
+
+def default_recipe(ratio: float, groups: str, heads: int = 1) -> dict:
+    """The default recipe on SmolLM2 (every field not named here is the recipe's default); ``heads``:
+    kept query heads a multiple of it (``round_to.heads``)."""
+    calib, _ = wikipedia_split()
+    return {
+        "model": str(smollm2_dir()),
+        "ratio": ratio,
+        "round_to": {"kv_groups": groups, "heads": heads},
+        "dtype": "float32",
+        "device": "cpu",
+        "calibration": {
+            "dataset": str(calib),
+            "num_calibration_samples": 128,
+            "max_seq_length": 128,
+            "holdout_samples": 8,
+            "seed": 0,
+            "batch_size": 16,
+        },
+    }
+
+
+def one(args) -> dict:
+    """One cell, in a child process: prune (or load the dense model) and evaluate."""
+    import torch
+
+    from core import perplexity, prune
+    from core.models.loading import load_model
+
+    torch.set_num_threads(args.threads)
+    _, evaluation = wikipedia_split()
+    if args.groups == "dense":
+        model, tok, _ = load_model(str(smollm2_dir()), "float32", "cpu")
+        row = {"groups": "dense", "ratio": 0.0}
+    else:
+        result = prune(default_recipe(args.ratio, args.groups, args.round_heads))
+        model, tok, s = result.model, result.tokenizer, result.summary()
+        row = {
+            "groups": args.groups,
+            "ratio": args.ratio,
+            "round_heads": args.round_heads,
+            "achieved_ratio": result.achieved_ratio,
+            "prune_seconds": result.seconds,
+            "heads": sorted({len(lp.heads) for lp in result.plan.layers}),
+            "kv_heads": sorted({len(lp.kv_heads) for lp in result.plan.layers}),
+            "ffn": sorted({len(lp.neurons) for lp in result.plan.layers}),
+            "kv_index_layers": s["kv_index_layers"],
+            "round_to_neurons": s["round_to_neurons"],
+        }
+    ppl = perplexity(model, tok, str(evaluation), seq_len=512, batch_size=4, max_windows=args.eval_windows)
+    row.update(perplexity=ppl["perplexity"], eval_tokens=ppl["tokens"])
+    return row
+
+
+def _key(groups: str, ratio: float, heads: int = 1) -> str:
+    return "dense" if groups == "dense" else f"{groups}@{ratio}" + (f"/heads×{heads}" if heads > 1 else "")
+
+
+def _span(values: list[int]) -> str:
+    return f"{values[0]}–{values[-1]}" if len(values) > 1 else str(values[0])
+
+
+def write(rows: dict[str, dict], args) -> None:
+    import torch
+
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} torch threads"
+    dense = rows.get("dense", {}).get("perplexity")
+    lines = [
+        "# Whole key/value groups vs free query heads: quality (SmolLM2-135M)",
+        "",
+        f"Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/kv_groups.py`.",
+        "",
+        "The default recipe (magnitude counts, uniform allocation, OBS selection + `ls`, FFN widths `auto` = ×64",
+        "on a CPU), `round_to.kv_groups` free or whole; 128 × 128 calibration tokens, perplexity on",
+        f"{args.eval_windows} held-out windows of 512 tokens" + (f"; dense perplexity {dense:.2f}." if dense else "."),
+        "",
+        "| round_to | target | removed | query heads / kv heads per layer | FFN width | layers gathering k/v "
+        "| perplexity |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    cells = sorted(
+        (r for r in rows.values() if r["groups"] != "dense"), key=lambda r: (r["ratio"], r.get("round_heads", 1))
+    )
+    for r in cells:
+        heads = r.get("round_heads", 1)
+        label = f"kv_groups: {r['groups']}" + (f", heads: {heads}" if heads > 1 else "")
+        lines.append(
+            f"| {label} | {r['ratio']:.0%} | {r['achieved_ratio']:.2%} | {_span(r['heads'])} / {_span(r['kv_heads'])} "
+            f"| {_span(r['ffn'])} | {r['kv_index_layers']} of 30 | {r['perplexity']:.2f} |"
+        )
+    notes = OUT.with_name("kv_groups-notes.md")
+    OUT.write_text("\n".join(lines) + "\n" + ("\n" + notes.read_text() if notes.exists() else ""))
+    OUT.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": list(rows.values())}, indent=2))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ratios", nargs="+", type=float, default=[0.2, 0.5])
+    p.add_argument("--groups", nargs="+", default=["free", "whole"], choices=["free", "whole"])
+    p.add_argument("--eval-windows", type=int, default=20, help="512-token windows of held-out text")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of each run")
+    p.add_argument("--round-heads", type=int, default=1, help="round_to.heads of the pruned cells")
+    p.add_argument("--report-only", action="store_true", help="rewrite the page from the JSON, run nothing")
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ratio", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--cell", dest="cell_groups", default="dense", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        args.groups = args.cell_groups
+        print("RESULT " + json.dumps(one(args)), flush=True)
+        return
+    path = OUT.with_suffix(".json")
+    rows = {}
+    if path.exists():
+        rows = {_key(r["groups"], r["ratio"], r.get("round_heads", 1)): r for r in json.loads(path.read_text())["rows"]}
+    cells = [("dense", 0.0)] + [(g, r) for r in args.ratios for g in args.groups]
+    for groups, ratio in cells:
+        key = _key(groups, ratio, args.round_heads)
+        if key in rows or args.report_only:
+            continue
+        cmd = [sys.executable, __file__, "--one", "--cell", groups, "--ratio", str(ratio)]
+        cmd += ["--round-heads", str(args.round_heads)]
+        cmd += ["--threads", str(args.threads), "--eval-windows", str(args.eval_windows)]
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+        )
+        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        if proc.returncode or not line:
+            sys.exit(f"cell {key} failed:\n{proc.stderr[-4000:]}")
+        rows[key] = json.loads(line[-1][7:])
+        print(key, rows[key]["perplexity"], flush=True)
+        write(rows, args)
+    write(rows, args)
+
+
+if __name__ == "__main__":
+    main()
