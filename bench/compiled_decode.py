@@ -34,30 +34,47 @@ def _loop(model, step, ids, new: int) -> tuple[list[float], list[list[int]]]:
     return times, tokens
 
 
-def static_decode(model, ids, new: int, compiled: bool, repeats: int = 3) -> dict[str, Any]:
-    """Per-token latency of greedy decoding with a static cache (median over the steps of ``repeats``
-    runs after one warm-up run, which for ``compiled`` includes the compilation: ``compile_seconds``)."""
+def compile_step(model, ids, new: int):
+    """``(compiled forward, seconds to compile and run one decoding, None)``, or ``(None, 0, error)``."""
     import torch
 
-    step = torch.compile(model.forward, dynamic=False) if compiled else model.forward
-    with torch.no_grad():  # not inference_mode: its tensors would make the compiled graph recompile
-        t0 = time.perf_counter()
-        try:
-            _, tokens = _loop(model, step, ids, new)
-        except Exception as exc:  # no compiler, an unsupported operation: say which, keep the rest
-            return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"}
-        warm = time.perf_counter() - t0
-        steps, totals = [], []
+    step = torch.compile(model.forward, dynamic=False)
+    t0 = time.perf_counter()
+    try:
+        with torch.no_grad():  # not inference_mode: its tensors would make the compiled graph recompile
+            _loop(model, step, ids, new)
+    except Exception as exc:  # no compiler, an unsupported operation: say which, keep the rest
+        return None, 0.0, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+    return step, time.perf_counter() - t0, None
+
+
+def static_decode(model, ids, new: int, compiled: bool, repeats: int = 3, step=None) -> dict[str, Any]:
+    """Per-token latency of greedy decoding with a static cache (median over the steps of ``repeats``
+    runs after one warm-up run, which for ``compiled`` includes the compilation: ``compile_seconds``).
+    ``step``: an already compiled forward (:func:`compile_step`; no warm-up run then)."""
+    import torch
+
+    warm = 0.0
+    if step is None and compiled:
+        step, warm, error = compile_step(model, ids, new)
+        if error:
+            return {"error": error}
+    elif step is None:
+        step = model.forward
+        with torch.no_grad():
+            _loop(model, step, ids, new)
+    steps, totals, runs = [], [], []
+    with torch.no_grad():
         for _ in range(repeats):
-            times, again = _loop(model, step, ids, new)
+            times, tokens = _loop(model, step, ids, new)
             steps += times
             totals.append(sum(times))
-    batch = ids.shape[0]
+            runs.append(tokens)
     return {
-        "batch": batch,
+        "batch": ids.shape[0],
         "ms_per_token_median": 1000 * statistics.median(steps),
-        "tokens_per_s": batch * new / statistics.median(totals),
-        "compile_seconds": warm if compiled else 0.0,
-        "tokens": tokens,
-        "deterministic": again == tokens,
+        "tokens_per_s": ids.shape[0] * new / statistics.median(totals),
+        "compile_seconds": warm,
+        "tokens": runs[0],
+        "deterministic": all(r == runs[0] for r in runs),
     }
