@@ -51,6 +51,10 @@ def recipe_from_args(args: argparse.Namespace):
         data.setdefault("round_to", {})["neurons"] = args.round_neurons
     if args.kv_groups is not None:
         data.setdefault("round_to", {})["kv_groups"] = args.kv_groups
+    if args.paper and args.head_ratio is None:  # the paper's uniform split: heads at the layer's ratio
+        data["head_ratio"] = "same"
+    if args.head_ratio is not None:
+        data["head_ratio"] = args.head_ratio
     recon = data.setdefault("reconstruction", {})
     if args.reconstruction:
         recon["method"] = args.reconstruction
@@ -312,6 +316,15 @@ def _round_neurons(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be auto or a whole number, got {value!r}") from None
 
 
+def _head_ratio(value: str) -> float | str:
+    if value in ("auto", "same"):
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be auto, same or a number in [0, 1), got {value!r}") from None
+
+
 def register(sub) -> None:
     """Add ``prune``, ``eval`` and ``demo`` to the ``liar`` subcommands."""
     _register_prune(sub)
@@ -322,7 +335,7 @@ def register(sub) -> None:
 
 
 # the destinations of add_recipe_flags' flags (all but the recipe file)
-RECIPE_FLAGS = ("model", "modules", "ratio", "allocation", "round_neurons", "kv_groups", "criterion")
+RECIPE_FLAGS = ("model", "modules", "ratio", "allocation", "head_ratio", "round_neurons", "kv_groups", "criterion")
 RECIPE_FLAGS += ("reconstruction", "damp")
 RECIPE_FLAGS += ("select", "target", "paper")
 RECIPE_FLAGS += ("calibration", "samples", "seq_len", "holdout", "seed", "batch_size", "dtype", "device", "execution")
@@ -340,6 +353,13 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modules", choices=["heads", "neurons", "both"])
     p.add_argument("--ratio", type=float, help="fraction of transformer-block parameters to remove, in (0, 1)")
     p.add_argument("--allocation", choices=["uniform", "global"])
+    p.add_argument(
+        "--head-ratio",
+        type=_head_ratio,
+        help="uniform allocation: fraction of each layer's query heads removed, the neurons making up the rest "
+        "— auto (default: half the ratio, measured best), same (the layer's ratio, the paper's split), or a "
+        "number in [0, 1)",
+    )
     p.add_argument(
         "--round-neurons",
         type=_round_neurons,
@@ -359,8 +379,8 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         "--paper",
         action="store_const",
         const=True,
-        help="the paper's LIAR: reconstruction liar and the criterion's units (select criterion) instead of the "
-        "default ls with reconstruction-aware selection",
+        help="the paper's LIAR: reconstruction liar, the criterion's units (select criterion) and heads pruned at "
+        "the layer's ratio (head ratio same) instead of the default ls with reconstruction-aware selection",
     )
     p.add_argument("--damp", type=float, help="ridge damping as a fraction of mean(diag G)")
     p.add_argument(

@@ -28,7 +28,13 @@ def _pruning_column(models: list[str]) -> dict:
     )
     with gr.Row():
         c["modules"] = gr.Radio(["both", "heads", "neurons"], value="both", label="Prune")
-        c["allocation"] = gr.Radio(["uniform", "global"], value="uniform", label="Allocation")
+        c["allocation"] = gr.Radio(
+            ["uniform", "global"],
+            value="uniform",
+            label="Allocation",
+            info="uniform: every layer loses the ratio, its heads half of it (head_ratio: auto, measured best; "
+            "set it in the recipe YAML); global: one ranking over all layers",
+        )
         c["round_neurons"] = gr.Dropdown(
             forms.ROUND_CHOICES,
             value="auto",

@@ -44,6 +44,8 @@ KEY_METRICS = [
     "params_after",
     "block_speedup",
     "prefill_speedup",
+    "kept_heads_mean",
+    "kept_neurons_mean",
     "kv_index_layers",
     "round_to_neurons",
     "prune_seconds",

@@ -65,11 +65,14 @@ def allocate_groups(
     allocation: str,
     round_to: tuple[int, int] = (1, 1),
     global_search: str = "threshold",
+    head_ratio: float | str = "same",
 ) -> Plan:
     """:func:`~core.allocation.plan.allocate` keeping whole key/value groups in every layer (same
     arguments); the plain allocation for models without groups of several query heads."""
     if not has_groups(adapter):
-        return allocate(scores, adapter, costs, layer_params, ratio, modules, allocation, round_to, global_search)
+        return allocate(
+            scores, adapter, costs, layer_params, ratio, modules, allocation, round_to, global_search, head_ratio
+        )
     n_rep = adapter.n_rep
     view = replace(adapter, n_heads=adapter.n_kv_heads)
     m_heads, m_neurons = round_to
@@ -85,6 +88,7 @@ def allocate_groups(
             allocation,
             rounding,
             global_search,
+            head_ratio,  # of the groups: a uniform layer drops round(h · n_kv_heads) whole groups
         )
     except ValueError as exc:  # the reachable ratio: a layer keeps a whole group, not one head
         raise ValueError(str(exc).replace("keeps one head", "keeps one whole key/value group")) from None

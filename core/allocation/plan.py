@@ -5,8 +5,11 @@ The budget is ``ratio`` × (parameters of the transformer blocks). Units and wha
 a key/value group (k and v rows — removed when none of its query heads is kept), an FFN neuron.
 
 - ``uniform``: every layer loses the same fraction. With ``modules=both`` each layer prunes
-  ``round(ratio · n_heads)`` heads and then as many neurons as bring the layer closest to its share;
-  with one module only, the count of that unit closest to the share. Rounding: within half a neuron's
+  ``round(h · n_heads)`` heads and then as many neurons as bring the layer closest to its share, where
+  ``h`` (``head_ratio``) is the layer's ratio (``same``, the paper's split), half of it (``auto``: heads
+  are coarse units that the least-squares refit recovers far worse than neurons —
+  ``docs/results/head_ratio.md``) or a given fraction (never more heads than the layer's share pays
+  for); with one module only, the count of that unit closest to the share. Rounding: within half a neuron's
   parameters per layer (``both`` / ``neurons``), within half a head's per layer (``heads``).
 - ``global``: one ranking over all layers and both unit kinds by score per parameter removed (or by
   score, when the criterion standardises its scores, as FLAP's AL-AM does); units are dropped from
@@ -112,10 +115,12 @@ def allocate(
     allocation: str,
     round_to: tuple[int, int] = (1, 1),
     global_search: str = "threshold",
+    head_ratio: float | str = "same",
 ) -> Plan:
     """Keep-sets per layer removing ``ratio`` of the block parameters. ``global_search`` is the
     criterion's way to spend a global budget: ``"threshold"`` (one ranking over all units) or
-    ``"fisher"`` (Kwon et al.'s mask search)."""
+    ``"fisher"`` (Kwon et al.'s mask search). ``head_ratio``: the heads' part of a uniform layer's
+    share (``same`` | ``auto`` | a fraction of the heads; see the module docstring)."""
     block_params = sum(layer_params)
     reachable = max_ratio(adapter, modules, costs, block_params, scores)
     if ratio > reachable:
@@ -132,8 +137,9 @@ def allocate(
     if allocation == "uniform":
         active = [p for s, p in zip(scores, layer_params) if any(_prunable(s, modules))]
         scale = block_params / sum(active)  # unpruned layers' share moves to the pruned ones
+        heads = head_fraction(min(ratio * scale, 1.0), head_ratio)
         layers = [
-            _uniform_layer(s, adapter, c, min(ratio * scale, 1.0), ratio * scale * p, modules)
+            _uniform_layer(s, adapter, c, heads, ratio * scale * p, modules)
             for s, c, p in zip(scores, costs, layer_params)
         ]
     elif allocation == "global":
@@ -153,9 +159,26 @@ def _orders(s: Scores) -> tuple[list[int], torch.Tensor]:
     return torch.argsort(s.heads, stable=True).tolist(), torch.argsort(s.neurons, stable=True)
 
 
+HEAD_RATIOS = ("same", "auto")
+
+
+def head_fraction(layer_ratio: float, head_ratio: float | str) -> float:
+    """The fraction of a uniform layer's query heads (or whole key/value groups) removed: the layer's
+    ratio (``same``), half of it (``auto``) or the given fraction."""
+    if head_ratio == "same":
+        return layer_ratio
+    if head_ratio == "auto":
+        return layer_ratio / 2
+    if isinstance(head_ratio, str) or not 0 <= head_ratio < 1:
+        raise ValueError(f"head_ratio must be 'same', 'auto' or a fraction in [0, 1), got {head_ratio!r}")
+    return float(head_ratio)
+
+
 def _uniform_layer(
-    s: Scores, adapter: Adapter, c: dict[str, int], ratio: float, share: float, modules: str
+    s: Scores, adapter: Adapter, c: dict[str, int], heads: float, share: float, modules: str
 ) -> LayerPlan:
+    """One layer of a uniform plan removing about ``share`` parameters; ``heads``: the fraction of its
+    heads removed when neurons go too (never more than the share pays for)."""
     head_order, neuron_order = _orders(s)
     ph, pn = _prunable(s, modules)
     with_heads = lambda k: _layer_plan(adapter, c, set(head_order[:k]), 0, neuron_order)  # noqa: E731
@@ -163,7 +186,10 @@ def _uniform_layer(
         return with_heads(0)
     if not pn:
         return min((with_heads(k) for k in range(adapter.n_heads)), key=lambda lp: abs(lp.removed - share))
-    k = min(round(ratio * adapter.n_heads), adapter.n_heads - 1) if ph else 0
+    k = min(round(heads * adapter.n_heads), adapter.n_heads - 1) if ph else 0
+    if pn:
+        while k > 0 and with_heads(k).removed > share:
+            k -= 1
     base = with_heads(k)
     n = round((share - base.removed) / c["neuron"])
     n = max(0, min(n, adapter.n_neurons - 1))

@@ -415,4 +415,5 @@ def make_plan(
         recipe.allocation,
         round_to=rounding,
         global_search=criteria.get(recipe.criterion.name).global_search,
+        head_ratio=recipe.head_ratio,
     )

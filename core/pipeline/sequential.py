@@ -201,6 +201,9 @@ def _run(
             "round_to_neurons": rounding[1],
             "round_to_kv_groups": groups,
             "kv_index_layers": kv_index_layers(plan, adapter),
+            # the split the allocation chose (head_ratio), as numbers the job record keeps
+            "kept_heads_mean": round(sum(len(lp.heads) for lp in plan.layers) / len(plan.layers), 3),
+            "kept_neurons_mean": round(sum(len(lp.neurons) for lp in plan.layers) / len(plan.layers), 3),
             **(speed.metrics() if speed else {}),
         },
     )

@@ -9,6 +9,7 @@ Example::
     modules: both            # heads | neurons | both
     ratio: 0.2               # fraction of the transformer blocks' parameters removed
     allocation: uniform      # uniform | global
+    head_ratio: auto         # uniform: heads removed per layer — auto (half the ratio) | same | 0.25
     criterion: {name: magnitude}
     reconstruction: {method: ls, damp: 0.001, select: auto}   # paper: {method: liar, select: criterion}
     calibration:
@@ -189,6 +190,14 @@ class Recipe(_Strict):
     modules: Literal["heads", "neurons", "both"] = "both"
     ratio: float = Field(..., description="fraction of the transformer blocks' parameters removed, in (0, 1)")
     allocation: Literal["uniform", "global"] = "uniform"
+    head_ratio: float | Literal["auto", "same"] = Field(
+        "auto",
+        description="uniform allocation pruning heads and neurons: the fraction of each layer's query heads "
+        "(whole key/value groups under round_to.kv_groups: whole) removed, the neurons making up the rest of "
+        "the layer's share — same: the layer's ratio (the paper's split); auto: half of it (measured best: "
+        "heads are coarse units the refit recovers worse than neurons, docs/results/head_ratio.md); or a "
+        "fraction in [0, 1)",
+    )
     round_to: RoundTo = Field(
         default_factory=RoundTo, description="round kept widths to hardware-friendly multiples (1 = no rounding)"
     )
@@ -220,6 +229,13 @@ class Recipe(_Strict):
     def _ratio(cls, v: float) -> float:
         if not 0.0 < v < 1.0:
             raise ValueError(f"ratio must lie strictly between 0 and 1, got {v}")
+        return v
+
+    @field_validator("head_ratio")
+    @classmethod
+    def _head_ratio(cls, v: float | str) -> float | str:
+        if not isinstance(v, str) and (isinstance(v, bool) or not 0.0 <= v < 1.0):
+            raise ValueError(f"head_ratio must be 'auto', 'same' or a fraction in [0, 1), got {v!r}")
         return v
 
     @field_validator("model")

@@ -58,13 +58,13 @@ def test_prune_from_recipe_file_with_override(llama_dir, calib_file, tmp_path, c
         f"calibration: {{dataset: {calib_file}, num_calibration_samples: 8, max_seq_length: 32}}\n"
     )
     out = tmp_path / "pruned"
-    flags = ["--ratio", "0.2", "--round-neurons", "8", "--kv-groups", "whole", "--select", "obs"]
+    flags = ["--ratio", "0.2", "--round-neurons", "8", "--kv-groups", "whole", "--select", "obs", "--head-ratio", "0.3"]
     assert main(["prune", str(recipe), *flags, "--output", str(out), "--quiet", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["target_ratio"] == 0.2 and summary["round_to_kv_groups"] == "whole"
     saved = Recipe.load(out / "recipe.yaml")
     assert saved.reconstruction.method == "ls" and saved.round_to.neurons == 8 and saved.round_to.kv_groups == "whole"
-    assert saved.reconstruction.select == "obs"
+    assert saved.reconstruction.select == "obs" and saved.head_ratio == 0.3
     widths = [layer["neurons"] for layer in json.loads((out / "config.json").read_text())["liar_layout"]]
     assert all(w % 8 == 0 for w in widths)
 
@@ -77,6 +77,7 @@ def test_prune_from_recipe_file_with_override(llama_dir, calib_file, tmp_path, c
         (["--ratio", "0.3", "--seq-len", "4096"], "exceeds the model's limit"),
         (["--ratio", "0.3", "--model", "./missing-model"], "does not exist"),
         (["--ratio", "0.3", "--round-neurons", "0"], "round_to.neurons"),
+        (["--ratio", "0.3", "--head-ratio", "1.2"], "head_ratio must be 'auto', 'same' or a fraction in [0, 1)"),
     ],
 )
 def test_bad_input_fails_cleanly_and_writes_nothing(flags, message, llama_dir, calib_file, tmp_path, capsys):
@@ -257,13 +258,14 @@ def test_stream_refuses_whole_model_gradient_criteria(llama_dir, calib_file, tmp
 
 def test_default_recipe_and_the_paper_flag(llama_dir, calib_file, tmp_path, capsys):
     """The default reconstruction is ls with reconstruction-aware selection (recorded resolved in the
-    checkpoint's recipe); --paper gives the paper's LIAR with the criterion's units."""
+    checkpoint's recipe) and heads pruned at half the ratio; --paper gives the paper's LIAR with the
+    criterion's units and heads at the layer's ratio."""
     common = ["--model", str(llama_dir), "--ratio", "0.3", "--calibration", str(calib_file), "--samples", "8"]
     common += ["--seq-len", "32", "--quiet"]
     assert main(["prune", *common, "--output", str(tmp_path / "default")]) == 0
     saved = Recipe.load(tmp_path / "default" / "recipe.yaml")
-    assert (saved.reconstruction.method, saved.reconstruction.select) == ("ls", "obs")
+    assert (saved.reconstruction.method, saved.reconstruction.select, saved.head_ratio) == ("ls", "obs", "auto")
     assert main(["prune", *common, "--paper", "--output", str(tmp_path / "paper")]) == 0
     saved = Recipe.load(tmp_path / "paper" / "recipe.yaml")
-    assert (saved.reconstruction.method, saved.reconstruction.select) == ("liar", "criterion")
+    assert (saved.reconstruction.method, saved.reconstruction.select, saved.head_ratio) == ("liar", "criterion", "same")
     capsys.readouterr()

@@ -93,7 +93,7 @@ CASES = {
     "llama-gqa-whole-groups": (
         "llama_dir",
         "AutoModelForCausalLM",
-        {"ratio": 0.5, "round_to": {"kv_groups": "whole"}},
+        {"ratio": 0.5, "head_ratio": "same", "round_to": {"kv_groups": "whole"}},
         True,
     ),
 }
@@ -117,7 +117,13 @@ for _family in ["mistral", *NEW_FAMILIES]:
         CASES[f"{_family}-whole-groups"] = (
             f"{_family}_dir",
             "AutoModelForCausalLM",
-            {"ratio": 0.5, "round_to": {"kv_groups": "whole"}, "reconstruction": {"method": "mask_tuning"}},
+            # half the heads: a count that divides the hidden size, as the stock configs need
+            {
+                "ratio": 0.5,
+                "head_ratio": "same",
+                "round_to": {"kv_groups": "whole"},
+                "reconstruction": {"method": "mask_tuning"},
+            },
             True,
         )
 

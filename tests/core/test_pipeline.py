@@ -57,6 +57,7 @@ def slow_reference(recipe: Recipe, plan=None):
         recipe.ratio,
         recipe.modules,
         recipe.allocation,
+        head_ratio=recipe.head_ratio,
     )
     fam, method, damp = adapter.family, recipe.reconstruction.method, recipe.reconstruction.damp
 

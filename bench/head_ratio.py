@@ -1,0 +1,137 @@
+"""How a uniform layer should split its share between query heads and FFN neurons (``head_ratio``).
+
+The default recipe on SmolLM2-135M (magnitude counts, uniform allocation, OBS selection + ``ls``,
+FFN widths ``auto`` = ×64 on a CPU, free key/value groups) at 20%, 30% and 50% with every number of
+kept query heads per layer (``head_ratio`` = removed heads / 9; the neurons make up the rest of each
+layer's share, so every cell removes the same parameters), and the two named splits: ``same`` (heads
+at the layer's ratio, the paper's uniform split) and ``auto`` (half of it, the default). Calibration
+and evaluation as in ``docs/results/criteria.md``: 128 × 128 calibration tokens from 70% of the
+Wikipedia articles, perplexity on 20 windows of 512 tokens of the other 30%. Each cell runs in its own
+process, one at a time; finished cells are kept (resumable).
+
+    python bench/head_ratio.py [--ratios 0.2 0.3 0.5] [--keep 5 6 7 8 9] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.kv_groups import default_recipe  # noqa: E402
+
+OUT = ROOT / "docs" / "results" / "head_ratio.md"
+N_HEADS = 9  # SmolLM2-135M's query heads per layer
+
+
+def _split(value: str) -> float | str:
+    return value if value in ("same", "auto") else float(value)
+
+
+def one(args) -> dict:
+    """One cell, in a child process: prune with the given split and evaluate."""
+    import torch
+
+    from bench.assets import wikipedia_split
+    from core import perplexity, prune
+
+    torch.set_num_threads(args.threads)
+    _, evaluation = wikipedia_split()
+    recipe = default_recipe(args.ratio, "free") | {"head_ratio": _split(args.split)}
+    result = prune(recipe)
+    row = {
+        "ratio": args.ratio,
+        "head_ratio": _split(args.split),
+        "achieved_ratio": result.achieved_ratio,
+        "prune_seconds": result.seconds,
+        "heads": sorted({len(lp.heads) for lp in result.plan.layers}),
+        "kv_heads": sorted({len(lp.kv_heads) for lp in result.plan.layers}),
+        "ffn": sorted({len(lp.neurons) for lp in result.plan.layers}),
+    }
+    ppl = perplexity(result.model, result.tokenizer, str(evaluation), seq_len=512, batch_size=4, max_windows=20)
+    return row | {"perplexity": ppl["perplexity"], "eval_tokens": ppl["tokens"]}
+
+
+def _span(values: list[int]) -> str:
+    return f"{values[0]}–{values[-1]}" if len(values) > 1 else str(values[0])
+
+
+def _label(split: float | str) -> str:
+    return {"same": "same (the paper's split)", "auto": "**auto (the default)**"}.get(split, f"{split:.3f}")
+
+
+def write(rows: dict[str, dict], args) -> None:
+    import torch
+
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} torch threads"
+    lines = [
+        "# Splitting a layer's share between heads and neurons (`head_ratio`, SmolLM2-135M)",
+        "",
+        f"Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/head_ratio.py`.",
+        "",
+        "The default recipe (magnitude counts, uniform allocation, OBS selection + `ls`, FFN widths ×64, free",
+        "key/value groups); every row of a ratio removes the same parameters, only the split differs:",
+        "`head_ratio` is the fraction of each layer's 9 query heads removed, the FFN neurons make up the rest.",
+        "128 × 128 calibration tokens, perplexity on 20 held-out windows of 512 tokens (dense 20.81).",
+        "",
+        "| target | head_ratio | removed | query / kv heads per layer | FFN width | perplexity |",
+        "|---|---|---|---|---|---|",
+    ]
+    order = lambda r: (r["ratio"], -1 if isinstance(r["head_ratio"], str) else r["head_ratio"])  # noqa: E731
+    for r in sorted(rows.values(), key=order):
+        lines.append(
+            f"| {r['ratio']:.0%} | {_label(r['head_ratio'])} | {r['achieved_ratio']:.2%} | "
+            f"{_span(r['heads'])} / {_span(r['kv_heads'])} | {_span(r['ffn'])} | {r['perplexity']:.2f} |"
+        )
+    notes = OUT.with_name("head_ratio-notes.md")
+    OUT.write_text("\n".join(lines) + "\n" + ("\n" + notes.read_text() if notes.exists() else ""))
+    OUT.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": list(rows.values())}, indent=2))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ratios", nargs="+", type=float, default=[0.2, 0.3, 0.5])
+    p.add_argument("--keep", nargs="+", type=int, default=[5, 6, 7, 8, 9], help="kept query heads per layer")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of each run")
+    p.add_argument("--report-only", action="store_true", help="rewrite the page from the JSON, run nothing")
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ratio", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--split", default="auto", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        print("RESULT " + json.dumps(one(args)), flush=True)
+        return
+    path = OUT.with_suffix(".json")
+    rows = {}
+    if path.exists():
+        rows = {f"{r['ratio']}|{r['head_ratio']}": r for r in json.loads(path.read_text())["rows"]}
+    for ratio in [] if args.report_only else args.ratios:
+        named = {round(ratio * N_HEADS), round(ratio / 2 * N_HEADS)}  # heads removed by same and auto
+        splits = ["same", "auto"] + [round((N_HEADS - k) / N_HEADS, 6) for k in args.keep if N_HEADS - k not in named]
+        for split in splits:
+            key = f"{ratio}|{split}"
+            if key in rows:
+                continue
+            cmd = [sys.executable, __file__, "--one", "--ratio", str(ratio), "--split", str(split)]
+            cmd += ["--threads", str(args.threads)]
+            env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+            if proc.returncode or not line:
+                sys.exit(f"cell {key} failed:\n{proc.stderr[-4000:]}")
+            rows[key] = json.loads(line[-1][7:])
+            print(key, rows[key]["heads"], round(rows[key]["perplexity"], 2), flush=True)
+            write(rows, args)
+    write(rows, args)
+
+
+if __name__ == "__main__":
+    main()
