@@ -245,12 +245,14 @@ def smollm2_recipe(
     damp: float = 1e-3,
 ) -> dict:
     """The recipe the SmolLM2 benchmarks share (float32 on CPU, seed 0, batches of 16). Kept widths are
-    exact (``round_to.neurons: 1``, not the ``auto`` default): these tables compare with the paper."""
+    exact (``round_to.neurons: 1``, not the ``auto`` default) and a uniform layer prunes its heads at its
+    own ratio (``head_ratio: same``, not ``auto``): these tables compare with the paper."""
     return {
         "model": str(smollm2_dir()),
         "ratio": ratio,
         "modules": modules,
         "allocation": allocation,
+        "head_ratio": "same",
         "round_to": {"neurons": 1},
         "criterion": criterion,
         "reconstruction": {"method": method, "damp": damp, "select": "criterion"},  # the paper's selection

@@ -65,7 +65,8 @@ def _span(values: list[int]) -> str:
 
 
 def _label(split: float | str) -> str:
-    return {"same": "same (the paper's split)", "auto": "**auto (the default)**"}.get(split, f"{split:.3f}")
+    named = {"same": "same (the paper's split)", "auto": "**auto (the default)**"}
+    return named[split] if isinstance(split, str) else f"{split:.3f}"
 
 
 def write(rows: dict[str, dict], args) -> None:
@@ -85,7 +86,8 @@ def write(rows: dict[str, dict], args) -> None:
         "| target | head_ratio | removed | query / kv heads per layer | FFN width | perplexity |",
         "|---|---|---|---|---|---|",
     ]
-    order = lambda r: (r["ratio"], -1 if isinstance(r["head_ratio"], str) else r["head_ratio"])  # noqa: E731
+    named = {"same": -2, "auto": -1}
+    order = lambda r: (r["ratio"], named.get(r["head_ratio"], r["head_ratio"]))  # noqa: E731
     for r in sorted(rows.values(), key=order):
         lines.append(
             f"| {r['ratio']:.0%} | {_label(r['head_ratio'])} | {r['achieved_ratio']:.2%} | "

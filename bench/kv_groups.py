@@ -39,6 +39,9 @@ def default_recipe(ratio: float, groups: str, heads: int = 1) -> dict:
         "model": str(smollm2_dir()),
         "ratio": ratio,
         "round_to": {"kv_groups": groups, "heads": heads},
+        # heads at the layer's ratio, as this table was measured (the default became head_ratio: auto
+        # afterwards; bench/head_ratio.py measures that split and overrides this)
+        "head_ratio": "same",
         "dtype": "float32",
         "device": "cpu",
         "calibration": {

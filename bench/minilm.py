@@ -144,6 +144,7 @@ def run(args) -> dict:
                     "ratio": ratio,
                     "modules": setup["modules"],
                     "allocation": setup["allocation"],
+                    "head_ratio": "same",  # the paper's uniform split (the default halves the heads' part)
                     "criterion": {"name": name, "options": setup["options"]},
                     "reconstruction": {
                         "method": method,
