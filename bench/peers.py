@@ -46,8 +46,13 @@ RATIOS = (0.2, 0.5)
 # the tools' releases measured here (PyPI), and what each needs beyond the shared stack
 TOOLS = {
     "torch-pruning": {"packages": ["torch-pruning==1.6.1"], "worker": "torch_pruning_worker.py"},
-    # modelopt imports requests without declaring it
-    "modelopt": {"packages": ["nvidia-modelopt==0.47.0", "requests"], "worker": "modelopt_worker.py"},
+    # modelopt imports requests without declaring it, and FastNAS's FLOP counter needs torchprofile
+    # (whose declared torchvision would pull another torch: installed without its dependencies)
+    "modelopt": {
+        "packages": ["nvidia-modelopt==0.47.0", "requests"],
+        "no_deps": ["torchprofile==0.0.4"],
+        "worker": "modelopt_worker.py",
+    },
     "ours": {"packages": [], "worker": "liar_worker.py"},
 }
 SHARED = ["torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "numpy", "pydantic", "PyYAML"]
@@ -67,7 +72,7 @@ def ensure_venv(tool: str) -> Path:
         return py
     pins = [f"{name}=={version(name)}" for name in SHARED]
     stamp = PEERS / tool / ".installed.json"
-    want = {"pins": pins, "packages": TOOLS[tool]["packages"]}
+    want = {"pins": pins, "packages": TOOLS[tool]["packages"], "no_deps": TOOLS[tool].get("no_deps", [])}
     if stamp.exists() and json.loads(stamp.read_text()) == want and py.exists():
         return py
     PEERS.mkdir(parents=True, exist_ok=True)
@@ -83,6 +88,8 @@ def ensure_venv(tool: str) -> Path:
         print(f"{tool}: its requirements conflict with torch=={version('torch')}; installing with --no-deps")
         subprocess.run([*pip, "-c", str(constraints), *pins], check=True)
         subprocess.run([*pip, "--no-deps", *TOOLS[tool]["packages"]], check=True)
+    if want["no_deps"]:
+        subprocess.run([*pip, "--no-deps", *want["no_deps"]], check=True)
     stamp.write_text(json.dumps(want))
     return py
 

@@ -91,6 +91,9 @@ def test_obs_selection_in_the_pipeline(name, request, corpus):
     streamed and in memory alike."""
     model_dir = request.getfixturevalue(f"{name}_dir")
     base = recipe_for(model_dir, corpus, ratio=0.4, reconstruction={"method": "ls", "damp": 1e-3}, device="cpu")
+    # heads at the layer's ratio, as this test was written: a greedy choice is not guaranteed a lower
+    # summed error in every configuration (with head_ratio auto the tiny OPT's is 10% higher)
+    base["head_ratio"] = "same"
     plain = prune(base)
     obs = prune({**base, "reconstruction": {"method": "ls", "damp": 1e-3, "select": "obs"}})
     for a, b in zip(plain.plan.layers, obs.plan.layers):

@@ -391,7 +391,8 @@ def test_expand_grid_gives_the_recipes_of_the_grid_file(llama_dir, texts):
 def test_pruned_model_with_uneven_widths_generates_with_kv_cache(llama_dir, corpus):
     """Layers of different widths, one of them gathering key/value heads through its index (uneven GQA
     groups): cached greedy decoding must equal recomputing the whole sequence at every step."""
-    result = pipeline.prune(recipe_for(llama_dir, corpus, ratio=0.3))
+    # heads at the layer's ratio: 2 of 8 go, leaving uneven key/value groups (the case under test)
+    result = pipeline.prune(recipe_for(llama_dir, corpus, ratio=0.3, head_ratio="same"))
     model = result.model.eval()
     layers = result.adapter.layers(model)
     assert len({layer.mlp.down_proj.in_features for layer in layers}) > 1
