@@ -19,14 +19,13 @@ import datetime as dt
 import json
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.kv_groups import default_recipe  # noqa: E402
+from bench.kv_groups import default_recipe, run_cell, span, write_page  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "head_ratio.md"
 N_HEADS = 9  # SmolLM2-135M's query heads per layer
@@ -60,10 +59,6 @@ def one(args) -> dict:
     return row | {"perplexity": ppl["perplexity"], "eval_tokens": ppl["tokens"]}
 
 
-def _span(values: list[int]) -> str:
-    return f"{values[0]}–{values[-1]}" if len(values) > 1 else str(values[0])
-
-
 def _label(split: float | str) -> str:
     named = {"same": "same (the paper's split)", "auto": "**auto (the default)**"}
     return named[split] if isinstance(split, str) else f"{split:.3f}"
@@ -91,11 +86,9 @@ def write(rows: dict[str, dict], args) -> None:
     for r in sorted(rows.values(), key=order):
         lines.append(
             f"| {r['ratio']:.0%} | {_label(r['head_ratio'])} | {r['achieved_ratio']:.2%} | "
-            f"{_span(r['heads'])} / {_span(r['kv_heads'])} | {_span(r['ffn'])} | {r['perplexity']:.2f} |"
+            f"{span(r['heads'])} / {span(r['kv_heads'])} | {span(r['ffn'])} | {r['perplexity']:.2f} |"
         )
-    notes = OUT.with_name("head_ratio-notes.md")
-    OUT.write_text("\n".join(lines) + "\n" + ("\n" + notes.read_text() if notes.exists() else ""))
-    OUT.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": list(rows.values())}, indent=2))
+    write_page(OUT, lines, rows, machine)
 
 
 def main() -> None:
@@ -122,14 +115,8 @@ def main() -> None:
             key = f"{ratio}|{split}"
             if key in rows:
                 continue
-            cmd = [sys.executable, __file__, "--one", "--ratio", str(ratio), "--split", str(split)]
-            cmd += ["--threads", str(args.threads)]
-            env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-            if proc.returncode or not line:
-                sys.exit(f"cell {key} failed:\n{proc.stderr[-4000:]}")
-            rows[key] = json.loads(line[-1][7:])
+            flags = ["--ratio", str(ratio), "--split", str(split), "--threads", str(args.threads)]
+            rows[key] = run_cell(__file__, key, flags)
             print(key, rows[key]["heads"], round(rows[key]["perplexity"], 2), flush=True)
             write(rows, args)
     write(rows, args)

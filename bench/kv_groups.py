@@ -91,8 +91,25 @@ def _key(groups: str, ratio: float, heads: int = 1) -> str:
     return "dense" if groups == "dense" else f"{groups}@{ratio}" + (f"/heads×{heads}" if heads > 1 else "")
 
 
-def _span(values: list[int]) -> str:
+def span(values: list[int]) -> str:
     return f"{values[0]}–{values[-1]}" if len(values) > 1 else str(values[0])
+
+
+def write_page(out: Path, lines: list[str], rows: dict[str, dict], machine: str) -> None:
+    """The page (its table, then ``<name>-notes.md`` if there is one) and the JSON of its rows."""
+    notes = out.with_name(f"{out.stem}-notes.md")
+    out.write_text("\n".join(lines) + "\n" + ("\n" + notes.read_text() if notes.exists() else ""))
+    out.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": list(rows.values())}, indent=2))
+
+
+def run_cell(script: str, key: str, flags: list[str]) -> dict:
+    """One cell in its own process (``script --one FLAGS``): its ``RESULT`` row, or exit naming the cell."""
+    cmd = [sys.executable, script, "--one", *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode or not line:
+        sys.exit(f"cell {key} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(line[-1][7:])
 
 
 def write(rows: dict[str, dict], args) -> None:
@@ -120,12 +137,10 @@ def write(rows: dict[str, dict], args) -> None:
         heads = r.get("round_heads", 1)
         label = f"kv_groups: {r['groups']}" + (f", heads: {heads}" if heads > 1 else "")
         lines.append(
-            f"| {label} | {r['ratio']:.0%} | {r['achieved_ratio']:.2%} | {_span(r['heads'])} / {_span(r['kv_heads'])} "
-            f"| {_span(r['ffn'])} | {r['kv_index_layers']} of 30 | {r['perplexity']:.2f} |"
+            f"| {label} | {r['ratio']:.0%} | {r['achieved_ratio']:.2%} | {span(r['heads'])} / {span(r['kv_heads'])} "
+            f"| {span(r['ffn'])} | {r['kv_index_layers']} of 30 | {r['perplexity']:.2f} |"
         )
-    notes = OUT.with_name("kv_groups-notes.md")
-    OUT.write_text("\n".join(lines) + "\n" + ("\n" + notes.read_text() if notes.exists() else ""))
-    OUT.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": list(rows.values())}, indent=2))
+    write_page(OUT, lines, rows, machine)
 
 
 def main() -> None:
@@ -153,16 +168,9 @@ def main() -> None:
         key = _key(groups, ratio, args.round_heads)
         if key in rows or args.report_only:
             continue
-        cmd = [sys.executable, __file__, "--one", "--cell", groups, "--ratio", str(ratio)]
-        cmd += ["--round-heads", str(args.round_heads)]
-        cmd += ["--threads", str(args.threads), "--eval-windows", str(args.eval_windows)]
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-        )
-        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-        if proc.returncode or not line:
-            sys.exit(f"cell {key} failed:\n{proc.stderr[-4000:]}")
-        rows[key] = json.loads(line[-1][7:])
+        flags = ["--cell", groups, "--ratio", str(ratio), "--round-heads", str(args.round_heads)]
+        flags += ["--threads", str(args.threads), "--eval-windows", str(args.eval_windows)]
+        rows[key] = run_cell(__file__, key, flags)
         print(key, rows[key]["perplexity"], flush=True)
         write(rows, args)
     write(rows, args)

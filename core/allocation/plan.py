@@ -159,9 +159,6 @@ def _orders(s: Scores) -> tuple[list[int], torch.Tensor]:
     return torch.argsort(s.heads, stable=True).tolist(), torch.argsort(s.neurons, stable=True)
 
 
-HEAD_RATIOS = ("same", "auto")
-
-
 def head_fraction(layer_ratio: float, head_ratio: float | str) -> float:
     """The fraction of a uniform layer's query heads (or whole key/value groups) removed: the layer's
     ratio (``same``), half of it (``auto``) or the given fraction."""
@@ -187,9 +184,8 @@ def _uniform_layer(
     if not pn:
         return min((with_heads(k) for k in range(adapter.n_heads)), key=lambda lp: abs(lp.removed - share))
     k = min(round(heads * adapter.n_heads), adapter.n_heads - 1) if ph else 0
-    if pn:
-        while k > 0 and with_heads(k).removed > share:
-            k -= 1
+    while k > 0 and with_heads(k).removed > share:  # the neurons must still be able to make up the rest
+        k -= 1
     base = with_heads(k)
     n = round((share - base.removed) / c["neuron"])
     n = max(0, min(n, adapter.n_neurons - 1))
