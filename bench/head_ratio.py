@@ -32,7 +32,7 @@ N_HEADS = 9  # SmolLM2-135M's query heads per layer
 
 
 def _split(value: str) -> float | str:
-    return value if value in ("same", "auto") else float(value)
+    return value if value in ("same", "auto", "obs") else float(value)
 
 
 def one(args) -> dict:
@@ -60,7 +60,7 @@ def one(args) -> dict:
 
 
 def _label(split: float | str) -> str:
-    named = {"same": "same (the paper's split)", "auto": "**auto (the default)**"}
+    named = {"same": "same (the paper's split)", "auto": "**auto (the default)**", "obs": "obs (each layer's own)"}
     return named[split] if isinstance(split, str) else f"{split:.3f}"
 
 
@@ -81,7 +81,7 @@ def write(rows: dict[str, dict], args) -> None:
         "| target | head_ratio | removed | query / kv heads per layer | FFN width | perplexity |",
         "|---|---|---|---|---|---|",
     ]
-    named = {"same": -2, "auto": -1}
+    named = {"same": -3, "auto": -2, "obs": -1}
     order = lambda r: (r["ratio"], named.get(r["head_ratio"], r["head_ratio"]))  # noqa: E731
     for r in sorted(rows.values(), key=order):
         lines.append(
@@ -110,7 +110,9 @@ def main() -> None:
         rows = {f"{r['ratio']}|{r['head_ratio']}": r for r in json.loads(path.read_text())["rows"]}
     for ratio in [] if args.report_only else args.ratios:
         named = {round(ratio * N_HEADS), round(ratio / 2 * N_HEADS)}  # heads removed by same and auto
-        splits = ["same", "auto"] + [round((N_HEADS - k) / N_HEADS, 6) for k in args.keep if N_HEADS - k not in named]
+        splits = ["same", "auto", "obs"] + [
+            round((N_HEADS - k) / N_HEADS, 6) for k in args.keep if N_HEADS - k not in named
+        ]
         for split in splits:
             key = f"{ratio}|{split}"
             if key in rows:

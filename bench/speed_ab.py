@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import statistics
 import sys
 import time
@@ -104,6 +105,7 @@ def rounds(models: list, prompts: dict[str, Any], args, compiled: list | None) -
             row.append(m)
         if r:
             out.append(row)
+        args.loads.append(os.getloadavg()[0])
         print(f"round {r}: " + " | ".join(f"{m['b8x128']:.2f}s" for m in row), flush=True)
     return out
 
@@ -133,8 +135,8 @@ def write(rows: list[dict[str, Any]], args, mach: dict[str, Any], compile_errors
         f"Measured {dt.date.today().isoformat()} on {_machine_line(mach)}. Produced by "
         f"`python bench/speed_ab.py {' '.join(sys.argv[1:])}`.",
         "",
-        "**A shared 2-core VM**: other jobs ran beside this measurement, so absolute numbers are far below a",
-        "quiet machine's (`latency.md`: dense prefill b8×128 at 511 tok/s). Every model is measured",
+        f"1-minute load average after each round: {min(args.loads):.1f}–{max(args.loads):.1f} (this benchmark's own",
+        f"{args.threads} threads count {args.threads}; more means other work ran beside it). Every model is measured",
         f"round-robin in one process ({args.rounds} rounds after a warm-up round, each prefill the best of",
         f"{args.inner} runs, each decoding the median of {args.steps} steps): the table gives each model's best",
         "over the rounds (other work only adds time) and, in brackets, the speed-up of best times; after",
@@ -209,6 +211,7 @@ def main() -> None:
                 errors.append(f"{_label(row)}: {error}")
             else:
                 row["compile_seconds"] = seconds
+    args.loads = []  # the machine's load after each round, for the page
     summarise(rounds(models, prompts, args, compiled), rows)
     print(f"wrote {write(rows, args, machine(args.threads), errors)}")
 

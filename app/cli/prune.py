@@ -317,12 +317,12 @@ def _round_neurons(value: str) -> int | str:
 
 
 def _head_ratio(value: str) -> float | str:
-    if value in ("auto", "same"):
+    if value in ("auto", "same", "obs"):
         return value
     try:
         return float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be auto, same or a number in [0, 1), got {value!r}") from None
+        raise argparse.ArgumentTypeError(f"must be auto, same, obs or a number in [0, 1), got {value!r}") from None
 
 
 def register(sub) -> None:
@@ -357,8 +357,8 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         "--head-ratio",
         type=_head_ratio,
         help="uniform allocation: fraction of each layer's query heads removed, the neurons making up the rest "
-        "— auto (default: half the ratio, measured best), same (the layer's ratio, the paper's split), or a "
-        "number in [0, 1)",
+        "— auto (default: half the ratio, measured best), same (the layer's ratio, the paper's split), obs (each "
+        "layer's split with the least output error on the OBS error curves), or a number in [0, 1)",
     )
     p.add_argument(
         "--round-neurons",

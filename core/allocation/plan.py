@@ -87,7 +87,7 @@ def _layer_plan(
     return LayerPlan(heads, kv, neurons, removed)
 
 
-def _prunable(s: Scores, modules: str) -> tuple[bool, bool]:
+def prunable(s: Scores, modules: str) -> tuple[bool, bool]:
     return modules in ("heads", "both") and s.prunable_heads, modules in ("neurons", "both") and s.prunable_neurons
 
 
@@ -97,7 +97,7 @@ def max_ratio(
     """The largest ratio reachable while every layer keeps one head and one neuron."""
     most = 0
     for i, c in enumerate(costs):
-        ph, pn = _prunable(scores[i], modules) if scores else (modules != "neurons", modules != "heads")
+        ph, pn = prunable(scores[i], modules) if scores else (modules != "neurons", modules != "heads")
         if ph:
             most += (adapter.n_heads - 1) * c["head"] + (adapter.n_kv_heads - 1) * c["kv"] * adapter.family.gqa
         if pn:
@@ -129,13 +129,13 @@ def allocate(
             f"transformer blocks' parameters can go while every layer keeps one head and one neuron"
             + (
                 " (and the criterion leaves some layers unpruned)"
-                if any(not all(_prunable(s, modules)) for s in scores) and modules == "both"
+                if any(not all(prunable(s, modules)) for s in scores) and modules == "both"
                 else ""
             )
         )
     target = round(ratio * block_params)
     if allocation == "uniform":
-        active = [p for s, p in zip(scores, layer_params) if any(_prunable(s, modules))]
+        active = [p for s, p in zip(scores, layer_params) if any(prunable(s, modules))]
         scale = block_params / sum(active)  # unpruned layers' share moves to the pruned ones
         heads = head_fraction(min(ratio * scale, 1.0), head_ratio)
         layers = [
@@ -161,13 +161,14 @@ def _orders(s: Scores) -> tuple[list[int], torch.Tensor]:
 
 def head_fraction(layer_ratio: float, head_ratio: float | str) -> float:
     """The fraction of a uniform layer's query heads (or whole key/value groups) removed: the layer's
-    ratio (``same``), half of it (``auto``) or the given fraction."""
+    ratio (``same``), half of it (``auto``; also the starting plan of ``obs``, whose layers choose
+    their own split when they are pruned: :mod:`core.allocation.split`) or the given fraction."""
     if head_ratio == "same":
         return layer_ratio
-    if head_ratio == "auto":
+    if head_ratio in ("auto", "obs"):
         return layer_ratio / 2
     if isinstance(head_ratio, str) or not 0 <= head_ratio < 1:
-        raise ValueError(f"head_ratio must be 'same', 'auto' or a fraction in [0, 1), got {head_ratio!r}")
+        raise ValueError(f"head_ratio must be 'same', 'auto', 'obs' or a fraction in [0, 1), got {head_ratio!r}")
     return float(head_ratio)
 
 
@@ -177,7 +178,7 @@ def _uniform_layer(
     """One layer of a uniform plan removing about ``share`` parameters; ``heads``: the fraction of its
     heads removed when neurons go too (never more than the share pays for)."""
     head_order, neuron_order = _orders(s)
-    ph, pn = _prunable(s, modules)
+    ph, pn = prunable(s, modules)
     with_heads = lambda k: _layer_plan(adapter, c, set(head_order[:k]), 0, neuron_order)  # noqa: E731
     if not ph and not pn:
         return with_heads(0)
@@ -186,6 +187,9 @@ def _uniform_layer(
     k = min(round(heads * adapter.n_heads), adapter.n_heads - 1) if ph else 0
     while k > 0 and with_heads(k).removed > share:  # the neurons must still be able to make up the rest
         k -= 1
+    full = (adapter.n_neurons - 1) * c["neuron"]  # ... and when they cannot, more heads go
+    while ph and k < adapter.n_heads - 1 and with_heads(k).removed + full < share:
+        k += 1
     base = with_heads(k)
     n = round((share - base.removed) / c["neuron"])
     n = max(0, min(n, adapter.n_neurons - 1))
@@ -208,7 +212,7 @@ def _global(scores, adapter: Adapter, costs, target: int, modules: str) -> list[
     per_param = not all(s.comparable for s in scores)
     cand = []  # (rank key, layer, kind, index)
     for li, (s, c) in enumerate(zip(scores, costs)):
-        ph, pn = _prunable(s, modules)
+        ph, pn = prunable(s, modules)
         if ph:
             div = c["head"] if per_param else 1.0
             cand += [(float(v) / div, li, 0, h) for h, v in enumerate(s.heads.tolist())]
@@ -264,7 +268,7 @@ def _kwon_search(scores: list[Scores], adapter: Adapter, costs, target: int, mod
     base = 0
     heads, neurons = [], []  # (importance, layer, index) of the units the search may drop
     for li, (s, c) in enumerate(zip(scores, costs)):
-        ph, pn = _prunable(s, modules)
+        ph, pn = prunable(s, modules)
         h_order = torch.argsort(s.heads, descending=True, stable=True).tolist()
         n_order = torch.argsort(s.neurons, descending=True, stable=True).tolist()
         forced_h = h_order if not ph else h_order[:1]
@@ -358,7 +362,7 @@ def auto_multiple(n_neurons: int, device_type: str) -> int:
     return m if m >= 8 else 1
 
 
-def _multiples(kept: int, total: int, m: int) -> list[int]:
+def multiples_near(kept: int, total: int, m: int) -> list[int]:
     """Kept counts that are multiples of ``m`` (or the full width) next to ``kept``; at least ``m``."""
     if m == 1:
         return [kept]
@@ -379,9 +383,9 @@ def _round(layers, scores, adapter: Adapter, costs, target: int, modules: str, r
     options = []  # per layer: candidate LayerPlans
     for lp, s, c in zip(layers, scores, costs):
         head_order, neuron_order = _orders(s)
-        ph, pn = _prunable(s, modules)
-        h_counts = _multiples(len(lp.heads), adapter.n_heads, m_heads) if ph else [len(lp.heads)]
-        own_counts = _multiples(len(lp.neurons), adapter.n_neurons, m_neurons) if pn else [len(lp.neurons)]
+        ph, pn = prunable(s, modules)
+        h_counts = multiples_near(len(lp.heads), adapter.n_heads, m_heads) if ph else [len(lp.heads)]
+        own_counts = multiples_near(len(lp.neurons), adapter.n_neurons, m_neurons) if pn else [len(lp.neurons)]
         cands = []
         for hk in h_counts:
             # keep the layer's own choice of heads when the count is unchanged, else re-rank by score
@@ -392,7 +396,7 @@ def _round(layers, scores, adapter: Adapter, costs, target: int, modules: str, r
             )
             n_counts = own_counts
             if pn and hk != len(lp.heads):  # the neurons make up what the other head count moves
-                n_counts = _multiples(_rebalanced(adapter, c, drop, lp.removed), adapter.n_neurons, m_neurons)
+                n_counts = multiples_near(_rebalanced(adapter, c, drop, lp.removed), adapter.n_neurons, m_neurons)
             for nk in n_counts:
                 if nk == len(lp.neurons):
                     kept = set(lp.neurons.tolist())

@@ -17,7 +17,8 @@ from tqdm.auto import tqdm
 from core import criteria
 from core.allocation import Plan, allocate
 from core.allocation.groups import allocate_groups
-from core.allocation.plan import LayerPlan, auto_multiple
+from core.allocation.plan import LayerPlan, auto_multiple, prunable
+from core.allocation.split import SplitState
 from core.criteria import Scores
 from core.data.calibration import CalibrationBatch
 from core.models.adapter import Adapter, unit_costs
@@ -32,7 +33,7 @@ from core.stats.reconstruct import (
     relative_output_error_from_inputs,
     relative_output_error_tensors,
 )
-from core.stats.select import obs_select
+from core.stats.select import Curve, obs_curve, obs_select
 from core.stats.target import TargetStats, refit_to_dense, relative_errors_to_dense
 
 Progress = Callable[[str, int, int], None]
@@ -106,6 +107,12 @@ class _LayerFitter:
         self._pending = []
         return self.reports
 
+    def stats_of(self, layer: nn.Module, path: str) -> InputStats:
+        """The calibration statistics of ``layer.<path>``'s inputs (held-aside batches left out)."""
+        stats = InputStats(layer.get_submodule(path).in_features, self.stats_dtype, self.device)
+        self.runner.collect(layer, path, [stats] * self.n_fit + [_NO_STATS] * (len(self.runner.hidden) - self.n_fit))
+        return stats
+
     def fit(self, layer: nn.Module, li: int, unit: _Unit, added: list[str]) -> None:
         t0 = time.perf_counter()
         lin = layer.get_submodule(unit.path)
@@ -123,6 +130,8 @@ class _LayerFitter:
         w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
         if unit.select is not None:
             unit.keep = unit.select(w, fit_stats if dense_inputs is None else fit_stats.pruned)
+            if bool(unit.keep.all()):  # the selection kept every unit (head_ratio obs): nothing to refit
+                return
         keep = unit.keep.to(w.device)
         if dense_inputs is None:
             new_w, new_b, errors = self._refit(unit, w, b, keep, fit_stats)
@@ -222,6 +231,22 @@ def _select_heads(
     return _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
 
 
+def _select_split(
+    lp: LayerPlan, li: int, adapter: Adapter, damp: float, split: SplitState, ffn: Curve, w: torch.Tensor, stats
+) -> torch.Tensor:
+    """``head_ratio: obs``: the layer's split from the error curves of o_proj (``w``, ``stats``) and
+    its FFN (``ffn``); writes it into ``lp`` and returns the kept heads' channel mask."""
+    n_rep = adapter.n_rep if adapter.family.gqa else 1
+    limit = split.head_limit(li, adapter, lp)
+    if split.whole or n_rep == 1:  # units of n_rep heads (one head without GQA)
+        heads = obs_curve(w, stats, limit, n_rep * adapter.head_dim, damp)
+    else:
+        groups = [h // n_rep for h in range(adapter.n_heads)] if n_rep > 1 else None
+        heads = obs_curve(w, stats, limit, adapter.head_dim, damp, groups_of=groups)
+    split.apply(li, adapter, lp, heads, ffn)
+    return _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
+
+
 def _select_neurons(lp: LayerPlan, damp: float, w: torch.Tensor, stats: InputStats) -> torch.Tensor:
     """Reconstruction-aware choice of the kept FFN neurons, as many as planned."""
     lp.neurons = torch.tensor(obs_select(w, stats, len(lp.neurons), 1, damp), dtype=torch.long)
@@ -246,14 +271,24 @@ def _prune_block(
     runner: BlockRunner,
     dense: dict[str, list[torch.Tensor]],
     whole_groups: bool = False,
+    split: SplitState | None = None,
 ) -> list[str]:
     """Prune and reconstruct one block's attention, then its FFN; returns the projections given a bias.
     ``dense``: the pruned projections' inputs in the dense model (error feedback), else empty;
-    ``whole_groups``: the selection keeps whole key/value groups."""
+    ``whole_groups``: the selection keeps whole key/value groups; ``split``: ``head_ratio: obs``'s
+    state, when the layer chooses its own split of heads and neurons."""
     fam = adapter.family
     added: list[str] = []
     obs = recipe.reconstruction.resolved_select() == "obs"
-    if len(lp.heads) < adapter.n_heads:
+    damp = recipe.reconstruction.damp
+    select_heads = partial(_select_heads, lp, adapter, damp, whole_groups) if obs else None
+    if split is not None and split.active(li, lp):
+        ffn = fitter.stats_of(layer, fam.ffn_out)
+        w_ffn = layer.get_submodule(fam.ffn_out).weight
+        curve = obs_curve(w_ffn, ffn, split.neuron_limit(li, adapter, lp), 1, damp, step=split.step(li, adapter, lp))
+        del ffn
+        select_heads = partial(_select_split, lp, li, adapter, damp, split, curve)
+    if len(lp.heads) < adapter.n_heads or (split is not None and split.active(li, lp)):
         keep = _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
         unit = _Unit(
             "attention",
@@ -263,7 +298,7 @@ def _prune_block(
             partial(_shrink_heads, layer, fam, config, lp),
             len(lp.heads),
             adapter.n_heads,
-            partial(_select_heads, lp, adapter, recipe.reconstruction.damp, whole_groups) if obs else None,
+            select_heads,
             dense.get(fam.o),
         )
         fitter.fit(layer, li, unit, added)
@@ -279,7 +314,7 @@ def _prune_block(
             partial(_shrink_neurons, layer, fam, lp),
             len(lp.neurons),
             adapter.n_neurons,
-            partial(_select_neurons, lp, recipe.reconstruction.damp) if obs else None,
+            partial(_select_neurons, lp, damp) if obs else None,
             dense.get(fam.ffn_out),
         )
         fitter.fit(layer, li, unit, added)
@@ -300,9 +335,12 @@ def reconstruct_blocks(
     io: BlockIO | None = None,
     speed: BlockSpeed | None = None,
     kv_groups: str = "free",
+    split: SplitState | None = None,
 ) -> tuple[list[LayerReport], list[dict[str, Any]]]:
     """The block loop: prune and reconstruct each block on the pruned model's own inputs; ``speed``
-    times each block before and after pruning; ``kv_groups``: the resolved ``round_to.kv_groups``."""
+    times each block before and after pruning; ``kv_groups``: the resolved ``round_to.kv_groups``;
+    ``split``: ``head_ratio: obs``'s state (:func:`obs_split`), the plan's layers then change as
+    they are pruned."""
     io = io or BlockIO()
     fit, held = calibration
     bs = recipe.calibration.batch_size
@@ -316,7 +354,9 @@ def reconstruct_blocks(
     layout: list[dict[str, Any]] = []
     bar = tqdm(total=len(layers), desc=f"prune+{recipe.reconstruction.method}", unit="layer", disable=not show_progress)
     pruned = [
-        i for i, lp in enumerate(plan.layers) if len(lp.heads) < adapter.n_heads or len(lp.neurons) < adapter.n_neurons
+        i
+        for i, lp in enumerate(plan.layers)
+        if len(lp.heads) < adapter.n_heads or len(lp.neurons) < adapter.n_neurons or (split and split.active(i, lp))
     ]
     last_pruned = max(pruned, default=-1)
     whole = kv_groups == "whole"
@@ -326,8 +366,10 @@ def reconstruct_blocks(
         if speed is not None:
             speed.time(layer, runner, "dense")
         lp = plan.layers[li]
-        dense = runner.dense_pass(layer, _pruned_paths(lp, adapter)) if runner.dense and li <= last_pruned else {}
-        added = _prune_block(layer, li, lp, adapter, model.config, recipe, fitter, runner, dense, whole)
+        own_split = split is not None and split.active(li, lp)
+        paths = [adapter.family.o, adapter.family.ffn_out] if own_split else _pruned_paths(lp, adapter)
+        dense = runner.dense_pass(layer, paths) if runner.dense and li <= last_pruned else {}
+        added = _prune_block(layer, li, lp, adapter, model.config, recipe, fitter, runner, dense, whole, split)
         if li < last_pruned:  # the next block still has something to prune: feed it
             runner.advance(layer)
         runner.restore(layer)
@@ -340,6 +382,8 @@ def reconstruct_blocks(
             errs = [r for r in fitter.finish() if r.layer == li]
             bar.set_postfix_str(" ".join(f"{r.module[:4]} err {r.error_before:.3f}→{r.error_after:.3f}" for r in errs))
     bar.close()
+    if split is not None:  # the layers chose their own splits
+        plan.removed = sum(lp.removed for lp in plan.layers)
     runner.hidden, runner.extra = [], []  # free the stored activations
     report("reconstruct", len(layers), len(layers))
     return fitter.finish(), layout
@@ -416,4 +460,19 @@ def make_plan(
         round_to=rounding,
         global_search=criteria.get(recipe.criterion.name).global_search,
         head_ratio=recipe.head_ratio,
+    )
+
+
+def obs_split(
+    model: nn.Module, adapter: Adapter, recipe: Recipe, scores: list[Scores], rounding: tuple[int, int], groups: str
+) -> SplitState | None:
+    """``head_ratio: obs``'s state for the block loop, or None when the recipe has no per-layer split
+    to choose (another head_ratio, global allocation, or only heads or only neurons pruned)."""
+    if recipe.head_ratio != "obs" or recipe.allocation != "uniform" or recipe.modules != "both":
+        return None
+    return SplitState(
+        costs=[unit_costs(layer, adapter) for layer in adapter.layers(model)],
+        multiple=rounding[1],
+        whole=groups == "whole",
+        prunable=[all(prunable(s, recipe.modules)) for s in scores],
     )

@@ -34,6 +34,7 @@ from core.pipeline.blocks import (
     BlockSpeed,
     Progress,
     make_plan,
+    obs_split,
     peak_memory_mb,
     reconstruct_blocks,
     resolved_kv_groups,
@@ -171,6 +172,7 @@ def _run(
         raise ValueError(f"scores cover {len(scores)} layers but the model has {n_layers}")
     rounding, groups = round_to(recipe, adapter, device), resolved_kv_groups(recipe, device)
     plan = make_plan(model, adapter, recipe, scores, rounding, groups)
+    split = obs_split(model, adapter, recipe, scores, rounding, groups)
     report("scoring", n_layers, n_layers)
 
     params_before = sum(p.numel() for p in model.parameters())
@@ -178,7 +180,7 @@ def _run(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     reports, layout = reconstruct_blocks(
-        model, adapter, recipe, plan, (fit, held), device, report, show_progress, source.io, speed, groups
+        model, adapter, recipe, plan, (fit, held), device, report, show_progress, source.io, speed, groups, split
     )
     model.config.liar_layout = layout
     model.config.liar_family = adapter.name

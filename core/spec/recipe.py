@@ -9,7 +9,7 @@ Example::
     modules: both            # heads | neurons | both
     ratio: 0.2               # fraction of the transformer blocks' parameters removed
     allocation: uniform      # uniform | global
-    head_ratio: auto         # uniform: heads removed per layer — auto (half the ratio) | same | 0.25
+    head_ratio: auto         # uniform: heads removed per layer — auto (half the ratio) | same | obs | 0.25
     criterion: {name: magnitude}
     reconstruction: {method: ls, damp: 0.001, select: auto}   # paper: {method: liar, select: criterion}
     calibration:
@@ -190,13 +190,14 @@ class Recipe(_Strict):
     modules: Literal["heads", "neurons", "both"] = "both"
     ratio: float = Field(..., description="fraction of the transformer blocks' parameters removed, in (0, 1)")
     allocation: Literal["uniform", "global"] = "uniform"
-    head_ratio: float | Literal["auto", "same"] = Field(
+    head_ratio: float | Literal["auto", "same", "obs"] = Field(
         "auto",
         description="uniform allocation pruning heads and neurons: the fraction of each layer's query heads "
         "(whole key/value groups under round_to.kv_groups: whole) removed, the neurons making up the rest of "
         "the layer's share — same: the layer's ratio (the paper's split); auto: half of it (measured best: "
-        "heads are coarse units the refit recovers worse than neurons, docs/results/head_ratio.md); or a "
-        "fraction in [0, 1)",
+        "heads are coarse units the refit recovers worse than neurons, docs/results/head_ratio.md); obs: "
+        "each layer's own split, the one with the least output error on the OBS selection's error curves of "
+        "o_proj and the FFN's down projection (needs select obs); or a fraction in [0, 1)",
     )
     round_to: RoundTo = Field(
         default_factory=RoundTo, description="round kept widths to hardware-friendly multiples (1 = no rounding)"
@@ -235,8 +236,18 @@ class Recipe(_Strict):
     @classmethod
     def _head_ratio(cls, v: float | str) -> float | str:
         if not isinstance(v, str) and (isinstance(v, bool) or not 0.0 <= v < 1.0):
-            raise ValueError(f"head_ratio must be 'auto', 'same' or a fraction in [0, 1), got {v!r}")
+            raise ValueError(f"head_ratio must be 'auto', 'same', 'obs' or a fraction in [0, 1), got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _obs_split_needs_obs(self) -> Recipe:
+        if self.head_ratio == "obs" and self.reconstruction.resolved_select() != "obs":
+            raise ValueError(
+                "head_ratio 'obs' chooses each layer's split from the OBS selection's error curves: it needs "
+                f"reconstruction select 'obs' (or 'auto' with method ls or liar), not {self.reconstruction.select!r} "
+                f"with method {self.reconstruction.method!r}"
+            )
+        return self
 
     @field_validator("model")
     @classmethod

@@ -17,7 +17,10 @@ count per layer stays the allocation's; only which units go changes.
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -52,17 +55,67 @@ def _unit_errors(w: torch.Tensor, hinv: torch.Tensor, units: torch.Tensor, group
     return (w_u.transpose(1, 2) * solved).sum((1, 2))
 
 
-def _remove(w: torch.Tensor, hinv: torch.Tensor, channels: torch.Tensor) -> None:
-    """Remove ``channels``: compensate ``w`` and update ``hinv`` in place."""
+def _remove(w: torch.Tensor, hinv: torch.Tensor, channels: torch.Tensor) -> torch.Tensor:
+    """Remove ``channels``: compensate ``w`` and update ``hinv`` in place; returns the rise of the
+    summed squared output error, ``tr(W_S (H⁻¹_SS)⁻¹ W_Sᵀ)`` (a 0-d tensor, not read back)."""
     h_ss = hinv[channels][:, channels]
     rows = hinv[channels]  # (|S|, C_in)
-    coef = torch.linalg.solve(h_ss, rows)  # (H⁻¹_SS)⁻¹ H⁻¹_S,:
-    w -= w[:, channels] @ coef
+    w_s = w[:, channels]
+    coef = torch.linalg.solve(h_ss, torch.cat([rows, w_s.T], 1))  # (H⁻¹_SS)⁻¹ [H⁻¹_S,: | W_Sᵀ]
+    coef, solved = coef[:, : rows.shape[1]], coef[:, rows.shape[1] :]
+    error = (w_s.T * solved).sum()
+    w -= w_s @ coef
     hinv -= rows.T @ coef
     w[:, channels] = 0.0
     hinv[channels, :] = 0.0
     hinv[:, channels] = 0.0
     hinv[channels, channels] = 1.0  # removed channels stay out of later solves
+    return error
+
+
+def _greedy(
+    weight: torch.Tensor,
+    stats: InputStats,
+    n_remove: int,
+    group: int,
+    damp: float,
+    candidates: list[int] | None,
+    groups_of: list[int] | None,
+    per_round: int,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Greedy removal of ``n_remove`` candidate units, ``per_round`` at a time (one when constrained by
+    ``groups_of``). Non-candidates are removed first, silently. Yields ``(dropped, error)``
+    after each round: the units just dropped and the rise of the output error (0-d, on the device)."""
+    n_units = weight.shape[1] // group
+    cand = list(range(n_units)) if candidates is None else sorted(candidates)
+    if not 0 <= n_remove < len(cand):
+        raise ValueError(f"cannot remove {n_remove} of {len(cand)} candidate units and keep one")
+    w = weight.detach().to(SELECT_PRECISION).clone()
+    hinv = damped_inverse_covariance(stats, damp).to(w.device)
+    dev = w.device
+    alive = torch.zeros(n_units, dtype=torch.bool, device=dev)
+    alive[cand] = True
+    gone = (~alive).nonzero().squeeze(1)
+    if len(gone):
+        _remove(w, hinv, (gone[:, None] * group + torch.arange(group, device=dev)).reshape(-1))
+    groups = None if groups_of is None else torch.tensor(groups_of, device=dev)
+    if groups is not None:
+        per_round = 1
+    while n_remove > 0:
+        units = alive.nonzero().squeeze(1)
+        errors = _unit_errors(w, hinv, units, group)
+        if groups is not None:  # the last kept unit of a group may not go
+            g = groups[units]
+            left = torch.zeros(int(groups.max()) + 1, dtype=torch.long, device=dev).index_add_(0, g, torch.ones_like(g))
+            errors = torch.where(left[g] <= 1, torch.full_like(errors, math.inf), errors)
+            if not torch.isfinite(errors).any():
+                raise ValueError(f"cannot remove {n_remove} more units: every group is down to one")
+        k = min(per_round, n_remove)
+        drop = units[torch.topk(errors, k, largest=False).indices]
+        error = _remove(w, hinv, (drop[:, None] * group + torch.arange(group, device=dev)).reshape(-1))
+        alive[drop] = False
+        n_remove -= k
+        yield drop, error
 
 
 def obs_select(
@@ -82,32 +135,63 @@ def obs_select(
     ``groups_of[u]``: a constraint group per unit (key/value group of a query head), each of which
     keeps at least one of its candidate units."""
     n_units = weight.shape[1] // group
-    cand = list(range(n_units)) if candidates is None else sorted(candidates)
-    if not 0 < n_keep <= len(cand):
-        raise ValueError(f"cannot keep {n_keep} of {len(cand)} candidate units")
-    w = weight.detach().to(SELECT_PRECISION).clone()
-    hinv = damped_inverse_covariance(stats, damp).to(w.device)
-    dev = w.device
-    alive = torch.zeros(n_units, dtype=torch.bool, device=dev)
-    alive[cand] = True
-    gone = (~alive).nonzero().squeeze(1)
-    if len(gone):
-        _remove(w, hinv, (gone[:, None] * group + torch.arange(group, device=dev)).reshape(-1))
-    groups = None if groups_of is None else torch.tensor(groups_of, device=dev)
-    to_remove = len(cand) - n_keep
+    n_cand = n_units if candidates is None else len(candidates)
+    if not 0 < n_keep <= n_cand:
+        raise ValueError(f"cannot keep {n_keep} of {n_cand} candidate units")
+    to_remove = n_cand - n_keep
     per_round = max(1, math.ceil(to_remove / rounds)) if group == 1 else 1
-    while to_remove > 0:
-        units = alive.nonzero().squeeze(1)
-        errors = _unit_errors(w, hinv, units, group)
-        if groups is not None:  # the last kept unit of a group may not go
-            g = groups[units]
-            left = torch.zeros(int(groups.max()) + 1, dtype=torch.long, device=dev).index_add_(0, g, torch.ones_like(g))
-            errors = torch.where(left[g] <= 1, torch.full_like(errors, math.inf), errors)
-        k = min(per_round, to_remove)
-        drop = units[torch.topk(errors, k, largest=False).indices]
-        if groups is not None and k > 1:
-            raise AssertionError("constrained selection removes one unit per round")
-        _remove(w, hinv, (drop[:, None] * group + torch.arange(group, device=dev)).reshape(-1))
-        alive[drop] = False
-        to_remove -= k
-    return alive.nonzero().squeeze(1).tolist()
+    gone: set[int] = set()
+    for drop, _ in _greedy(weight, stats, to_remove, group, damp, candidates, groups_of, per_round):
+        gone.update(drop.tolist())
+    return [u for u in (range(n_units) if candidates is None else sorted(candidates)) if u not in gone]
+
+
+@dataclass
+class Curve:
+    """A greedy removal path: ``order`` (units in the order they go), ``removed[j]`` units gone after
+    round j and ``error[j]`` the summed squared output error then (``removed[0] = 0``, ``error[0] = 0``)."""
+
+    order: list[int]
+    removed: list[int]
+    error: list[float]
+
+    def at(self, n: int) -> float:
+        """The error with ``n`` units removed, linear between the rounds' points."""
+        if not 0 <= n <= self.removed[-1]:
+            raise ValueError(f"the curve covers 0 to {self.removed[-1]} removed units, not {n}")
+        j = bisect.bisect_left(self.removed, n)
+        if self.removed[j] == n:
+            return self.error[j]
+        lo, hi = self.removed[j - 1], self.removed[j]
+        t = (n - lo) / (hi - lo)
+        return self.error[j - 1] + t * (self.error[j] - self.error[j - 1])
+
+    def kept(self, n_units: int, n_removed: int, candidates: list[int] | None = None) -> list[int]:
+        """The kept units (sorted) once the first ``n_removed`` units of the path are gone."""
+        if not 0 <= n_removed <= len(self.order):
+            raise ValueError(f"the path removes at most {len(self.order)} units, not {n_removed}")
+        pool = range(n_units) if candidates is None else candidates
+        gone = set(self.order[:n_removed])
+        return [u for u in pool if u not in gone]
+
+
+def obs_curve(
+    weight: torch.Tensor,
+    stats: InputStats,
+    n_remove: int,
+    group: int = 1,
+    damp: float = 1e-3,
+    candidates: list[int] | None = None,
+    groups_of: list[int] | None = None,
+    step: int = 1,
+) -> Curve:
+    """The greedy OBS path of :func:`obs_select` removing up to ``n_remove`` units, ``step`` per round,
+    with the output error after every round (exact for the sets removed: each round's rise is the
+    joint error of its units given the compensation of the rounds before; one read of the device)."""
+    order, rises, removed = [], [], [0]
+    for drop, error in _greedy(weight, stats, n_remove, group, damp, candidates, groups_of, step):
+        order += drop.tolist()
+        rises.append(error)
+        removed.append(len(order))
+    errors = [0.0] + (torch.stack(rises).cumsum(0).tolist() if rises else [])
+    return Curve(order, removed, errors)

@@ -77,7 +77,8 @@ def test_prune_from_recipe_file_with_override(llama_dir, calib_file, tmp_path, c
         (["--ratio", "0.3", "--seq-len", "4096"], "exceeds the model's limit"),
         (["--ratio", "0.3", "--model", "./missing-model"], "does not exist"),
         (["--ratio", "0.3", "--round-neurons", "0"], "round_to.neurons"),
-        (["--ratio", "0.3", "--head-ratio", "1.2"], "head_ratio must be 'auto', 'same' or a fraction in [0, 1)"),
+        (["--ratio", "0.3", "--head-ratio", "1.2"], "head_ratio must be 'auto', 'same', 'obs' or a fraction in [0, 1)"),
+        (["--ratio", "0.3", "--head-ratio", "obs", "--paper"], "head_ratio 'obs' chooses each layer's split"),
     ],
 )
 def test_bad_input_fails_cleanly_and_writes_nothing(flags, message, llama_dir, calib_file, tmp_path, capsys):

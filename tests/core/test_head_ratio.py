@@ -16,7 +16,8 @@ N = 30
 
 def _reference_layer(scores, ratio: float, h: float) -> tuple[list[int], int]:
     """A uniform layer written plainly: drop the ``round(h · 9)`` lowest-scored heads (fewer while they
-    alone remove more than the layer's share), then try every neuron count and keep
+    alone remove more than the layer's share, more while all neurons but one cannot make up the rest),
+    then try every neuron count and keep
     the one whose total lands closest to the share; returns (kept heads, kept neurons)."""
     share = ratio * SMOL_LAYER
     order = sorted(range(9), key=lambda i: (scores.heads[i].item(), i))
@@ -28,6 +29,8 @@ def _reference_layer(scores, ratio: float, h: float) -> tuple[list[int], int]:
     k = min(round(h * 9), 8)
     while k > 0 and removed(k, 0) > share:
         k -= 1
+    while k < 8 and removed(k, 1535) < share:  # the neurons alone cannot make up the rest
+        k += 1
     n = min(range(1536), key=lambda n: (abs(removed(k, n) - share), n))
     return sorted(order[k:]), 1536 - n
 
@@ -97,3 +100,14 @@ def test_pruned_model_follows_the_split(llama_dir, corpus):
         q = result.adapter.layers(result.model)[0].self_attn.q_proj
         assert q.weight.shape[0] == len(result.plan.layers[0].heads) * result.adapter.head_dim
     assert torch.isfinite(auto.model(torch.tensor([[1, 2, 3]])).logits).all()
+
+
+def test_more_heads_go_when_the_neurons_cannot_make_up_the_share(opt_dir, corpus):
+    """The tiny OPT's attention is most of a layer (8 heads of 2,072 parameters, 48 neurons of 129):
+    at 50% half the ratio in heads (2) plus every neuron but one falls short of the share, so the
+    layer drops more heads and the ratio is still met (before, the plan stopped at 44%)."""
+    from core import prune
+
+    result = prune(recipe_for(opt_dir, corpus, ratio=0.5, round_to={"neurons": 1}))
+    assert abs(result.achieved_ratio - 0.5) < 0.01
+    assert all(len(lp.heads) < 6 for lp in result.plan.layers)
