@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.kv_groups import default_recipe, run_cell, span, write_page  # noqa: E402
+from bench.kv_groups import default_recipe, run_missing, saved_rows, span, write_page  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "head_ratio.md"
 N_HEADS = 9  # SmolLM2-135M's query heads per layer
@@ -104,23 +104,21 @@ def main() -> None:
     if args.one:
         print("RESULT " + json.dumps(one(args)), flush=True)
         return
-    path = OUT.with_suffix(".json")
-    rows = {}
-    if path.exists():
-        rows = {f"{r['ratio']}|{r['head_ratio']}": r for r in json.loads(path.read_text())["rows"]}
+    rows = saved_rows(OUT, lambda r: f"{r['ratio']}|{r['head_ratio']}")
+    cells = []
     for ratio in [] if args.report_only else args.ratios:
         named = {round(ratio * N_HEADS), round(ratio / 2 * N_HEADS)}  # heads removed by same and auto
         splits = ["same", "auto", "obs"] + [
             round((N_HEADS - k) / N_HEADS, 6) for k in args.keep if N_HEADS - k not in named
         ]
-        for split in splits:
-            key = f"{ratio}|{split}"
-            if key in rows:
-                continue
-            flags = ["--ratio", str(ratio), "--split", str(split), "--threads", str(args.threads)]
-            rows[key] = run_cell(__file__, key, flags)
-            print(key, rows[key]["heads"], round(rows[key]["perplexity"], 2), flush=True)
-            write(rows, args)
+        threads = ["--threads", str(args.threads)]
+        cells += [(f"{ratio}|{x}", ["--ratio", str(ratio), "--split", str(x), *threads]) for x in splits]
+
+    def done(key: str, row: dict) -> None:
+        print(key, row["heads"], round(row["perplexity"], 2), flush=True)
+        write(rows, args)
+
+    run_missing(__file__, rows, cells, done)
     write(rows, args)
 
 

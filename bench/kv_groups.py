@@ -21,6 +21,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +113,21 @@ def run_cell(script: str, key: str, flags: list[str]) -> dict:
     return json.loads(line[-1][7:])
 
 
+def saved_rows(out: Path, key: Callable[[dict], str]) -> dict[str, dict]:
+    """The rows a resumable script measured before (``out``'s JSON), by ``key(row)``."""
+    path = out.with_suffix(".json")
+    return {key(r): r for r in json.loads(path.read_text())["rows"]} if path.exists() else {}
+
+
+def run_missing(script: str, rows: dict[str, dict], cells: list[tuple[str, list[str]]], done: Callable) -> None:
+    """Each ``(key, flags)`` cell not in ``rows`` yet, in order, one process each (:func:`run_cell`);
+    ``done(key, row)`` after each (print it, rewrite the page)."""
+    for key, flags in cells:
+        if key not in rows:
+            rows[key] = run_cell(script, key, flags)
+            done(key, rows[key])
+
+
 def write(rows: dict[str, dict], args) -> None:
     import torch
 
@@ -159,20 +175,19 @@ def main() -> None:
         args.groups = args.cell_groups
         print("RESULT " + json.dumps(one(args)), flush=True)
         return
-    path = OUT.with_suffix(".json")
-    rows = {}
-    if path.exists():
-        rows = {_key(r["groups"], r["ratio"], r.get("round_heads", 1)): r for r in json.loads(path.read_text())["rows"]}
-    cells = [("dense", 0.0)] + [(g, r) for r in args.ratios for g in args.groups]
-    for groups, ratio in cells:
-        key = _key(groups, ratio, args.round_heads)
-        if key in rows or args.report_only:
-            continue
-        flags = ["--cell", groups, "--ratio", str(ratio), "--round-heads", str(args.round_heads)]
-        flags += ["--threads", str(args.threads), "--eval-windows", str(args.eval_windows)]
-        rows[key] = run_cell(__file__, key, flags)
-        print(key, rows[key]["perplexity"], flush=True)
+    rows = saved_rows(OUT, lambda r: _key(r["groups"], r["ratio"], r.get("round_heads", 1)))
+    common = ["--round-heads", str(args.round_heads), "--threads", str(args.threads)]
+    common += ["--eval-windows", str(args.eval_windows)]
+    cells = [
+        (_key(g, r, args.round_heads), ["--cell", g, "--ratio", str(r), *common])
+        for g, r in [("dense", 0.0)] + [(g, r) for r in args.ratios for g in args.groups]
+    ]
+
+    def done(key: str, row: dict) -> None:
+        print(key, row["perplexity"], flush=True)
         write(rows, args)
+
+    run_missing(__file__, rows, [] if args.report_only else cells, done)
     write(rows, args)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.kv_groups import default_recipe, run_cell, span, write_page  # noqa: E402
+from bench.kv_groups import default_recipe, run_missing, saved_rows, span, write_page  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "unseen.md"
 LABELS = {
@@ -117,19 +117,15 @@ def main() -> None:
     if args.one:
         print("RESULT " + json.dumps(one(args)), flush=True)
         return
-    path = OUT.with_suffix(".json")
-    rows = {}
-    if path.exists():
-        rows = {f"{r['recipe']}|{r['ratio']}": r for r in json.loads(path.read_text())["rows"]}
+    rows = saved_rows(OUT, lambda r: f"{r['recipe']}|{r['ratio']}")
     todo = [] if args.report_only else [("dense", 0.0)] + [(n, r) for r in args.ratios for n in args.recipes]
-    for name, ratio in todo:
-        key = f"{name}|{ratio}"
-        if key in rows:
-            continue
-        flags = ["--ratio", str(ratio), "--recipe", name, "--threads", str(args.threads)]
-        rows[key] = run_cell(__file__, key, flags)
-        print(key, round(rows[key]["wikipedia"], 2), round(rows[key]["rotten_tomatoes"], 2), flush=True)
+    cells = [(f"{n}|{r}", ["--ratio", str(r), "--recipe", n, "--threads", str(args.threads)]) for n, r in todo]
+
+    def done(key: str, row: dict) -> None:
+        print(key, round(row["wikipedia"], 2), round(row["rotten_tomatoes"], 2), flush=True)
         write(rows, args)
+
+    run_missing(__file__, rows, cells, done)
     write(rows, args)
 
 

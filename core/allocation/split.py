@@ -18,7 +18,7 @@ the plan's total.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -71,7 +71,6 @@ class SplitState:
     whole: bool  # heads go as whole key/value groups
     prunable: list[bool]  # per layer: the criterion lets both its heads and its neurons go
     carry: float = 0.0  # parameters the earlier layers' rounding left to remove (negative: took too many)
-    choices: dict[int, Choice] = field(default_factory=dict)  # per layer, as chosen
 
     def active(self, li: int, lp: LayerPlan) -> bool:
         """Whether layer ``li`` chooses its own split (it is pruned, heads and neurons alike)."""
@@ -124,5 +123,4 @@ class SplitState:
         lp.neurons = torch.tensor(neurons.kept(adapter.n_neurons, choice.neurons_removed), dtype=torch.long)
         self.carry = share - choice.removed
         lp.removed = choice.removed
-        self.choices[li] = choice
         return choice

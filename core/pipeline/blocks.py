@@ -241,7 +241,7 @@ def _select_split(
     if split.whole or n_rep == 1:  # units of n_rep heads (one head without GQA)
         heads = obs_curve(w, stats, limit, n_rep * adapter.head_dim, damp)
     else:
-        groups = [h // n_rep for h in range(adapter.n_heads)] if n_rep > 1 else None
+        groups = [h // n_rep for h in range(adapter.n_heads)]  # each group keeps a query head
         heads = obs_curve(w, stats, limit, adapter.head_dim, damp, groups_of=groups)
     split.apply(li, adapter, lp, heads, ffn)
     return _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
@@ -276,19 +276,19 @@ def _prune_block(
     """Prune and reconstruct one block's attention, then its FFN; returns the projections given a bias.
     ``dense``: the pruned projections' inputs in the dense model (error feedback), else empty;
     ``whole_groups``: the selection keeps whole key/value groups; ``split``: ``head_ratio: obs``'s
-    state, when the layer chooses its own split of heads and neurons."""
+    state when this layer chooses its own split of heads and neurons, else None."""
     fam = adapter.family
     added: list[str] = []
     obs = recipe.reconstruction.resolved_select() == "obs"
     damp = recipe.reconstruction.damp
     select_heads = partial(_select_heads, lp, adapter, damp, whole_groups) if obs else None
-    if split is not None and split.active(li, lp):
+    if split is not None:
         ffn = fitter.stats_of(layer, fam.ffn_out)
         w_ffn = layer.get_submodule(fam.ffn_out).weight
         curve = obs_curve(w_ffn, ffn, split.neuron_limit(li, adapter, lp), 1, damp, step=split.step(li, adapter, lp))
         del ffn
         select_heads = partial(_select_split, lp, li, adapter, damp, split, curve)
-    if len(lp.heads) < adapter.n_heads or (split is not None and split.active(li, lp)):
+    if len(lp.heads) < adapter.n_heads or split is not None:
         keep = _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
         unit = _Unit(
             "attention",
@@ -369,7 +369,8 @@ def reconstruct_blocks(
         own_split = split is not None and split.active(li, lp)
         paths = [adapter.family.o, adapter.family.ffn_out] if own_split else _pruned_paths(lp, adapter)
         dense = runner.dense_pass(layer, paths) if runner.dense and li <= last_pruned else {}
-        added = _prune_block(layer, li, lp, adapter, model.config, recipe, fitter, runner, dense, whole, split)
+        own = split if own_split else None
+        added = _prune_block(layer, li, lp, adapter, model.config, recipe, fitter, runner, dense, whole, own)
         if li < last_pruned:  # the next block still has something to prune: feed it
             runner.advance(layer)
         runner.restore(layer)

@@ -55,22 +55,23 @@ def _unit_errors(w: torch.Tensor, hinv: torch.Tensor, units: torch.Tensor, group
     return (w_u.transpose(1, 2) * solved).sum((1, 2))
 
 
-def _remove(w: torch.Tensor, hinv: torch.Tensor, channels: torch.Tensor) -> torch.Tensor:
-    """Remove ``channels``: compensate ``w`` and update ``hinv`` in place; returns the rise of the
-    summed squared output error, ``tr(W_S (H⁻¹_SS)⁻¹ W_Sᵀ)`` (a 0-d tensor, not read back)."""
+def _remove(w: torch.Tensor, hinv: torch.Tensor, channels: torch.Tensor, error: bool = False) -> torch.Tensor | None:
+    """Remove ``channels``: compensate ``w`` and update ``hinv`` in place. With ``error``, returns the
+    rise of the summed squared output error, ``tr(W_S (H⁻¹_SS)⁻¹ W_Sᵀ)`` (0-d, not read back)."""
     h_ss = hinv[channels][:, channels]
     rows = hinv[channels]  # (|S|, C_in)
     w_s = w[:, channels]
-    coef = torch.linalg.solve(h_ss, torch.cat([rows, w_s.T], 1))  # (H⁻¹_SS)⁻¹ [H⁻¹_S,: | W_Sᵀ]
-    coef, solved = coef[:, : rows.shape[1]], coef[:, rows.shape[1] :]
-    error = (w_s.T * solved).sum()
+    rhs = torch.cat([rows, w_s.T], 1) if error else rows
+    coef = torch.linalg.solve(h_ss, rhs)  # (H⁻¹_SS)⁻¹ H⁻¹_S,:  [| (H⁻¹_SS)⁻¹ W_Sᵀ]
+    rise = (w_s.T * coef[:, rows.shape[1] :]).sum() if error else None
+    coef = coef[:, : rows.shape[1]]
     w -= w_s @ coef
     hinv -= rows.T @ coef
     w[:, channels] = 0.0
     hinv[channels, :] = 0.0
     hinv[:, channels] = 0.0
     hinv[channels, channels] = 1.0  # removed channels stay out of later solves
-    return error
+    return rise
 
 
 def _greedy(
@@ -82,10 +83,12 @@ def _greedy(
     candidates: list[int] | None,
     groups_of: list[int] | None,
     per_round: int,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    with_error: bool = False,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
     """Greedy removal of ``n_remove`` candidate units, ``per_round`` at a time (one when constrained by
     ``groups_of``). Non-candidates are removed first, silently. Yields ``(dropped, error)``
-    after each round: the units just dropped and the rise of the output error (0-d, on the device)."""
+    after each round: the units just dropped and, with ``with_error``, the rise of the output error
+    (0-d, on the device; else None)."""
     n_units = weight.shape[1] // group
     cand = list(range(n_units)) if candidates is None else sorted(candidates)
     if not 0 <= n_remove < len(cand):
@@ -112,10 +115,10 @@ def _greedy(
                 raise ValueError(f"cannot remove {n_remove} more units: every group is down to one")
         k = min(per_round, n_remove)
         drop = units[torch.topk(errors, k, largest=False).indices]
-        error = _remove(w, hinv, (drop[:, None] * group + torch.arange(group, device=dev)).reshape(-1))
+        rise = _remove(w, hinv, (drop[:, None] * group + torch.arange(group, device=dev)).reshape(-1), with_error)
         alive[drop] = False
         n_remove -= k
-        yield drop, error
+        yield drop, rise
 
 
 def obs_select(
@@ -166,13 +169,12 @@ class Curve:
         t = (n - lo) / (hi - lo)
         return self.error[j - 1] + t * (self.error[j] - self.error[j - 1])
 
-    def kept(self, n_units: int, n_removed: int, candidates: list[int] | None = None) -> list[int]:
+    def kept(self, n_units: int, n_removed: int) -> list[int]:
         """The kept units (sorted) once the first ``n_removed`` units of the path are gone."""
         if not 0 <= n_removed <= len(self.order):
             raise ValueError(f"the path removes at most {len(self.order)} units, not {n_removed}")
-        pool = range(n_units) if candidates is None else candidates
         gone = set(self.order[:n_removed])
-        return [u for u in pool if u not in gone]
+        return [u for u in range(n_units) if u not in gone]
 
 
 def obs_curve(
@@ -189,7 +191,7 @@ def obs_curve(
     with the output error after every round (exact for the sets removed: each round's rise is the
     joint error of its units given the compensation of the rounds before; one read of the device)."""
     order, rises, removed = [], [], [0]
-    for drop, error in _greedy(weight, stats, n_remove, group, damp, candidates, groups_of, step):
+    for drop, error in _greedy(weight, stats, n_remove, group, damp, candidates, groups_of, step, with_error=True):
         order += drop.tolist()
         rises.append(error)
         removed.append(len(order))
