@@ -74,6 +74,12 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--ratio", type=float, default=0.2)
     p.add_argument("--method", default="liar")
+    p.add_argument(
+        "--select",
+        default="criterion",
+        choices=["criterion", "obs", "auto"],
+        help="which units go: the criterion's ranking (the paper's work, the default) or the OBS selection",
+    )
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--out", default=str(ROOT / "docs" / "results" / "gpu_liar.md"))
@@ -95,7 +101,7 @@ def main() -> None:
             "ratio": args.ratio,
             "dtype": args.dtype,
             "device": args.device,
-            "reconstruction": {"method": args.method},
+            "reconstruction": {"method": args.method, "select": args.select},
             "stats_dtype": args.stats_dtype,
             "calibration": {
                 "texts": ["(pre-tokenised)"],

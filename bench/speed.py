@@ -30,6 +30,7 @@ import datetime as dt
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -123,7 +124,8 @@ def _recipe(samples: int, seq_len: int, ratio: float, batch_size: int) -> dict[s
         "ratio": ratio,
         "modules": "both",
         "criterion": {"name": "magnitude"},
-        "reconstruction": {"method": "liar", "damp": 1e-3},
+        # the paper's LIAR: the criterion chooses the units (not the default's OBS selection)
+        "reconstruction": {"method": "liar", "damp": 1e-3, "select": "criterion"},
         "round_to": {"neurons": 1},  # exact widths, as the time table has always been measured
         "dtype": "float32",
         "device": "cpu",
@@ -143,6 +145,7 @@ def time_one(args: argparse.Namespace) -> dict[str, Any]:
     """One point: load SmolLM2, then time ``core.prune`` with the model already in memory."""
     import torch
 
+    import core.pipeline.blocks as blocks
     import core.pipeline.sequential as pipeline
     from core.models.loading import load_model
 
@@ -154,7 +157,7 @@ def time_one(args: argparse.Namespace) -> dict[str, Any]:
     load_s = time.perf_counter() - t0
 
     solves: list[float] = []
-    real = pipeline.reconstruct_from_stats
+    real = blocks.reconstruct_from_stats
 
     def timed(method, *a, **kw):  # the solve of the recipe's method; 'none' (the error baseline) is a slice
         t = time.perf_counter()
@@ -163,13 +166,15 @@ def time_one(args: argparse.Namespace) -> dict[str, Any]:
             solves.append(time.perf_counter() - t)
         return out
 
-    pipeline.reconstruct_from_stats = timed
+    blocks.reconstruct_from_stats = timed
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     try:
         t0 = time.perf_counter()
         result = pipeline.prune(recipe, model=model, tokenizer=tok)
         wall = time.perf_counter() - t0
     finally:
-        pipeline.reconstruct_from_stats = real
+        blocks.reconstruct_from_stats = real
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     per_layer = sum(r.seconds for r in result.report)
     return {
         "samples": args.one,
@@ -183,6 +188,8 @@ def time_one(args: argparse.Namespace) -> dict[str, Any]:
         "other_seconds": wall - per_layer,
         "achieved_ratio": result.achieved_ratio,
         "peak_rss_mb": result.peak_memory_mb,
+        "page_faults": faults,  # minor faults during the prune: fresh pages the allocator asked for
+        "load_average": os.getloadavg()[0],  # the machine's 1-minute load when the point ended
         "mean_error_after": sum(r.error_after for r in result.report) / len(result.report),
     }
 
@@ -228,7 +235,8 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
         + (" (**smoke test, not a measurement**)" if args.quick else "")
         + ".",
         "",
-        f"SmolLM2-135M-Instruct (float32, CPU), LIAR (damp 0.001), magnitude criterion, ratio {args.ratio}, heads +",
+        "SmolLM2-135M-Instruct (float32, CPU, in memory), paper-exact LIAR (damp 0.001; the magnitude criterion",
+        f"chooses the units, `select: criterion`), ratio {args.ratio}, heads +",
         f"neurons, uniform allocation; calibration windows of {args.seq_len} tokens from the Wikipedia calibration",
         f"articles, batches of {args.batch_size}, plus 8 held-aside windows for the error report. Each point runs in",
         "its own process with the model loaded before the clock starts.",
@@ -239,15 +247,19 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
         "- `per-layer`: the sum of the report's per-projection `seconds` (statistics pass + solve + surgery).",
         "- `solves`: `reconstruct_from_stats` for LIAR alone (60 calls: the Cholesky solves and the projection).",
         "- `× 128`: time relative to 128 samples, to compare the scaling with the paper's.",
+        "- `page faults`: minor page faults during the prune (fresh pages the allocator asked the OS for);",
+        "  `load`: the machine's 1-minute load average when the point ended (2 cores: above 2, it was shared).",
         "",
-        "| samples | tokens | prune s | × 128 | per-layer s | solves s | peak RSS MB |",
-        "|---|---|---|---|---|---|---|",
+        "| samples | tokens | prune s | × 128 | per-layer s | solves s | peak RSS MB | page faults | load |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         rel = f"{r['prune_seconds'] / base['prune_seconds']:.2f}" if base else "–"
+        faults = f"{r['page_faults'] / 1e6:.2f} M" if "page_faults" in r else "–"
+        load = f"{r['load_average']:.1f}" if "load_average" in r else "–"
         lines.append(
             f"| {r['samples']} | {r['tokens']:,} | {r['prune_seconds']:.1f} | {rel} | {r['layer_seconds']:.1f} | "
-            f"{r['solve_seconds']:.2f} | {r['peak_rss_mb']:.0f} |"
+            f"{r['solve_seconds']:.2f} | {r['peak_rss_mb']:.0f} | {faults} | {load} |"
         )
     counts = sorted({n for table in PAPER_MINUTES.values() for n in table})
     lines += [

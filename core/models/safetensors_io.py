@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from core.models.host_memory import mapped_copy, mapped_empty
+
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
@@ -134,7 +136,8 @@ class CheckpointReader:
         """One tensor as stored, in a fresh host buffer (page-locked with ``pinned``, for an
         asynchronous copy to a GPU). Safe to call from another thread: each call opens the file."""
         e = self.entries[name]
-        host = torch.empty(e.shape, dtype=e.dtype, pin_memory=pinned)
+        # outside the heap unless pinned: a block's weights must not pin it (core/models/host_memory.py)
+        host = torch.empty(e.shape, dtype=e.dtype, pin_memory=True) if pinned else mapped_empty(e.shape, e.dtype)
         if e.nbytes:
             view = memoryview(host.view(-1).view(torch.uint8).numpy())
             with open(e.file, "rb", buffering=0) as f:
@@ -149,7 +152,10 @@ class CheckpointReader:
 
 
 def place(host: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A tensor read by :meth:`CheckpointReader.read_host` on ``device`` in ``dtype`` (None: as stored)."""
+    """A tensor read by :meth:`CheckpointReader.read_host` on ``device`` in ``dtype`` (None: as stored);
+    a cast on the host is a mapped copy too."""
+    if device.type == "cpu" and dtype is not None and host.dtype != dtype:
+        return mapped_copy(host, dtype)
     out = host.to(device, non_blocking=device.type == "cuda")
     return out if dtype is None or out.dtype == dtype else out.to(dtype)
 

@@ -9,9 +9,6 @@ pruning, scoring or evaluation — and frees it again.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -23,6 +20,7 @@ from torch import nn
 
 from core.models.adapter import Adapter, adapter_for
 from core.models.config_file import read_config
+from core.models.host_memory import release_freed_memory
 from core.models.loading import is_pruned_config, model_class, pruned_classes, resolve_device, resolve_dtype
 from core.models.safetensors_io import CheckpointError, CheckpointReader, LazyTensor, place
 
@@ -63,22 +61,6 @@ def _skeleton(directory: Path, dtype: torch.dtype):
     return model.eval()
 
 
-_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-
-
-@functools.cache
-def return_freed_memory_to_the_os() -> bool:
-    """Serve every allocation above 64 KiB by its own mapping (glibc), so a freed block's memory goes
-    back to the OS. glibc's default raises this threshold as large chunks are freed, after which
-    block-sized tensors come from the heap, whose freed holes are pinned by small long-lived
-    allocations: measured, the host RSS then grew by about one block per block streamed."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, 64 * 1024))
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        return False
-
-
 class StreamedModel:
     """A checkpoint directory seen as a model whose blocks are materialised one at a time.
 
@@ -91,7 +73,7 @@ class StreamedModel:
         self.directory, self.dtype, self.device = Path(directory), dtype, torch.device(device)
         self._reads = ThreadPoolExecutor(1, thread_name_prefix="liar-prefetch") if prefetch else None
         self._pending: dict[int, Future] = {}
-        return_freed_memory_to_the_os()
+        release_freed_memory()  # memory first: see core/models/host_memory.py
         self.reader = CheckpointReader(self.directory)  # checks every shard first
         self.model = _skeleton(self.directory, dtype)
         self.adapter: Adapter = adapter_for(self.model)

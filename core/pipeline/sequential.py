@@ -16,6 +16,7 @@ the model's dtype) and the statistics of one projection (C_in² in float32/float
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from core.allocation.groups import kv_index_layers
 from core.criteria import Scores
 from core.data.calibration import CalibrationBatch, calibration_batches
 from core.models.adapter import adapter_for, block_parameters
+from core.models.host_memory import reuse_freed_memory
 from core.models.loading import ensure_pad_token, load_model
 from core.models.safetensors_io import INDEX, SINGLE
 from core.models.streaming import checkpoint_directory
@@ -138,7 +140,9 @@ def prune(
         source = _MemorySource(recipe, model, tokenizer, calibration)
     try:
         speed = BlockSpeed() if measure_speed else None
-        result = _run(recipe, source, calibration, scores, report, show_progress, speed)
+        # in memory, freed activations are reused rather than faulted in again (core/models/host_memory.py)
+        with reuse_freed_memory() if mode == "memory" else nullcontext():
+            result = _run(recipe, source, calibration, scores, report, show_progress, speed)
     except BaseException:
         source.abort()
         raise

@@ -97,7 +97,9 @@ class InputStats:
         for a, b in zip(e[:-1], e[1:]):  # block row [a, b) of the upper triangle
             self._gram[a:b, a:] += gram_product(x[:, a:b], x[:, a:], self.dtype)
         self._mirrored = False
-        self._sum += x.sum(0, dtype=torch.float64)
+        # summed in the product's precision (float32: pairwise, no float64 copy of the buffer), then
+        # added to the float64 total like the Gram
+        self._sum += x.sum(0, dtype=torch.float64 if self.dtype == torch.float64 else torch.float32)
 
     @property
     def gram(self) -> torch.Tensor | None:

@@ -71,6 +71,8 @@ def solve_spd(
     for _ in range(8):
         chol, info = torch.linalg.cholesky_ex(m)
         if int(info) == 0:
+            if overwrite:  # the caller's temporary is not needed any more: one C² less at the peak
+                del matrix, m, diag
             return torch.cholesky_inverse(chol) if r is None else torch.cholesky_solve(r, chol)
         del chol
         new_lam = max(float(lam) * 10.0, 1e-10 * float(scale))

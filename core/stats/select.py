@@ -35,8 +35,8 @@ def damped_inverse_covariance(stats: InputStats, damp: float) -> torch.Tensor:
     failed factorisations handled as in every other solve (:func:`~core.stats.reconstruct.solve_spd`)."""
     n = stats.count
     mu = stats.sum.to(SELECT_PRECISION) / n
-    cov = stats.gram.to(SELECT_PRECISION) - n * torch.outer(mu, mu)
-    return solve_spd(cov, None, damp, overwrite=True)
+    # one C × C copy (no outer product), held by nothing here so that solve_spd can free it
+    return solve_spd(stats.gram.to(SELECT_PRECISION, copy=True).addr_(mu, mu, alpha=-n), None, damp, overwrite=True)
 
 
 def _unit_errors(w: torch.Tensor, hinv: torch.Tensor, units: torch.Tensor, group: int) -> torch.Tensor:
@@ -66,7 +66,7 @@ def _remove(w: torch.Tensor, hinv: torch.Tensor, channels: torch.Tensor, error: 
     rise = (w_s.T * coef[:, rows.shape[1] :]).sum() if error else None
     coef = coef[:, : rows.shape[1]]
     w -= w_s @ coef
-    hinv -= rows.T @ coef
+    hinv.addmm_(rows.T, coef, alpha=-1)  # in place: no C_in × C_in temporary
     w[:, channels] = 0.0
     hinv[channels, :] = 0.0
     hinv[:, channels] = 0.0
