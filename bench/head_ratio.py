@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.kv_groups import default_recipe, run_missing, saved_rows, span, write_page  # noqa: E402
+from bench.kv_groups import cell_parser, default_recipe, run_missing, saved_rows, span, write_page  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "head_ratio.md"
 N_HEADS = 9  # SmolLM2-135M's query heads per layer
@@ -92,13 +92,9 @@ def write(rows: dict[str, dict], args) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cell_parser(__doc__)
     p.add_argument("--ratios", nargs="+", type=float, default=[0.2, 0.3, 0.5])
     p.add_argument("--keep", nargs="+", type=int, default=[5, 6, 7, 8, 9], help="kept query heads per layer")
-    p.add_argument("--threads", type=int, default=2, help="torch threads of each run")
-    p.add_argument("--report-only", action="store_true", help="rewrite the page from the JSON, run nothing")
-    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--ratio", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--split", default="auto", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:

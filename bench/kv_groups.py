@@ -113,6 +113,17 @@ def run_cell(script: str, key: str, flags: list[str]) -> dict:
     return json.loads(line[-1][7:])
 
 
+def cell_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a resumable script of cells (kv_groups, head_ratio, unseen): ``--threads``,
+    ``--report-only``, and the hidden ``--one`` / ``--ratio`` of a cell's own process."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=2, help="torch threads of each run")
+    p.add_argument("--report-only", action="store_true", help="rewrite the page from the JSON, run nothing")
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ratio", type=float, default=0.0, help=argparse.SUPPRESS)
+    return p
+
+
 def saved_rows(out: Path, key: Callable[[dict], str]) -> dict[str, dict]:
     """The rows a resumable script measured before (``out``'s JSON), by ``key(row)``."""
     path = out.with_suffix(".json")
@@ -160,15 +171,11 @@ def write(rows: dict[str, dict], args) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cell_parser(__doc__)
     p.add_argument("--ratios", nargs="+", type=float, default=[0.2, 0.5])
     p.add_argument("--groups", nargs="+", default=["free", "whole"], choices=["free", "whole"])
     p.add_argument("--eval-windows", type=int, default=20, help="512-token windows of held-out text")
-    p.add_argument("--threads", type=int, default=2, help="torch threads of each run")
     p.add_argument("--round-heads", type=int, default=1, help="round_to.heads of the pruned cells")
-    p.add_argument("--report-only", action="store_true", help="rewrite the page from the JSON, run nothing")
-    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--ratio", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--cell", dest="cell_groups", default="dense", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:

@@ -99,7 +99,7 @@ class InputStats:
         self._mirrored = False
         # summed in the product's precision (float32: pairwise, no float64 copy of the buffer), then
         # added to the float64 total like the Gram
-        self._sum += x.sum(0, dtype=torch.float64 if self.dtype == torch.float64 else torch.float32)
+        self._sum += x.sum(0, dtype=self.dtype)
 
     @property
     def gram(self) -> torch.Tensor | None:

@@ -143,6 +143,17 @@ def _block(g: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Ten
     return g[rows[:, None], cols[None, :]]
 
 
+def centred_block(
+    g: torch.Tensor, mu: torch.Tensor, n: int, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``G[rows][:, cols] − n μ_rows μ_colsᵀ`` (a block of the centred covariance; the whole matrix when
+    ``rows`` is None) as one fresh copy: the rank-one correction is applied in place (``addr_``), so no
+    outer product of the block's size is materialised beside it."""
+    if rows is None:
+        return g.clone().addr_(mu, mu, alpha=-n)
+    return _block(g, rows, cols).addr_(mu[rows], mu[cols], alpha=-n)
+
+
 def _bias_plus(bias: torch.Tensor | None, delta: torch.Tensor) -> torch.Tensor:
     return delta if bias is None else bias.to(SOLVE_PRECISION) + delta
 
@@ -169,7 +180,7 @@ def _release(stats: InputStats, release: bool) -> None:
 def _liar(weight, bias, keep, stats, damp=0.0, group_size=1, release=False):
     _, g, mu, u, m = _split(weight, keep, stats, weight_too=False)
     n = stats.count
-    rhs = _block(g, u, m) - n * torch.outer(mu[u], mu[m])
+    rhs = centred_block(g, mu, n, u, m)
     g_uu = _block(g, u, u)
     del g
     _release(stats, release)
@@ -186,8 +197,7 @@ def _liar(weight, bias, keep, stats, damp=0.0, group_size=1, release=False):
 def _ls(weight, bias, keep, stats, damp=0.0, group_size=1, release=False):
     _, g, mu, u, m = _split(weight, keep, stats, weight_too=False)
     n = stats.count
-    cov_uu = _block(g, u, u) - n * torch.outer(mu[u], mu[u])
-    cov_um = _block(g, u, m) - n * torch.outer(mu[u], mu[m])
+    cov_uu, cov_um = centred_block(g, mu, n, u, u), centred_block(g, mu, n, u, m)
     del g
     _release(stats, release)
     qc = solve_spd(cov_uu, cov_um, damp, overwrite=True)  # (C_u, C_m)

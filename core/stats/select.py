@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from core.stats.accumulate import InputStats
-from core.stats.reconstruct import solve_spd
+from core.stats.reconstruct import centred_block, solve_spd
 
 SELECT_PRECISION = torch.float64  # as the solves
 
@@ -35,8 +35,8 @@ def damped_inverse_covariance(stats: InputStats, damp: float) -> torch.Tensor:
     failed factorisations handled as in every other solve (:func:`~core.stats.reconstruct.solve_spd`)."""
     n = stats.count
     mu = stats.sum.to(SELECT_PRECISION) / n
-    # one C × C copy (no outer product), held by nothing here so that solve_spd can free it
-    return solve_spd(stats.gram.to(SELECT_PRECISION, copy=True).addr_(mu, mu, alpha=-n), None, damp, overwrite=True)
+    # held by nothing here, so that solve_spd can free it once factorised
+    return solve_spd(centred_block(stats.gram.to(SELECT_PRECISION), mu, n), None, damp, overwrite=True)
 
 
 def _unit_errors(w: torch.Tensor, hinv: torch.Tensor, units: torch.Tensor, group: int) -> torch.Tensor:

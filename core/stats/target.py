@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from core.stats.accumulate import FLUSH_TOKENS, InputStats, gram_product
-from core.stats.reconstruct import SOLVE_PRECISION, _block, solve_spd
+from core.stats.reconstruct import SOLVE_PRECISION, _block, centred_block, solve_spd
 
 
 class TargetStats:
@@ -88,8 +88,8 @@ def refit_to_dense(
     u = keep.nonzero().squeeze(1)
     mu_p = stats.pruned.sum.to(SOLVE_PRECISION) / n
     mu_d = stats.dense_sum.to(SOLVE_PRECISION) / n
-    cov_uu = _block(stats.pruned.gram.to(SOLVE_PRECISION), u, u) - n * torch.outer(mu_p[u], mu_p[u])
-    cov_ud = stats.cross_products().to(SOLVE_PRECISION).index_select(0, u) - n * torch.outer(mu_p[u], mu_d)
+    cov_uu = centred_block(stats.pruned.gram.to(SOLVE_PRECISION), mu_p, n, u, u)
+    cov_ud = stats.cross_products().to(SOLVE_PRECISION).index_select(0, u).addr_(mu_p[u], mu_d, alpha=-n)
     w = weight.to(SOLVE_PRECISION)
     rhs = cov_ud @ w.T  # (C_u, C_out)
     new_wt = solve_spd(cov_uu, rhs, damp, overwrite=True)  # (C_u, C_out)
