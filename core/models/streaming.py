@@ -64,15 +64,20 @@ def _skeleton(directory: Path, dtype: torch.dtype):
 class StreamedModel:
     """A checkpoint directory seen as a model whose blocks are materialised one at a time.
 
-    With ``prefetch`` (the default), loading block i starts reading block i + 1's tensors from disk
-    into host memory in a background thread (file reads release the GIL), so the read overlaps block
-    i's computation; the cost is one more block in host memory.
+    With ``prefetch`` (the default), block i + 1's tensors are read from disk into host memory in a
+    background thread (file reads release the GIL) while block i is computed; the cost is one more
+    block in host memory. On a GPU the read starts when block i is loaded (host memory is not where the
+    solves run). On the CPU it starts only when the caller says block i's solves are done
+    (:meth:`prefetch`): there the prefetched block would sit beside the FFN's float64 covariance,
+    factor and inverse — the run's peak — and the read still overlaps the pruned block's forward
+    passes and the writing of its shard.
     """
 
     def __init__(self, directory: str | Path, dtype: torch.dtype, device: torch.device, prefetch: bool = True):
         self.directory, self.dtype, self.device = Path(directory), dtype, torch.device(device)
         self._reads = ThreadPoolExecutor(1, thread_name_prefix="liar-prefetch") if prefetch else None
         self._pending: dict[int, Future] = {}
+        self.prefetch_at_load = self.device.type != "cpu"
         release_freed_memory()  # memory first: see core/models/host_memory.py
         self.reader = CheckpointReader(self.directory)  # checks every shard first
         self.model = _skeleton(self.directory, dtype)
@@ -166,7 +171,7 @@ class StreamedModel:
 
     def load_block(self, i: int) -> nn.Module:
         """Materialise block i on the device (from its prefetched tensors when block i - 1 started
-        reading them) and start reading block i + 1."""
+        reading them); on a GPU, start reading block i + 1."""
         layer, prefix = self.layers[i], self.layer_prefix(i)
         pending = self._pending.pop(i, None)
         host = pending.result() if pending is not None else self._read_block(i)
@@ -174,7 +179,8 @@ class StreamedModel:
             _, dtype = self._source(prefix + name)
             _set_param(layer, name, nn.Parameter(place(tensor, self.device, dtype), requires_grad=False))
         del host
-        self.prefetch(i + 1)
+        if self.prefetch_at_load:
+            self.prefetch(i + 1)
         return layer
 
     def _read_block(self, i: int) -> dict[str, torch.Tensor]:

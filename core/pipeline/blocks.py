@@ -50,6 +50,9 @@ class BlockIO:
     def load(self, index: int) -> None:
         pass
 
+    def solved(self, index: int) -> None:
+        """Called once block ``index``'s solves are done (its pruned forward passes are still to come)."""
+
     def done(self, index: int, layer: nn.Module) -> None:
         pass
 
@@ -371,6 +374,7 @@ def reconstruct_blocks(
         dense = runner.dense_pass(layer, paths) if runner.dense and li <= last_pruned else {}
         own = split if own_split else None
         added = _prune_block(layer, li, lp, adapter, model.config, recipe, fitter, runner, dense, whole, own)
+        io.solved(li)
         if li < last_pruned:  # the next block still has something to prune: feed it
             runner.advance(layer)
         runner.restore(layer)

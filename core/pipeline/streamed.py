@@ -84,6 +84,7 @@ class StreamSource:
         scores = []
         for i, layer in enumerate(self.sm.layers):
             self.sm.load_block(i)
+            self.sm.prefetch(i + 1)  # no solves here: the next read may start at once
             data = None
             if runner is not None:
                 data, handles = hook_layer_inputs(layer, self.adapter, self.device, lambda: runner.masks[runner.batch])
@@ -134,6 +135,9 @@ class _WriteBlocks(BlockIO):
 
     def load(self, index: int) -> None:
         self.source.sm.load_block(index)
+
+    def solved(self, index: int) -> None:
+        self.source.sm.prefetch(index + 1)  # after the block's peak, on the CPU (see StreamedModel)
 
     def done(self, index: int, layer: nn.Module) -> None:
         s = self.source

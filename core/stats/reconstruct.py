@@ -43,6 +43,22 @@ def register(name: str) -> Callable[[Method], Method]:
     return deco
 
 
+def _condition(m: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """In place: dead channels (zero diagonal) get a unit row, column and diagonal, and ``λ = damp ·
+    mean(diag)`` is added to the diagonal (no identity matrix is built). Returns ``(scale, λ)``."""
+    diag = m.diagonal()
+    dead = diag <= 0
+    diag[dead] = 1.0
+    if dead.any():
+        m[dead, :] = 0.0
+        m[:, dead] = 0.0
+        m.diagonal()[dead] = 1.0
+    scale = diag.mean().clamp_min(torch.finfo(SOLVE_PRECISION).tiny)
+    lam = damp * scale
+    diag += lam
+    return scale, lam
+
+
 def solve_spd(
     matrix: torch.Tensor, rhs: torch.Tensor | None, damp: float = 0.0, overwrite: bool = False
 ) -> torch.Tensor:
@@ -58,16 +74,8 @@ def solve_spd(
     if m is matrix and not overwrite:  # .to() copied already when the dtype differs
         m = m.clone()
     r = None if rhs is None else rhs.to(SOLVE_PRECISION)
+    scale, lam = _condition(m, damp)
     diag = m.diagonal()
-    dead = diag <= 0
-    diag[dead] = 1.0
-    if dead.any():
-        m[dead, :] = 0.0
-        m[:, dead] = 0.0
-        m.diagonal()[dead] = 1.0
-    scale = diag.mean().clamp_min(torch.finfo(SOLVE_PRECISION).tiny)
-    lam = damp * scale
-    diag += lam  # damping added in place: no identity matrix (C² float64) is materialised
     for _ in range(8):
         chol, info = torch.linalg.cholesky_ex(m)
         if int(info) == 0:
@@ -89,6 +97,27 @@ def solve_spd(
     keep = evals > evals.max() * len(m) * torch.finfo(m.dtype).eps
     inv = torch.where(keep, 1.0 / evals.clamp_min(torch.finfo(m.dtype).tiny), torch.zeros_like(evals))
     return evecs @ (inv[:, None] * (evecs.T if r is None else evecs.T @ r))
+
+
+def inverse_spd(build: Callable[[], torch.Tensor], damp: float = 0.0) -> torch.Tensor:
+    """``(M + λI)⁻¹`` of the symmetric matrix ``build()`` returns (a fresh float64 temporary), damped
+    and with dead channels treated as :func:`solve_spd` does — but factorised and inverted in the
+    temporary's own memory: LAPACK works in place on its column-major view (the same matrix, being
+    symmetric), so the peak is one C × C where a factor and an inverse beside it make it three.
+    A factorisation that fails has overwritten the temporary: :func:`solve_spd`'s retries at higher
+    damping then run on a second ``build()``."""
+    m = build()
+    if m.dtype != SOLVE_PRECISION:
+        raise TypeError(f"inverse_spd needs a {SOLVE_PRECISION} matrix, got {m.dtype}")
+    _condition(m, damp)
+    view = m.T
+    info = torch.empty((), dtype=torch.int32, device=m.device)
+    torch.linalg.cholesky_ex(view, out=(view, info))
+    if int(info) == 0:
+        torch.cholesky_inverse(view, out=view)
+        return m
+    del m, view
+    return solve_spd(build(), None, damp, overwrite=True)
 
 
 def _eigh_projection(target: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:

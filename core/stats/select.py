@@ -25,24 +25,24 @@ from dataclasses import dataclass
 import torch
 
 from core.stats.accumulate import InputStats
-from core.stats.reconstruct import centred_block, solve_spd
+from core.stats.reconstruct import centred_block, inverse_spd
 
 SELECT_PRECISION = torch.float64  # as the solves
 
 
 def damped_inverse_covariance(stats: InputStats, damp: float) -> torch.Tensor:
     """``(C + λI)⁻¹`` of the centred input covariance ``C = G − n μμᵀ``, damped, with dead channels and
-    failed factorisations handled as in every other solve (:func:`~core.stats.reconstruct.solve_spd`)."""
+    failed factorisations handled as in every other solve (:func:`~core.stats.reconstruct.solve_spd`),
+    computed in the memory of one copy of G (:func:`~core.stats.reconstruct.inverse_spd`)."""
     n = stats.count
     mu = stats.sum.to(SELECT_PRECISION) / n
-    # held by nothing here, so that solve_spd can free it once factorised
-    return solve_spd(centred_block(stats.gram.to(SELECT_PRECISION), mu, n), None, damp, overwrite=True)
+    return inverse_spd(lambda: centred_block(stats.gram.to(SELECT_PRECISION), mu, n), damp)
 
 
 def _unit_errors(w: torch.Tensor, hinv: torch.Tensor, units: torch.Tensor, group: int) -> torch.Tensor:
     """``E({u})`` for each unit in ``units`` (indices of units of ``group`` channels)."""
-    if group == 1:
-        return w[:, units].pow(2).sum(0) / hinv.diagonal()[units]
+    if group == 1:  # column norms by a reduction: no C_out × C_in temporary of the squares
+        return torch.linalg.vector_norm(w, dim=0)[units].square() / hinv.diagonal()[units]
     ch = (units[:, None] * group + torch.arange(group, device=units.device)).reshape(-1)
     blocks = hinv[ch][:, ch].reshape(len(units), group, len(units), group)
     idx = torch.arange(len(units), device=units.device)
@@ -65,7 +65,7 @@ def _remove(w: torch.Tensor, hinv: torch.Tensor, channels: torch.Tensor, error: 
     coef = torch.linalg.solve(h_ss, rhs)  # (H⁻¹_SS)⁻¹ H⁻¹_S,:  [| (H⁻¹_SS)⁻¹ W_Sᵀ]
     rise = (w_s.T * coef[:, rows.shape[1] :]).sum() if error else None
     coef = coef[:, : rows.shape[1]]
-    w -= w_s @ coef
+    w.addmm_(w_s, coef, alpha=-1)  # in place, as below: no C_out × C_in product beside w
     hinv.addmm_(rows.T, coef, alpha=-1)  # in place: no C_in × C_in temporary
     w[:, channels] = 0.0
     hinv[channels, :] = 0.0

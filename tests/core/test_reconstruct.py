@@ -1,5 +1,9 @@
 """Every reconstruction formula against a slow, obvious reference on raw activations (numpy, float64)."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -7,12 +11,15 @@ import torch
 from core.stats.accumulate import InputStats
 from core.stats.reconstruct import (
     METHODS,
+    inverse_spd,
     project_rows,
     reconstruct_from_stats,
     reconstruct_linear,
     relative_output_error,
     solve_spd,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 RTOL = 1e-6
 
@@ -220,6 +227,70 @@ def test_solve_spd_falls_back_on_singular_matrix():
     with pytest.warns(RuntimeWarning, match="Cholesky failed"):
         sol = solve_spd(_t(g), _t(rhs), damp=0.0).numpy()
     np.testing.assert_allclose(g @ sol, rhs, rtol=1e-4, atol=1e-6)
+
+
+def test_inverse_spd_in_place_equals_the_damped_inverse():
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=(60, 9))
+    a[:, 4] = 0.0  # a dead channel: unit row and column, as in solve_spd
+    g = a.T @ a
+    built = []
+
+    def build():
+        built.append(_t(g).clone())
+        return built[-1]
+
+    inv = inverse_spd(build, damp=0.05)
+    assert len(built) == 1 and inv.data_ptr() == built[0].data_ptr()  # in the temporary's memory
+    live = [0, 1, 2, 3, 5, 6, 7, 8]
+    lam = 0.05 * np.mean(np.where(np.diag(g) > 0, np.diag(g), 1.0))
+    expected = np.linalg.inv(g[np.ix_(live, live)] + lam * np.eye(8))
+    _close(inv.numpy()[np.ix_(live, live)], expected)
+    assert float(inv[4, 4]) == pytest.approx(1 / (1 + lam)) and np.all(np.delete(inv.numpy()[4], 4) == 0)
+    assert torch.equal(inv, inv.T)
+
+
+def test_inverse_spd_retries_on_a_second_build_when_the_factorisation_fails():
+    rng = np.random.default_rng(4)
+    a = rng.normal(size=(3, 8))
+    g = a.T @ a - 1e-3 * np.eye(8)  # indefinite: the first in-place factorisation fails
+    calls = []
+
+    def build():
+        calls.append(1)
+        return _t(g).clone()
+
+    with pytest.warns(RuntimeWarning, match="Cholesky failed"):
+        inv = inverse_spd(build, damp=0.0)
+    assert len(calls) == 2
+    with pytest.warns(RuntimeWarning, match="Cholesky failed"):
+        expected = solve_spd(_t(g), None, damp=0.0)
+    assert torch.equal(inv, expected)
+    with pytest.raises(TypeError, match="float64"):
+        inverse_spd(lambda: torch.eye(3), 0.0)
+
+
+_INVERSE_PEAK = """
+import re, torch
+from core.stats.reconstruct import inverse_spd
+
+def hwm():
+    return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024
+
+n = 3000
+g = torch.randn(n, n, dtype=torch.float64).mul_(0.01)
+g.diagonal().add_(float(n))  # diagonally dominant: positive definite
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak from here on
+base = hwm()
+inv = inverse_spd(lambda: g.clone(), 1e-3)
+print((hwm() - base) / (n * n * 8 / 2**20))
+"""
+
+
+def test_inverse_spd_peaks_at_one_matrix_beyond_its_input():
+    out = subprocess.run([sys.executable, "-c", _INVERSE_PEAK], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert float(out.stdout) < 1.3  # the copy only; a factor and an inverse beside it would make 2–3
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

@@ -152,9 +152,12 @@ def test_skeleton_allocates_no_parameters_but_real_buffers(llama_dir):
     assert all(p.is_meta for p in layer.parameters())
 
 
-def test_prefetched_blocks_equal_synchronous_reads_and_are_read_in_the_background(llama_dir, monkeypatch):
+@pytest.mark.parametrize("at_load", [True, False], ids=["gpu-style", "cpu-style"])
+def test_prefetched_blocks_equal_synchronous_reads_and_are_read_in_the_background(llama_dir, monkeypatch, at_load):
     plain = StreamedModel(llama_dir, torch.float32, torch.device("cpu"), prefetch=False)
     ahead = StreamedModel(llama_dir, torch.float32, torch.device("cpu"))
+    assert not ahead.prefetch_at_load  # on the CPU the caller starts the next read
+    ahead.prefetch_at_load = at_load  # as on a GPU: loading block i starts reading block i + 1
     readers: dict[int, str] = {}
     read_block = StreamedModel._read_block
 
@@ -167,6 +170,9 @@ def test_prefetched_blocks_equal_synchronous_reads_and_are_read_in_the_backgroun
     for i in range(len(ahead.layers)):
         want = dict(plain.load_block(i).named_parameters())
         got = dict(ahead.load_block(i).named_parameters())
+        if not at_load:
+            assert not ahead._pending
+            ahead.prefetch(i + 1)  # what the block loop does once block i's solves are done
         assert want.keys() == got.keys()
         for name in want:
             assert torch.equal(got[name], want[name]), (i, name)
@@ -179,6 +185,39 @@ def test_prefetched_blocks_equal_synchronous_reads_and_are_read_in_the_backgroun
     ahead.close()
     ahead.load_block(0)  # still works after close, synchronously
     assert not ahead._pending
+
+
+def test_a_cpu_run_reads_the_next_block_only_after_the_solves_of_this_one(llama_dir, corpus, tmp_path, monkeypatch):
+    from core.pipeline import blocks
+
+    events: list[tuple[str, int]] = []
+    fit, prefetch, read_block = blocks._LayerFitter.fit, StreamedModel.prefetch, StreamedModel._read_block
+
+    def logged_fit(self, layer, li, unit, added):
+        fit(self, layer, li, unit, added)
+        events.append(("solved", li))
+
+    def logged_prefetch(self, i):
+        events.append(("prefetch", i))
+        prefetch(self, i)
+
+    def logged_read(self, i):
+        events.append(("read " + threading.current_thread().name.split("_")[0], i))
+        return read_block(self, i)
+
+    monkeypatch.setattr(blocks._LayerFitter, "fit", logged_fit)
+    monkeypatch.setattr(StreamedModel, "prefetch", logged_prefetch)
+    monkeypatch.setattr(StreamedModel, "_read_block", logged_read)
+    recipe = recipe_for(llama_dir, corpus, device="cpu", execution="stream")
+    prune(recipe, output_dir=tmp_path / "out").save(tmp_path / "out")
+    recon = events[events.index(("solved", 0)) :]  # the block loop, from the first solve on
+    n = max(i for kind, i in recon if kind == "solved") + 1
+    assert n > 1
+    for i in range(1, n):  # block i is asked for only after the last solve of block i - 1
+        last_solve = max(k for k, e in enumerate(recon) if e == ("solved", i - 1))
+        assert recon.index(("prefetch", i)) > last_solve, recon
+    reads = [(kind, i) for kind, i in recon if kind.startswith("read")]
+    assert reads == [("read liar-prefetch", i) for i in range(1, n)]  # each in the background, once
 
 
 def test_streamed_prune_without_prefetch_is_identical(llama_dir, corpus, tmp_path, monkeypatch):
