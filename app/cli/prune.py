@@ -373,7 +373,10 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         "groups, so every layer is a stock GQA attention; free (default) — one at a time, uneven groups "
         "gathered by index; auto — whole on a GPU, free on a CPU",
     )
-    p.add_argument("--criterion", help="pruning criterion: magnitude, random, flap, snip, kwon, taylor, kcm")
+    p.add_argument(
+        "--criterion",
+        help="pruning criterion: magnitude, random, flap, snip, kwon, taylor, kcm, obs (with --allocation global)",
+    )
     p.add_argument("--reconstruction", help="none | bias | mask_tuning | liar | ls (default ls, the exact refit)")
     p.add_argument(
         "--paper",

@@ -28,7 +28,7 @@ METHODS = list(_METHODS)
 CRITERIA = list(_CRITERIA)
 CRITERIA_INFO = (
     "magnitude · flap (activations) · snip, kwon, taylor (gradients of the calibration loss) · "
-    "kcm (neurons only) · random; options: edit the recipe YAML"
+    "kcm (neurons only) · obs (output-error paths, allocation global) · random; options: edit the recipe YAML"
 )
 NAMED_SETS = list(NAMED_DATASETS)
 MAX_UPLOAD_MB = 50

@@ -219,7 +219,7 @@ def _global(scores, adapter: Adapter, costs, target: int, modules: str) -> list[
         if pn:
             div = c["neuron"] if per_param else 1.0
             cand += [(float(v) / div, li, 1, k) for k, v in enumerate(s.neurons.tolist())]
-    cand.sort()
+    cand = sorted(c for c in cand if c[0] != float("inf"))  # +inf: a unit the criterion never gives up
     n_layers = len(scores)
     drop_heads = [set() for _ in range(n_layers)]
     drop_neurons: list[list[int]] = [[] for _ in range(n_layers)]
@@ -248,6 +248,12 @@ def _global(scores, adapter: Adapter, costs, target: int, modules: str) -> list[
                 group_left[li][idx // adapter.n_rep] -= 1
         else:
             drop_neurons[li].append(idx)
+    largest = max(c["head"] + c["kv"] + c["neuron"] for c in costs)
+    if target - removed > largest:
+        raise ValueError(
+            f"the ratio cannot be reached with the units the criterion lets go: "
+            f"{removed / max(target, 1):.0%} of the budget (criterion obs: raise or remove max_layer_ratio)"
+        )
     return _from_drops(adapter, costs, drop_heads, drop_neurons)
 
 

@@ -1,6 +1,6 @@
 """Pruning criteria, one module each; importing this package registers them all in ``REGISTRY``."""
 
-from core.criteria import flap, kcm, kwon, magnitude, random_baseline, snip, taylor  # noqa: F401  (registration)
+from core.criteria import flap, kcm, kwon, magnitude, obs, random_baseline, snip, taylor  # noqa: F401  (registration)
 from core.criteria.base import REGISTRY, Criterion, LayerInputs, Scores
 from core.spec.criteria import parse_options
 

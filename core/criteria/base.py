@@ -24,7 +24,7 @@ from torch import nn
 
 from core.models.adapter import Adapter
 from core.spec.criteria import CRITERION_OPTIONS, CriterionOptions
-from core.stats.accumulate import ChannelStats
+from core.stats.accumulate import ChannelStats, InputStats
 
 
 @dataclass
@@ -47,6 +47,11 @@ class Scores:
 class LayerInputs:
     attn: ChannelStats  # inputs of the attention output projection
     ffn: ChannelStats  # inputs of the FFN output projection
+    # with a criterion's ``second_order``: the Gram statistics of the same inputs, and the mean
+    # squared norm of the residual stream entering the block (per token)
+    attn_gram: InputStats | None = None
+    ffn_gram: InputStats | None = None
+    residual: ChannelStats | None = None
 
 
 class Criterion:
@@ -58,6 +63,9 @@ class Criterion:
     # how ``allocation: global`` spends the budget: one threshold over all units, or (Kwon et al.)
     # a search maximising the kept Fisher importance
     global_search: ClassVar[str] = "threshold"
+    # with needs == "inputs": also the inputs' Gram statistics (one layer's at a time: the dense model
+    # is then run block by block, in memory too)
+    second_order: ClassVar[bool] = False
 
     @property
     def options(self) -> type[CriterionOptions]:

@@ -10,28 +10,64 @@ import torch
 from torch import nn
 
 from core import criteria
-from core.criteria import LayerInputs
+from core.criteria import LayerInputs, Scores
 from core.criteria.gradients import check_loss_data, mask_gradients, weight_gradients
 from core.data.calibration import CalibrationBatch
 from core.models.adapter import Adapter
+from core.pipeline.runner import BlockRunner
 from core.spec.criteria import parse_options
 from core.spec.recipe import Recipe
-from core.stats.accumulate import ChannelStats
+from core.stats.accumulate import ChannelStats, InputStats
 
 
-def hook_layer_inputs(layer: nn.Module, adapter: Adapter, device, mask: Callable[[], torch.Tensor | None]):
+def hook_layer_inputs(
+    layer: nn.Module, adapter: Adapter, device, mask: Callable[[], torch.Tensor | None], second_order: bool = False
+):
     """``(LayerInputs, hook handles)``: per-channel statistics of the layer's o_proj / down_proj
-    inputs, fed by forward pre-hooks (``mask()``: the current batch's token mask)."""
+    inputs, fed by forward pre-hooks (``mask()``: the current batch's token mask); with
+    ``second_order`` also their Gram statistics and those of the residual stream entering the block."""
     fam = adapter.family
-    entry = LayerInputs(
-        ChannelStats(layer.get_submodule(fam.o).in_features, device),
-        ChannelStats(layer.get_submodule(fam.ffn_out).in_features, device),
-    )
-    handles = [
-        layer.get_submodule(path).register_forward_pre_hook(lambda _m, a, sink=sink: sink.add_batch(a[0], mask()))
-        for path, sink in ((fam.o, entry.attn), (fam.ffn_out, entry.ffn))
-    ]
+    o, ffn = layer.get_submodule(fam.o), layer.get_submodule(fam.ffn_out)
+    entry = LayerInputs(ChannelStats(o.in_features, device), ChannelStats(ffn.in_features, device))
+    sinks = [(o, entry.attn), (ffn, entry.ffn)]
+    if second_order:
+        entry.attn_gram, entry.ffn_gram = (
+            InputStats(o.in_features, device=device),
+            InputStats(ffn.in_features, device=device),
+        )
+        sinks += [(o, entry.attn_gram), (ffn, entry.ffn_gram)]
+    handles = [m.register_forward_pre_hook(lambda _m, a, sink=sink: sink.add_batch(a[0], mask())) for m, sink in sinks]
+    if second_order:
+        entry.residual = ChannelStats(adapter.hidden, device)
+
+        def residual(_m, args, kwargs):
+            entry.residual.add_batch(args[0] if args else kwargs["hidden_states"], mask())
+
+        handles.append(layer.register_forward_pre_hook(residual, with_kwargs=True))
     return entry, handles
+
+
+def score_by_blocks(runner, criterion, opts, adapter: Adapter, layers, device, load=None, free=None) -> list[Scores]:
+    """Every layer's scores, one block at a time on the dense model's hidden states (``runner``):
+    ``load(i)`` / ``free(i)`` bring block i in and out (streamed execution); the block is run on the
+    calibration data only when the criterion needs its inputs. Raw scores (before ``finalize``)."""
+    scores = []
+    for i, layer in enumerate(layers):
+        if load is not None:
+            load(i)
+        data = None
+        if criterion.needs == "inputs":
+            mask = lambda: runner.masks[runner.batch]  # noqa: E731
+            data, handles = hook_layer_inputs(layer, adapter, device, mask, criterion.second_order)
+            try:
+                runner.advance(layer)
+            finally:
+                for h in handles:
+                    h.remove()
+        scores.append(criterion.score(layer, adapter, i, opts, data))
+        if free is not None:
+            free(i)
+    return scores
 
 
 @torch.no_grad()
@@ -58,6 +94,9 @@ def score_layers(model: nn.Module, adapter: Adapter, recipe: Recipe, batches: li
     criterion, opts = criteria.get(name), parse_options(name, recipe.criterion.options)
     layers = adapter.layers(model)
     data: list[Any] = [None] * len(layers)
+    if criterion.second_order:  # one layer's Gram statistics at a time
+        runner = BlockRunner(model, adapter, batches, device)
+        return criterion.finalize(score_by_blocks(runner, criterion, opts, adapter, layers, device), opts)
     if criterion.needs == "inputs":
         data = dense_inputs(model, adapter, batches, device)
     elif criterion.needs == "gradients":

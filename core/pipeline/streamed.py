@@ -31,7 +31,7 @@ from core.models.safetensors_io import INDEX, write_shard
 from core.models.streaming import StreamedModel
 from core.pipeline.blocks import BlockIO
 from core.pipeline.runner import BlockRunner
-from core.pipeline.scoring import hook_layer_inputs
+from core.pipeline.scoring import score_by_blocks
 from core.spec.criteria import parse_options, streaming_refusal
 from core.spec.recipe import Recipe
 
@@ -81,20 +81,15 @@ class StreamSource:
         name = recipe.criterion.name
         criterion, opts = criteria.get(name), parse_options(name, recipe.criterion.options)
         runner = BlockRunner(self.model, self.adapter, batches, self.device) if criterion.needs == "inputs" else None
-        scores = []
-        for i, layer in enumerate(self.sm.layers):
+
+        def load(i: int) -> None:
             self.sm.load_block(i)
-            self.sm.prefetch(i + 1)  # no solves here: the next read may start at once
-            data = None
-            if runner is not None:
-                data, handles = hook_layer_inputs(layer, self.adapter, self.device, lambda: runner.masks[runner.batch])
-                try:
-                    runner.advance(layer)
-                finally:
-                    for h in handles:
-                        h.remove()
-            scores.append(criterion.score(layer, self.adapter, i, opts, data))
-            self.sm.free_block(i)
+            if not criterion.second_order:  # no solves while scoring: the next read may start at once
+                self.sm.prefetch(i + 1)
+
+        scores = score_by_blocks(
+            runner, criterion, opts, self.adapter, self.sm.layers, self.device, load, self.sm.free_block
+        )
         return criterion.finalize(scores, opts)
 
     @property

@@ -23,6 +23,7 @@ FLAP_STRUCTURES = ("UL-UM", "AL-AM")
 TAYLOR_MODES = ("param_first", "param_second", "param_mix", "vectorize")
 TAYLOR_AGGREGATIONS = ("sum", "prod", "max", "last")
 KCM_COMBINE = ("product", "rank")
+OBS_NORMALIZE = ("residual", "none")
 
 
 class CriterionOptions(BaseModel):
@@ -177,6 +178,32 @@ class KcmOptions(CriterionOptions):
             raise ValueError(f"KCM scores FFN neurons only: set modules: neurons (got {modules})")
 
 
+class ObsOptions(CriterionOptions):
+    """Options of ``obs``: units scored by the output error they leave behind (see core/criteria/obs.py)."""
+
+    name: ClassVar[str] = "obs"
+    max_layer_ratio: Any = None  # at most this fraction of a layer's heads and of its neurons go (None: no cap)
+    normalize: str = "residual"  # errors over the residual stream's energy entering the block | "none"
+    step: Any = 32  # neurons removed per round of a layer's greedy path
+
+    @model_validator(mode="after")
+    def _values(self) -> ObsOptions:
+        cap = self.max_layer_ratio
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap <= 1):
+            raise ValueError(f"obs: max_layer_ratio must be a fraction in (0, 1] or null, got {cap!r}")
+        _choice(self.normalize, OBS_NORMALIZE, "obs normalize")
+        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 1:
+            raise ValueError(f"obs: step must be a positive integer, got {self.step!r}")
+        return self
+
+    def check_recipe(self, modules: str, allocation: str) -> None:
+        if allocation != "global":
+            raise ValueError(
+                "criterion obs decides how many units each layer loses by ranking them across layers: "
+                f"set allocation: global (got {allocation})"
+            )
+
+
 CRITERION_OPTIONS: dict[str, type[CriterionOptions]] = {
     cls.name: cls
     for cls in (
@@ -186,6 +213,7 @@ CRITERION_OPTIONS: dict[str, type[CriterionOptions]] = {
         KwonOptions,
         TaylorOptions,
         KcmOptions,
+        ObsOptions,
         RandomOptions,
     )
 }

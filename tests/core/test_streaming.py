@@ -52,6 +52,8 @@ def _assert_same_checkpoint(memory_dir, stream_dir, atol=1e-6):
         ("llama", {"reconstruction": {"method": "mask_tuning"}}),
         ("llama", {"reconstruction": {"method": "none"}, "calibration": {"holdout_samples": 0}}),
         ("qwen2", {"criterion": {"name": "flap"}}),
+        ("llama", {"criterion": {"name": "obs"}, "allocation": "global"}),
+        ("qwen2", {"criterion": {"name": "obs", "options": {"max_layer_ratio": 0.8}}, "allocation": "global"}),
         ("mistral", {"modules": "neurons", "criterion": {"name": "kcm"}}),
         ("bert", {}),
         ("bert", {"criterion": {"name": "flap"}, "reconstruction": {"method": "bias"}}),
