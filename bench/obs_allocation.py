@@ -37,9 +37,9 @@ STEP = 32  # neurons per round of the FFN's path (the criterion's default)
 def one(args) -> dict:
     import torch
 
-    from bench.assets import rotten_tomatoes_split, wikipedia_split
+    from bench.unseen import both_texts
     from bench.unseen import recipe as bench_recipe
-    from core import perplexity, prune
+    from core import prune
 
     torch.set_num_threads(args.threads)
     options = {"normalize": "residual" if args.norm == "resid" else "none", "step": STEP}
@@ -58,11 +58,7 @@ def one(args) -> dict:
         "prune_seconds": round(result.seconds, 1),
         "layers": [[len(lp.heads), len(lp.neurons)] for lp in result.plan.layers],
     }
-    for name, path in (("wikipedia", wikipedia_split()[1]), ("rotten_tomatoes", rotten_tomatoes_split()["test"])):
-        row[name] = perplexity(result.model, result.tokenizer, str(path), seq_len=512, batch_size=4, max_windows=20)[
-            "perplexity"
-        ]
-    return row
+    return row | both_texts(result.model, result.tokenizer)
 
 
 # the same recipes' references, from unseen.md (same calibration, evaluation and day's engine)

@@ -47,8 +47,8 @@ def one(args) -> dict:
     """One cell, in a child process: prune (or load the dense model) and evaluate on both texts."""
     import torch
 
-    from bench.assets import rotten_tomatoes_split, smollm2_dir, wikipedia_split
-    from core import perplexity, prune
+    from bench.assets import smollm2_dir
+    from core import prune
     from core.models.loading import load_model
 
     torch.set_num_threads(args.threads)
@@ -64,9 +64,20 @@ def one(args) -> dict:
             heads=sorted({len(lp.heads) for lp in result.plan.layers}),
             ffn=sorted({len(lp.neurons) for lp in result.plan.layers}),
         )
-    for name, path in (("wikipedia", wikipedia_split()[1]), ("rotten_tomatoes", rotten_tomatoes_split()["test"])):
-        row[name] = perplexity(model, tok, str(path), seq_len=512, batch_size=4, max_windows=20)["perplexity"]
-    return row
+    return row | both_texts(model, tok)
+
+
+def both_texts(model, tok) -> dict[str, float]:
+    """Perplexity on 20 windows of 512 tokens of the Wikipedia evaluation split and of the Rotten
+    Tomatoes test snippets (the page's two columns)."""
+    from bench.assets import rotten_tomatoes_split, wikipedia_split
+    from core import perplexity
+
+    texts = (("wikipedia", wikipedia_split()[1]), ("rotten_tomatoes", rotten_tomatoes_split()["test"]))
+    return {
+        name: perplexity(model, tok, str(path), seq_len=512, batch_size=4, max_windows=20)["perplexity"]
+        for name, path in texts
+    }
 
 
 def write(rows: dict[str, dict], args) -> None:
