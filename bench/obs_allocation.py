@@ -34,32 +34,46 @@ OUT = ROOT / "docs" / "results" / "obs_allocation.md"
 STEP = 32  # neurons per round of the FFN's path (the criterion's default)
 
 
+MODELS = ("smollm2", "gemma3")  # SmolLM2-135M; Gemma 3 270M (sandwich norms) as a second decoder
+
+
 def one(args) -> dict:
     import torch
 
+    from bench.assets import gemma3_270m_dir
     from bench.unseen import both_texts
     from bench.unseen import recipe as bench_recipe
     from core import prune
 
     torch.set_num_threads(args.threads)
-    options = {"normalize": "residual" if args.norm == "resid" else "none", "step": STEP}
-    if args.cap:
-        options["max_layer_ratio"] = min(1.0, args.cap * args.ratio)
-    recipe = bench_recipe("auto", args.ratio) | {
-        "allocation": "global",
-        "criterion": {"name": "obs", "options": options},
-    }
+    recipe = bench_recipe("auto", args.ratio)  # the default recipe on SmolLM2's calibration
+    if args.model == "gemma3":
+        recipe["model"] = str(gemma3_270m_dir())
+    if args.recipe == "obs":
+        options = {"normalize": "residual" if args.norm == "resid" else "none", "step": STEP}
+        if args.cap:
+            options["max_layer_ratio"] = min(1.0, args.cap * args.ratio)
+        recipe |= {"allocation": "global", "criterion": {"name": "obs", "options": options}}
     result = prune(recipe)
     row = {
+        "model": args.model,
+        "recipe": args.recipe,
         "ratio": args.ratio,
-        "cap": args.cap,
-        "norm": args.norm,
+        "cap": args.cap if args.recipe == "obs" else 0.0,
+        "norm": args.norm if args.recipe == "obs" else "-",
         "achieved_ratio": result.achieved_ratio,
         "prune_seconds": round(result.seconds, 1),
         "layers": [[len(lp.heads), len(lp.neurons)] for lp in result.plan.layers],
     }
     return row | both_texts(result.model, result.tokenizer)
 
+
+def key(r: dict) -> str:
+    """A cell's key (rows measured before the model and recipe columns are SmolLM2's obs cells)."""
+    return f"{r.get('model', 'smollm2')}|{r.get('recipe', 'obs')}|{r['ratio']}|{r['cap']}|{r['norm']}"
+
+
+LABELS = {"smollm2": "SmolLM2-135M", "gemma3": "Gemma 3 270M"}
 
 # the same recipes' references, from unseen.md (same calibration, evaluation and day's engine)
 REFERENCE = {  # ratio: (paper-exact FLAP + LIAR, the default) on (Wikipedia, Rotten Tomatoes)
@@ -84,30 +98,46 @@ def write(rows: dict[str, dict], args) -> None:
         "curves), then the default pipeline. × paper / × default: against paper-exact FLAP + LIAR and the",
         "default recipe (uniform shares, `head_ratio: auto`) at the same target (`unseen.md`).",
         "",
-        "| target | cap | norm | removed | query heads per layer | FFN width | Wikipedia | × paper | × default "
-        "| Rotten Tomatoes | × paper | × default |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | target | recipe | removed | query heads per layer | FFN width | Wikipedia | × paper | × default "
+        "| Rotten Tomatoes | × paper | × default | prune s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(rows.values(), key=lambda r: (r["ratio"], r["cap"] or 99, r["norm"])):
-        (pw, pr), (dw, dr) = REFERENCE.get(r["ratio"], ((None, None), (None, None)))
+
+    def order(r: dict):
+        return (MODELS.index(r.get("model", "smollm2")), r["ratio"], r.get("recipe", "obs") == "obs", r["cap"] or 99)
+
+    def default_cell(model: str, ratio: float) -> tuple:
+        cell = rows.get(f"{model}|default|{ratio}|0.0|-")
+        if cell:
+            return cell["wikipedia"], cell["rotten_tomatoes"]
+        return REFERENCE.get(ratio, (None, (None, None)))[1] if model == "smollm2" else (None, None)
+
+    for r in sorted(rows.values(), key=order):
+        model = r.get("model", "smollm2")
+        pw, pr = REFERENCE.get(r["ratio"], ((None, None), None))[0] if model == "smollm2" else (None, None)
+        dw, dr = default_cell(model, r["ratio"])
         heads = sorted({h for h, _ in r["layers"]})
         widths = sorted({n for _, n in r["layers"]})
 
         def rel(x, ref):
             return f"{x / ref:.2f}" if ref else "–"
 
-        cap = f"{r['cap']:g} × ratio" if r["cap"] else "none"
+        if r.get("recipe", "obs") == "default":
+            what = "the default (uniform)"
+        else:
+            what = "obs, cap " + (f"{r['cap']:g} × ratio" if r["cap"] else "none") + f", {r['norm']}"
         lines.append(
-            f"| {r['ratio']:.0%} | {cap} | {r['norm']} "
+            f"| {LABELS[model]} | {r['ratio']:.0%} | {what} "
             f"| {r['achieved_ratio']:.2%} | {span(heads)} | {span(widths)} "
             f"| {r['wikipedia']:.2f} | {rel(r['wikipedia'], pw)} | {rel(r['wikipedia'], dw)} "
-            f"| {r['rotten_tomatoes']:.2f} | {rel(r['rotten_tomatoes'], pr)} | {rel(r['rotten_tomatoes'], dr)} |"
+            f"| {r['rotten_tomatoes']:.2f} | {rel(r['rotten_tomatoes'], pr)} | {rel(r['rotten_tomatoes'], dr)} "
+            f"| {r['prune_seconds']:.0f} |"
         )
     lines += ["", "Kept (heads, FFN width) per layer:", ""]
-    for r in sorted(rows.values(), key=lambda r: (r["ratio"], r["cap"] or 99, r["norm"])):
+    for r in sorted(rows.values(), key=order):
         lines.append(
-            f"- {r['ratio']:.0%}, cap {r['cap'] or 'none'}, {r['norm']}: "
-            + " ".join(f"{h}/{n}" for h, n in r["layers"])
+            f"- {LABELS[r.get('model', 'smollm2')]}, {r['ratio']:.0%}, {r.get('recipe', 'obs')}, "
+            f"cap {r['cap'] or 'none'}, {r['norm']}: " + " ".join(f"{h}/{n}" for h, n in r["layers"])
         )
     write_page(OUT, lines, rows, machine)
 
@@ -117,15 +147,23 @@ def main() -> None:
     p.add_argument("--ratios", nargs="+", type=float, default=[0.2, 0.5])
     p.add_argument("--caps", nargs="+", type=float, default=[0.0, 1.5], help="0: no cap")
     p.add_argument("--norm", choices=["resid", "none"], default="resid")
+    p.add_argument("--model", choices=MODELS, default="smollm2")
+    p.add_argument("--default", action="store_true", help="also measure the default recipe at each ratio")
     p.add_argument("--cap", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--recipe", choices=["obs", "default"], default="obs", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
         print("RESULT " + json.dumps(one(args)), flush=True)
         return
-    rows = saved_rows(OUT, lambda r: f"{r['ratio']}|{r['cap']}|{r['norm']}")
+    rows = saved_rows(OUT, key)
     todo = [] if args.report_only else [(r, c) for r in args.ratios for c in args.caps]
-    flags = ["--norm", args.norm, "--threads", str(args.threads)]
-    cells = [(f"{r}|{c}|{args.norm}", ["--ratio", str(r), "--cap", str(c), *flags]) for r, c in todo]
+    flags = ["--model", args.model, "--norm", args.norm, "--threads", str(args.threads)]
+    cells = []
+    for r, c in todo:
+        if args.default:  # the default recipe at the same target, measured by this script
+            cells.append((f"{args.model}|default|{r}|0.0|-", ["--recipe", "default", "--ratio", str(r), *flags]))
+        cells.append((f"{args.model}|obs|{r}|{c}|{args.norm}", ["--ratio", str(r), "--cap", str(c), *flags]))
+    cells = list(dict(cells).items())
 
     def done(key: str, row: dict) -> None:
         print(key, round(row["wikipedia"], 2), round(row["rotten_tomatoes"], 2), flush=True)

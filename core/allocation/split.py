@@ -3,7 +3,8 @@
 A uniform plan gives every layer a share of parameters to remove; ``auto`` spends it on heads at half
 the layer's ratio everywhere. Here each layer picks its own split when it is pruned, from the
 calibration statistics of its two output projections (o_proj and the FFN's down projection, whose
-outputs both add to the residual stream, so their errors are in the same units): the greedy OBS path
+outputs both add to the residual stream, so their errors are in the same units — through the gains
+of Gemma's sandwich norms, measured on the same pass, where the family has them): the greedy OBS path
 of each (:func:`core.stats.select.obs_curve`) gives the summed squared output error after removing
 ``k`` heads and ``n`` neurons with the rest refitted, and the layer takes the ``k`` minimising
 

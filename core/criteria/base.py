@@ -24,7 +24,7 @@ from torch import nn
 
 from core.models.adapter import Adapter
 from core.spec.criteria import CRITERION_OPTIONS, CriterionOptions
-from core.stats.accumulate import ChannelStats, InputStats
+from core.stats.accumulate import ChannelStats, InputStats, OutputGain
 
 
 @dataclass
@@ -52,6 +52,9 @@ class LayerInputs:
     attn_gram: InputStats | None = None
     ffn_gram: InputStats | None = None
     residual: ChannelStats | None = None
+    # the squared gains of the norms on o_proj's / the FFN's outputs (families with sandwich norms)
+    attn_gain: OutputGain | None = None
+    ffn_gain: OutputGain | None = None
 
 
 class Criterion:

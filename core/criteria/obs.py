@@ -8,13 +8,16 @@ removal, with the rest refitted. A unit's score is its marginal error along its 
 the round that removed it per unit, made non-decreasing so that a layer always loses a prefix of its
 path — divided (``normalize: residual``, the default) by the mean squared norm of the residual stream
 entering the block: the error a block adds is read against the signal it is added to, which grows
-with depth. ``allocation: global`` then ranks all units of all layers by score per parameter removed.
-Units past ``max_layer_ratio`` of their layer's heads or neurons are never reached by the path and
-score +inf.
+with depth. Where the family normalises the attention's and the FFN's outputs before they join the
+residual stream (Gemma's sandwich norms), each output row's errors are weighted by the squared gain
+of that norm measured on the calibration data (:class:`core.stats.accumulate.OutputGain`), so that
+all errors are the residual stream's. ``allocation: global`` then ranks all units of all layers by
+score per parameter removed. Units past ``max_layer_ratio`` of their layer's heads or neurons are
+never reached by the path and score +inf.
 
 Measured on SmolLM2-135M (``docs/results/obs_allocation.md``): best of every recipe at 20% (31.1
 against 40.2 for the uniform default, also on unseen text); at 50% without a cap it cuts half the
-layers to a twentieth and fails (245.7), with ``max_layer_ratio: 0.75`` 120.5. The curves are taken
+layers to a twentieth and fails (238.6), with ``max_layer_ratio: 0.75`` 120.5. The curves are taken
 on the dense model, one layer at a time: a heavily cut layer feeds the next ones inputs their curves
 never saw, which the summed local errors do not predict.
 """
@@ -28,6 +31,7 @@ from torch import nn
 
 from core.criteria.base import Criterion, Scores, needs_data, register
 from core.models.adapter import Adapter
+from core.stats.accumulate import in_residual_units
 from core.stats.select import Curve, obs_curve
 
 DAMP = 1e-3  # as the ls refit's default
@@ -66,14 +70,14 @@ class Obs(Criterion):
             scale = float(r.sumsq.sum() / r.count)
         cap = opts.max_layer_ratio
         heads = obs_curve(
-            layer.get_submodule(fam.o).weight,
+            in_residual_units(layer.get_submodule(fam.o).weight, inputs.attn_gain),
             inputs.attn_gram,
             path_length(adapter.n_heads, cap),
             adapter.head_dim,
             DAMP,
         )
         neurons = obs_curve(
-            layer.get_submodule(fam.ffn_out).weight,
+            in_residual_units(layer.get_submodule(fam.ffn_out).weight, inputs.ffn_gain),
             inputs.ffn_gram,
             path_length(adapter.n_neurons, cap),
             1,

@@ -47,6 +47,11 @@ class Family:
     attn_input_norm: str | None = None
     ffn_input_norm: str | None = None
     final_norm: str | None = None  # path from ``model.base_model`` to the norm after the last block
+    # Norms applied to the attention's / the FFN's *output* before it joins the residual stream
+    # (Gemma's sandwich norms): an error in o_proj's or the FFN's output reaches the residual scaled
+    # by their gain. None: the output is added as it is.
+    attn_output_norm: str | None = None
+    ffn_output_norm: str | None = None
     # q, k and v are consecutive row blocks of one projection (Phi-3's ``qkv_proj``; q, k and v then
     # name that one path), and likewise gate and up of ``ffn_in[0]`` (Phi-3's ``gate_up_proj``)
     qkv_fused: bool = False
@@ -83,9 +88,14 @@ _DECODER = dict(
     final_norm="norm",
 )
 
-# Gemma's sandwich norms: ``post_attention_layernorm`` normalises the attention's *output*; the FFN's
-# input norm is ``pre_feedforward_layernorm``
-_SANDWICH = {**_DECODER, "ffn_input_norm": "pre_feedforward_layernorm"}
+# Gemma's sandwich norms: ``post_attention_layernorm`` normalises the attention's *output*,
+# ``post_feedforward_layernorm`` the FFN's; the FFN's input norm is ``pre_feedforward_layernorm``
+_SANDWICH = {
+    **_DECODER,
+    "ffn_input_norm": "pre_feedforward_layernorm",
+    "attn_output_norm": "post_attention_layernorm",
+    "ffn_output_norm": "post_feedforward_layernorm",
+}
 
 FAMILIES: dict[str, Family] = {
     "llama": Family(

@@ -25,9 +25,9 @@ from core.models.adapter import Adapter, unit_costs
 from core.models.modeling_liar import ensure_bias, prune_heads_, prune_neurons_
 from core.pipeline.result import LayerReport
 from core.pipeline.runner import BlockRunner
-from core.pipeline.scoring import split_batches
+from core.pipeline.scoring import hook_output_gains, split_batches
 from core.spec.recipe import Recipe
-from core.stats.accumulate import InputStats
+from core.stats.accumulate import InputStats, OutputGain, in_residual_units
 from core.stats.reconstruct import (
     reconstruct_from_stats,
     relative_output_error_from_inputs,
@@ -235,11 +235,21 @@ def _select_heads(
 
 
 def _select_split(
-    lp: LayerPlan, li: int, adapter: Adapter, damp: float, split: SplitState, ffn: Curve, w: torch.Tensor, stats
+    lp: LayerPlan,
+    li: int,
+    adapter: Adapter,
+    damp: float,
+    split: SplitState,
+    ffn: Curve,
+    gain: OutputGain | None,
+    w: torch.Tensor,
+    stats: InputStats,
 ) -> torch.Tensor:
-    """``head_ratio: obs``: the layer's split from the error curves of o_proj (``w``, ``stats``) and
-    its FFN (``ffn``); writes it into ``lp`` and returns the kept heads' channel mask."""
+    """``head_ratio: obs``: the layer's split from the error curves of o_proj (``w``, ``stats``; its
+    output norm's ``gain`` where there is one) and its FFN (``ffn``); writes it into ``lp`` and
+    returns the kept heads' channel mask."""
     n_rep = adapter.n_rep if adapter.family.gqa else 1
+    w = in_residual_units(w, gain)
     limit = split.head_limit(li, adapter, lp)
     if split.whole or n_rep == 1:  # units of n_rep heads (one head without GQA)
         heads = obs_curve(w, stats, limit, n_rep * adapter.head_dim, damp)
@@ -286,11 +296,21 @@ def _prune_block(
     damp = recipe.reconstruction.damp
     select_heads = partial(_select_heads, lp, adapter, damp, whole_groups) if obs else None
     if split is not None:
-        ffn = fitter.stats_of(layer, fam.ffn_out)
-        w_ffn = layer.get_submodule(fam.ffn_out).weight
+        # the dense block's pass also measures the gains of the norms on its outputs (sandwich norms):
+        # both paths' errors are then the residual stream's
+        runner, n_fit = fitter.runner, fitter.n_fit
+        gains, handles = hook_output_gains(
+            layer, adapter, fitter.device, lambda: runner.masks[runner.batch], lambda: runner.batch < n_fit
+        )
+        try:
+            ffn = fitter.stats_of(layer, fam.ffn_out)
+        finally:
+            for h in handles:
+                h.remove()
+        w_ffn = in_residual_units(layer.get_submodule(fam.ffn_out).weight, gains.get("ffn"))
         curve = obs_curve(w_ffn, ffn, split.neuron_limit(li, adapter, lp), 1, damp, step=split.step(li, adapter, lp))
-        del ffn
-        select_heads = partial(_select_split, lp, li, adapter, damp, split, curve)
+        del ffn, w_ffn
+        select_heads = partial(_select_split, lp, li, adapter, damp, split, curve, gains.get("attn"))
     if len(lp.heads) < adapter.n_heads or split is not None:
         keep = _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
         unit = _Unit(

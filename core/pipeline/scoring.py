@@ -17,23 +17,30 @@ from core.models.adapter import Adapter
 from core.pipeline.runner import BlockRunner
 from core.spec.criteria import parse_options
 from core.spec.recipe import Recipe
-from core.stats.accumulate import ChannelStats, InputStats
+from core.stats.accumulate import ChannelStats, InputStats, OutputGain
 
 
 def hook_layer_inputs(
-    layer: nn.Module, adapter: Adapter, device, mask: Callable[[], torch.Tensor | None], second_order: bool = False
+    layer: nn.Module,
+    adapter: Adapter,
+    device,
+    mask: Callable[[], torch.Tensor | None],
+    second_order: bool = False,
+    stats_dtype: torch.dtype = torch.float64,
 ):
     """``(LayerInputs, hook handles)``: per-channel statistics of the layer's o_proj / down_proj
     inputs, fed by forward pre-hooks (``mask()``: the current batch's token mask); with
-    ``second_order`` also their Gram statistics and those of the residual stream entering the block."""
+    ``second_order`` also their Gram statistics (each batch's product in ``stats_dtype``), those of
+    the residual stream entering the block and the gains of the norms on the attention's and the
+    FFN's outputs where the family has them."""
     fam = adapter.family
     o, ffn = layer.get_submodule(fam.o), layer.get_submodule(fam.ffn_out)
     entry = LayerInputs(ChannelStats(o.in_features, device), ChannelStats(ffn.in_features, device))
     sinks = [(o, entry.attn), (ffn, entry.ffn)]
     if second_order:
         entry.attn_gram, entry.ffn_gram = (
-            InputStats(o.in_features, device=device),
-            InputStats(ffn.in_features, device=device),
+            InputStats(o.in_features, stats_dtype, device),
+            InputStats(ffn.in_features, stats_dtype, device),
         )
         sinks += [(o, entry.attn_gram), (ffn, entry.ffn_gram)]
     handles = [m.register_forward_pre_hook(lambda _m, a, sink=sink: sink.add_batch(a[0], mask())) for m, sink in sinks]
@@ -44,13 +51,39 @@ def hook_layer_inputs(
             entry.residual.add_batch(args[0] if args else kwargs["hidden_states"], mask())
 
         handles.append(layer.register_forward_pre_hook(residual, with_kwargs=True))
+        gains, more = hook_output_gains(layer, adapter, device, mask)
+        entry.attn_gain, entry.ffn_gain = gains.get("attn"), gains.get("ffn")
+        handles += more
     return entry, handles
 
 
-def score_by_blocks(runner, criterion, opts, adapter: Adapter, layers, device, load=None, free=None) -> list[Scores]:
+def hook_output_gains(
+    layer: nn.Module, adapter: Adapter, device, mask: Callable[[], torch.Tensor | None], counted=lambda: True
+) -> tuple[dict[str, OutputGain], list]:
+    """``({"attn": gain, "ffn": gain}, hook handles)``: the squared gains of the norms on the block's
+    attention and FFN outputs (sandwich norms; none where the family adds the outputs as they are),
+    fed by forward hooks on the batches where ``counted()``."""
+    fam, gains, handles = adapter.family, {}, []
+    for key, path in (("attn", fam.attn_output_norm), ("ffn", fam.ffn_output_norm)):
+        if path is None:
+            continue
+        gains[key] = gain = OutputGain(adapter.hidden, device)
+
+        def hook(_m, a, z, g=gain):
+            if counted():
+                g.add_batch(a[0], z, mask())
+
+        handles.append(layer.get_submodule(path).register_forward_hook(hook))
+    return gains, handles
+
+
+def score_by_blocks(
+    runner, criterion, opts, adapter: Adapter, layers, device, load=None, free=None, stats_dtype=torch.float64
+) -> list[Scores]:
     """Every layer's scores, one block at a time on the dense model's hidden states (``runner``):
     ``load(i)`` / ``free(i)`` bring block i in and out (streamed execution); the block is run on the
-    calibration data only when the criterion needs its inputs. Raw scores (before ``finalize``)."""
+    calibration data only when the criterion needs its inputs (Gram products in ``stats_dtype``, as
+    the recipe's). Raw scores (before ``finalize``)."""
     scores = []
     for i, layer in enumerate(layers):
         if load is not None:
@@ -58,7 +91,7 @@ def score_by_blocks(runner, criterion, opts, adapter: Adapter, layers, device, l
         data = None
         if criterion.needs == "inputs":
             mask = lambda: runner.masks[runner.batch]  # noqa: E731
-            data, handles = hook_layer_inputs(layer, adapter, device, mask, criterion.second_order)
+            data, handles = hook_layer_inputs(layer, adapter, device, mask, criterion.second_order, stats_dtype)
             try:
                 runner.advance(layer)
             finally:
@@ -96,7 +129,9 @@ def score_layers(model: nn.Module, adapter: Adapter, recipe: Recipe, batches: li
     data: list[Any] = [None] * len(layers)
     if criterion.second_order:  # one layer's Gram statistics at a time
         runner = BlockRunner(model, adapter, batches, device)
-        return criterion.finalize(score_by_blocks(runner, criterion, opts, adapter, layers, device), opts)
+        dtype = getattr(torch, recipe.stats_dtype)
+        scores = score_by_blocks(runner, criterion, opts, adapter, layers, device, stats_dtype=dtype)
+        return criterion.finalize(scores, opts)
     if criterion.needs == "inputs":
         data = dense_inputs(model, adapter, batches, device)
     elif criterion.needs == "gradients":

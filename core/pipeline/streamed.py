@@ -87,8 +87,9 @@ class StreamSource:
             if not criterion.second_order:  # no solves while scoring: the next read may start at once
                 self.sm.prefetch(i + 1)
 
+        dtype = getattr(torch, recipe.stats_dtype)
         scores = score_by_blocks(
-            runner, criterion, opts, self.adapter, self.sm.layers, self.device, load, self.sm.free_block
+            runner, criterion, opts, self.adapter, self.sm.layers, self.device, load, self.sm.free_block, dtype
         )
         return criterion.finalize(scores, opts)
 

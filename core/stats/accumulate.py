@@ -183,3 +183,33 @@ class ChannelStats:
     @property
     def mean_square(self) -> torch.Tensor:
         return self.sumsq / self.count
+
+
+class OutputGain:
+    """The squared gain of a norm applied to a projection's output, per output channel: ``Σ z² / Σ y²``
+    over the calibration tokens (``y`` the norm's input, ``z`` its output), streamed in float64. An
+    error ``δy`` in channel ``i`` of the projection's output reaches the norm's output about
+    ``gain[i]`` times as large in energy (an RMSNorm's ``γ_i² / rms(y)²``, averaged over the tokens
+    with weights ``y_i²``; the norm's own projection off ``y`` neglected)."""
+
+    def __init__(self, c_out: int, device="cpu"):
+        self.inputs = ChannelStats(c_out, device)
+        self.outputs = ChannelStats(c_out, device)
+
+    def add_batch(self, y: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        self.inputs.add_batch(y, mask)
+        self.outputs.add_batch(z, mask)
+
+    @property
+    def squared(self) -> torch.Tensor:
+        """Per channel; 1 where the input never moved (its gain is then unobserved and irrelevant)."""
+        y, z = self.inputs.sumsq, self.outputs.sumsq
+        return torch.where(y > 0, z / y.clamp_min(torch.finfo(y.dtype).tiny), torch.ones_like(y))
+
+
+def in_residual_units(weight: torch.Tensor, gain: OutputGain | None) -> torch.Tensor:
+    """``weight`` with each output row scaled by the gain of the norm its output passes before the
+    residual stream, so that output errors computed from it are the residual's; as is without one."""
+    if gain is None:
+        return weight
+    return weight * gain.squared.sqrt().to(weight.device, weight.dtype)[:, None]

@@ -15,7 +15,7 @@ from core.models.loading import load_model
 from core.pipeline.scoring import score_layers, split_batches
 from core.spec.criteria import parse_options
 from core.spec.recipe import Recipe
-from core.stats.accumulate import InputStats
+from core.stats.accumulate import InputStats, OutputGain
 from core.stats.select import Curve, obs_curve
 from tests.conftest import recipe_for
 
@@ -88,6 +88,57 @@ def test_obs_scores_are_the_refit_errors_of_the_greedy_path_over_the_residual_en
         )
         assert torch.isinf(scores[i].neurons).sum() == 1  # every neuron but the last one is on the path
         assert torch.isfinite(scores[i].heads).sum() == adapter.n_heads - 1
+
+
+def test_output_gain_is_the_ratio_of_summed_squares_per_channel():
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(3, 7, 5))
+    z = y * rng.uniform(0.5, 4.0, size=5) / np.sqrt((y**2).mean(-1, keepdims=True))  # an RMSNorm's output
+    mask = rng.random((3, 7)) > 0.3
+    gain = OutputGain(5)
+    gain.add_batch(torch.tensor(y[:2]), torch.tensor(z[:2]), torch.tensor(mask[:2]))
+    gain.add_batch(torch.tensor(y[2:]), torch.tensor(z[2:]), torch.tensor(mask[2:]))
+    ref = (z[mask] ** 2).sum(0) / (y[mask] ** 2).sum(0)
+    np.testing.assert_allclose(gain.squared.numpy(), ref, rtol=1e-12)
+    silent = OutputGain(2)
+    silent.add_batch(torch.zeros(4, 2), torch.zeros(4, 2))
+    assert silent.squared.tolist() == [1.0, 1.0]  # a channel that never moved: unobserved, left at 1
+
+
+def test_obs_reads_errors_through_the_sandwich_norms_into_residual_units(gemma3_dir, corpus):
+    """Gemma's o_proj and down_proj outputs pass a norm before the residual: each output row's errors
+    count with the squared gain that norm applies to it, measured on the raw activations here."""
+    recipe = Recipe.model_validate(
+        recipe_for(gemma3_dir, corpus, allocation="global", criterion={"name": "obs", "options": {"step": 1}})
+    )
+    model, tok, adapter = load_model(recipe.model, "float32", "cpu")
+    fam = adapter.family
+    fit, _ = decoder_windows(load_texts(recipe.calibration), tok, recipe.calibration)
+    scores = score_layers(model, adapter, recipe, split_batches(fit, 5), torch.device("cpu"))
+    raw, norms, hooks = _fit_rows(model, adapter, fit), {}, []
+    for i, layer in enumerate(adapter.layers(model)):
+        for key, path in (("attn", fam.attn_output_norm), ("ffn", fam.ffn_output_norm)):
+            hook = lambda _m, a, z, k=(i, key): norms.setdefault(k, []).append((a[0].flatten(0, 1), z.flatten(0, 1)))
+            hooks.append(layer.get_submodule(path).register_forward_hook(hook))
+    with torch.no_grad():
+        for b in split_batches(fit, 5):
+            model.base_model(input_ids=b.input_ids, attention_mask=b.attention_mask)
+    for h in hooks:
+        h.remove()
+    for i, layer in enumerate(adapter.layers(model)):
+        energy = float((raw[(i, "block")].double() ** 2).sum(1).mean())
+        for key, path, n, width in (
+            ("attn", fam.o, adapter.n_heads, adapter.head_dim),
+            ("ffn", fam.ffn_out, adapter.n_neurons, 1),
+        ):
+            y = torch.cat([p[0] for p in norms[(i, key)]]).double()
+            z = torch.cat([p[1] for p in norms[(i, key)]]).double()
+            gain = (z**2).sum(0) / (y**2).sum(0)
+            assert gain.max() / gain.min() > 1.5  # the rows weigh differently: the test sees the gain
+            w = layer.get_submodule(path).weight.detach().double() * gain.sqrt()[:, None]
+            curve = obs_curve(w, InputStats.from_tensor(raw[(i, key)].double()), n - 1, width, 1e-3, step=1)
+            got = scores[i].heads if key == "attn" else scores[i].neurons
+            torch.testing.assert_close(got * energy, marginal_scores(curve, n), rtol=1e-4, atol=0)
 
 
 def _capped(model_dir, corpus, ratio: float, cap: float) -> dict:

@@ -154,3 +154,26 @@ def test_obs_split_streamed_equals_in_memory(llama_dir, corpus, tmp_path):
     assert [lp.heads for lp in memory.plan.layers] == [lp.heads for lp in streamed.plan.layers]
     assert [len(lp.neurons) for lp in memory.plan.layers] == [len(lp.neurons) for lp in streamed.plan.layers]
     _assert_same_checkpoint(memory_dir, stream_dir)
+
+
+@pytest.mark.parametrize(("attn_scale", "ffn_scale"), [(30.0, 0.03), (0.03, 30.0)])
+def test_obs_split_weighs_errors_by_the_sandwich_norms_gains(gemma3_dir, corpus, tmp_path, attn_scale, ffn_scale):
+    """Gemma's attention and FFN outputs pass their own norms before the residual stream: the split
+    compares the two paths' errors in residual units. With the attention's norm scaled up and the
+    FFN's down, every layer keeps all its heads; the other way round, every layer sheds heads (the
+    errors before the norms are the same in both models: scaling a norm changes only what follows)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gemma3_dir)
+    for layer in model.model.layers:  # Gemma's RMSNorm scales by (1 + weight)
+        layer.mlp.gate_proj.weight.data *= 30  # tiny random weights leave the FFN nearly linear,
+        layer.mlp.up_proj.weight.data *= 30  # and any neuron's loss refittable from the rest
+        layer.post_attention_layernorm.weight.data.fill_(attn_scale - 1)
+        layer.post_feedforward_layernorm.weight.data.fill_(ffn_scale - 1)
+    model.save_pretrained(tmp_path / "m")
+    AutoTokenizer.from_pretrained(gemma3_dir).save_pretrained(tmp_path / "m")
+    result = prune(_obs_recipe(tmp_path / "m", corpus, ratio=0.3))
+    n_heads = result.adapter.n_heads
+    kept = [len(lp.heads) for lp in result.plan.layers]
+    assert all(k == n_heads for k in kept) if attn_scale > 1 else all(k < n_heads for k in kept), kept
+    assert abs(result.achieved_ratio - 0.3) < 0.02
