@@ -3,7 +3,6 @@ pruned model's own inputs, and the plan (keep-sets per layer) it follows."""
 
 from __future__ import annotations
 
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from core.criteria import Scores
 from core.data.calibration import CalibrationBatch
 from core.models.adapter import Adapter, unit_costs
 from core.models.modeling_liar import ensure_bias, prune_heads_, prune_neurons_
+from core.pipeline.measure import BlockSpeed, peak_memory_mb
 from core.pipeline.result import LayerReport
 from core.pipeline.runner import BlockRunner
 from core.pipeline.scoring import hook_output_gains, split_batches
@@ -55,12 +55,6 @@ class BlockIO:
 
     def done(self, index: int, layer: nn.Module) -> None:
         pass
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (KiB on Linux)
 
 
 class _NoStats:
@@ -412,40 +406,6 @@ def reconstruct_blocks(
     runner.hidden, runner.extra = [], []  # free the stored activations
     report("reconstruct", len(layers), len(layers))
     return fitter.finish(), layout
-
-
-class BlockSpeed:
-    """Forward time of every block on one calibration batch, dense (as loaded) and pruned — the
-    realised speed-up measured on this machine without the whole model in memory (a streamed run
-    never holds it). One timed run per block and kind (the sum over blocks averages the noise), after
-    one warm-up run of the first block of each kind; synchronised on GPUs. Costs about two block
-    passes over one batch per block (a few percent of a run)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {"dense": 0.0, "pruned": 0.0}
-        self._warm: set[str] = set()
-
-    def time(self, layer: nn.Module, runner: BlockRunner, which: str) -> None:
-        device = runner.device
-        if which not in self._warm:
-            runner.run(layer, 0)
-            self._warm.add(which)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        runner.run(layer, 0)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        self.seconds[which] += time.perf_counter() - t0
-
-    def metrics(self) -> dict[str, float]:
-        # The speed-up is computed from the rounded times, so the three numbers a user reads agree.
-        dense, pruned = round(self.seconds["dense"], 6), round(self.seconds["pruned"], 6)
-        return {
-            "block_seconds_dense": dense,
-            "block_seconds_pruned": pruned,
-            "block_speedup": round(dense / pruned, 4) if pruned > 0 else float("nan"),
-        }
 
 
 def round_to(recipe: Recipe, adapter: Adapter, device: torch.device) -> tuple[int, int]:

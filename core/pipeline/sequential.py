@@ -33,15 +33,14 @@ from core.models.safetensors_io import INDEX, SINGLE
 from core.models.streaming import checkpoint_directory
 from core.pipeline.blocks import (
     BlockIO,
-    BlockSpeed,
     Progress,
     make_plan,
     obs_split,
-    peak_memory_mb,
     reconstruct_blocks,
     resolved_kv_groups,
     round_to,
 )
+from core.pipeline.measure import BlockSpeed, peak_memory_mb
 from core.pipeline.preflight import as_recipe, check_model_fit
 from core.pipeline.result import PruneResult
 from core.pipeline.scoring import score_layers, split_batches
