@@ -40,6 +40,10 @@ def default_recipe(ratio: float, groups: str, heads: int = 1) -> dict:
         "model": str(smollm2_dir()),
         "ratio": ratio,
         "round_to": {"kv_groups": groups, "heads": heads},
+        # the uniform recipe these pages measure (criterion auto picks obs + global up to 30% since;
+        # bench/obs_allocation.py measures that)
+        "criterion": {"name": "magnitude"},
+        "allocation": "uniform",
         # heads at the layer's ratio, as this table was measured (the default became head_ratio: auto
         # afterwards; bench/head_ratio.py measures that split and overrides this)
         "head_ratio": "same",

@@ -1,13 +1,16 @@
 """A gradient-free non-uniform allocation from OBS error curves: ``criterion: obs`` with ``allocation: global``.
 
-The default recipe spends the budget uniformly: every layer loses the same share. Here each layer's
+Uniform shares spend the budget evenly: every layer loses the same share. Here each layer's
 share comes from how much output error its units leave behind once the rest is refitted: on the
 *dense* model, the greedy OBS paths of o_proj (heads) and of the FFN's down projection (neurons)
 give the error after each removal; each unit's marginal error (non-decreasing along its path),
 divided by the mean squared norm of the residual stream entering the block (``--norm resid``) or
 not (``--norm none``), is its score, and ``allocation: global`` ranks all units of all layers by score
 per parameter removed (``core/criteria/obs.py``). ``--cap`` sets ``max_layer_ratio`` to ``cap × ratio``.
-Everything else is the default recipe (OBS selection + ``ls``; FFN widths ×64).
+Everything else is the default pipeline (OBS selection + ``ls``; FFN widths ×64); ``--default`` also
+measures uniform shares (``criterion: magnitude``, ``head_ratio: auto``) at each ratio, the recipe the
+default (``criterion: auto``) runs beyond 30% and the ``× uniform`` column's reference. ``--model
+gemma3``: Gemma 3 270M with the same calibration and evaluation.
 
 Calibration and evaluation as in ``docs/results/unseen.md``: 128 × 128 tokens of the Wikipedia
 calibration articles; perplexity on 20 windows of 512 tokens of the Wikipedia evaluation split and of
@@ -46,7 +49,7 @@ def one(args) -> dict:
     from core import prune
 
     torch.set_num_threads(args.threads)
-    recipe = bench_recipe("auto", args.ratio)  # the default recipe on SmolLM2's calibration
+    recipe = bench_recipe("auto", args.ratio)  # uniform shares, head_ratio auto, on SmolLM2's calibration
     if args.model == "gemma3":
         recipe["model"] = str(gemma3_270m_dir())
     if args.recipe == "obs":
@@ -76,9 +79,9 @@ def key(r: dict) -> str:
 LABELS = {"smollm2": "SmolLM2-135M", "gemma3": "Gemma 3 270M"}
 
 # the same recipes' references, from unseen.md (same calibration, evaluation and day's engine)
-REFERENCE = {  # ratio: (paper-exact FLAP + LIAR, the default) on (Wikipedia, Rotten Tomatoes)
+REFERENCE = {  # ratio: (paper-exact FLAP + LIAR, uniform shares) on (Wikipedia, Rotten Tomatoes)
     0.2: ((44.09, 163.09), (40.24, 143.41)),
-    0.3: ((None, None), (54.33, None)),  # the default's Wikipedia cell from head_ratio.md; no others measured
+    0.3: ((None, None), (54.33, None)),  # uniform's Wikipedia cell from head_ratio.md; no others measured
     0.5: ((156.52, 498.72), (113.21, 407.04)),
 }
 
@@ -90,16 +93,18 @@ def write(rows: dict[str, dict], args) -> None:
 
     machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} torch threads"
     lines = [
-        "# Non-uniform allocation from OBS error curves: `criterion: obs` (SmolLM2-135M)",
+        "# Non-uniform allocation from OBS error curves: `criterion: obs` (SmolLM2-135M, Gemma 3 270M)",
         "",
         f"Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/obs_allocation.py`.",
         "",
         "`criterion: obs` with `allocation: global` (per-layer counts from the dense model's OBS error",
-        "curves), then the default pipeline. × paper / × default: against paper-exact FLAP + LIAR and the",
-        "default recipe (uniform shares, `head_ratio: auto`) at the same target (`unseen.md`).",
+        "curves), then OBS selection + `ls`; uniform: every layer the same share, `head_ratio: auto`",
+        "(magnitude counts). × paper / × uniform: against paper-exact FLAP + LIAR (SmolLM2, `unseen.md`)",
+        "and the uniform row of the same model and target. The default (`criterion: auto`) is obs up to",
+        "30% on decoders and uniform above.",
         "",
-        "| model | target | recipe | removed | query heads per layer | FFN width | Wikipedia | × paper | × default "
-        "| Rotten Tomatoes | × paper | × default | prune s |",
+        "| model | target | recipe | removed | query heads per layer | FFN width | Wikipedia | × paper | × uniform "
+        "| Rotten Tomatoes | × paper | × uniform | prune s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
@@ -123,7 +128,7 @@ def write(rows: dict[str, dict], args) -> None:
             return f"{x / ref:.2f}" if ref else "–"
 
         if r.get("recipe", "obs") == "default":
-            what = "the default (uniform)"
+            what = "uniform"
         else:
             what = "obs, cap " + (f"{r['cap']:g} × ratio" if r["cap"] else "none") + f", {r['norm']}"
         lines.append(
@@ -148,7 +153,7 @@ def main() -> None:
     p.add_argument("--caps", nargs="+", type=float, default=[0.0, 1.5], help="0: no cap")
     p.add_argument("--norm", choices=["resid", "none"], default="resid")
     p.add_argument("--model", choices=MODELS, default="smollm2")
-    p.add_argument("--default", action="store_true", help="also measure the default recipe at each ratio")
+    p.add_argument("--default", action="store_true", help="also measure uniform shares at each ratio")
     p.add_argument("--cap", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--recipe", choices=["obs", "default"], default="obs", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -160,7 +165,7 @@ def main() -> None:
     flags = ["--model", args.model, "--norm", args.norm, "--threads", str(args.threads)]
     cells = []
     for r, c in todo:
-        if args.default:  # the default recipe at the same target, measured by this script
+        if args.default:  # uniform shares at the same target, measured by this script
             cells.append((f"{args.model}|default|{r}|0.0|-", ["--recipe", "default", "--ratio", str(r), *flags]))
         cells.append((f"{args.model}|obs|{r}|{c}|{args.norm}", ["--ratio", str(r), "--cap", str(c), *flags]))
     cells = list(dict(cells).items())

@@ -30,8 +30,9 @@ OUT = ROOT / "docs" / "results" / "unseen.md"
 LABELS = {
     "dense": "dense",
     "paper": "paper-exact FLAP + LIAR (criterion's units, heads at the layer's ratio, exact widths)",
-    "auto": "**the default** (magnitude counts, OBS selection + `ls`, `head_ratio: auto`)",
-    "obs": "the default with `head_ratio: obs` (each layer's own split)",
+    "auto": "**uniform shares** (magnitude counts, OBS selection + `ls`, `head_ratio: auto`; "
+    "the default beyond 30%, and at every ratio until 2026-11-25)",
+    "obs": "uniform shares with `head_ratio: obs` (each layer's own split)",
 }
 
 

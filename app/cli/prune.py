@@ -352,7 +352,11 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="Hugging Face id or local directory")
     p.add_argument("--modules", choices=["heads", "neurons", "both"])
     p.add_argument("--ratio", type=float, help="fraction of transformer-block parameters to remove, in (0, 1)")
-    p.add_argument("--allocation", choices=["uniform", "global"])
+    p.add_argument(
+        "--allocation",
+        choices=["auto", "uniform", "global"],
+        help="auto (the default): what the criterion needs, global with criterion obs, else uniform",
+    )
     p.add_argument(
         "--head-ratio",
         type=_head_ratio,
@@ -375,7 +379,8 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--criterion",
-        help="pruning criterion: magnitude, random, flap, snip, kwon, taylor, kcm, obs (with --allocation global)",
+        help="pruning criterion: auto (the default: obs with global allocation for decoders up to 30%%, magnitude "
+        "otherwise), magnitude, random, flap, snip, kwon, taylor, kcm, obs",
     )
     p.add_argument("--reconstruction", help="none | bias | mask_tuning | liar | ls (default ls, the exact refit)")
     p.add_argument(

@@ -25,9 +25,10 @@ from jobs.service import JobService, SubmitError
 
 METHODS = list(_METHODS)
 # every registered criterion; their options go in the recipe YAML below the form
-CRITERIA = list(_CRITERIA)
+CRITERIA = ["auto", *_CRITERIA]
 CRITERIA_INFO = (
-    "magnitude · flap (activations) · snip, kwon, taylor (gradients of the calibration loss) · "
+    "auto (the default): obs with global allocation for decoders up to 30%, magnitude otherwise · magnitude · "
+    "flap (activations) · snip, kwon, taylor (gradients of the calibration loss) · "
     "kcm (neurons only) · obs (output-error paths, allocation global) · random; options: edit the recipe YAML"
 )
 NAMED_SETS = list(NAMED_DATASETS)

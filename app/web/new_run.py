@@ -29,11 +29,12 @@ def _pruning_column(models: list[str]) -> dict:
     with gr.Row():
         c["modules"] = gr.Radio(["both", "heads", "neurons"], value="both", label="Prune")
         c["allocation"] = gr.Radio(
-            ["uniform", "global"],
-            value="uniform",
+            ["auto", "uniform", "global"],
+            value="auto",
             label="Allocation",
-            info="uniform: every layer loses the ratio, its heads half of it (head_ratio: auto, measured best; "
-            "set it in the recipe YAML); global: one ranking over all layers",
+            info="auto: what the criterion needs (global for obs, which criterion auto picks for decoders up to 30%); "
+            "uniform: every layer loses the ratio, its heads half of it (head_ratio: auto); global: one ranking "
+            "over all layers",
         )
         c["round_neurons"] = gr.Dropdown(
             forms.ROUND_CHOICES,
@@ -57,7 +58,7 @@ def _pruning_column(models: list[str]) -> dict:
         elem_id="ratio",
     )
     with gr.Row():
-        c["criterion"] = gr.Dropdown(forms.CRITERIA, value="magnitude", label="Criterion", info=forms.CRITERIA_INFO)
+        c["criterion"] = gr.Dropdown(forms.CRITERIA, value="auto", label="Criterion", info=forms.CRITERIA_INFO)
         c["methods"] = gr.CheckboxGroup(
             forms.METHODS, value=["ls"], label="Reconstruction", info="several → a sweep, side by side"
         )

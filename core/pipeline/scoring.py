@@ -78,12 +78,21 @@ def hook_output_gains(
 
 
 def score_by_blocks(
-    runner, criterion, opts, adapter: Adapter, layers, device, load=None, free=None, stats_dtype=torch.float64
+    runner,
+    criterion,
+    opts,
+    adapter: Adapter,
+    layers,
+    device,
+    load=None,
+    free=None,
+    stats_dtype=torch.float64,
+    progress: Callable[[int], None] | None = None,
 ) -> list[Scores]:
     """Every layer's scores, one block at a time on the dense model's hidden states (``runner``):
     ``load(i)`` / ``free(i)`` bring block i in and out (streamed execution); the block is run on the
     calibration data only when the criterion needs its inputs (Gram products in ``stats_dtype``, as
-    the recipe's). Raw scores (before ``finalize``)."""
+    the recipe's); ``progress(i + 1)`` after block i. Raw scores (before ``finalize``)."""
     scores = []
     for i, layer in enumerate(layers):
         if load is not None:
@@ -100,6 +109,8 @@ def score_by_blocks(
         scores.append(criterion.score(layer, adapter, i, opts, data))
         if free is not None:
             free(i)
+        if progress is not None:
+            progress(i + 1)
     return scores
 
 
@@ -121,8 +132,16 @@ def dense_inputs(model: nn.Module, adapter: Adapter, batches: list[CalibrationBa
     return stats
 
 
-def score_layers(model: nn.Module, adapter: Adapter, recipe: Recipe, batches: list[CalibrationBatch], device) -> list:
-    """Every layer's criterion scores, with the data the criterion needs collected on the dense model."""
+def score_layers(
+    model: nn.Module,
+    adapter: Adapter,
+    recipe: Recipe,
+    batches: list[CalibrationBatch],
+    device,
+    progress: Callable[[int], None] | None = None,
+) -> list:
+    """Every layer's criterion scores, with the data the criterion needs collected on the dense model
+    (``progress(i)``: after each of the blocks a second-order criterion scores one at a time)."""
     name = recipe.criterion.name
     criterion, opts = criteria.get(name), parse_options(name, recipe.criterion.options)
     layers = adapter.layers(model)
@@ -130,7 +149,7 @@ def score_layers(model: nn.Module, adapter: Adapter, recipe: Recipe, batches: li
     if criterion.second_order:  # one layer's Gram statistics at a time
         runner = BlockRunner(model, adapter, batches, device)
         dtype = getattr(torch, recipe.stats_dtype)
-        scores = score_by_blocks(runner, criterion, opts, adapter, layers, device, stats_dtype=dtype)
+        scores = score_by_blocks(runner, criterion, opts, adapter, layers, device, stats_dtype=dtype, progress=progress)
         return criterion.finalize(scores, opts)
     if criterion.needs == "inputs":
         data = dense_inputs(model, adapter, batches, device)

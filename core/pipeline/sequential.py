@@ -69,8 +69,8 @@ class _MemorySource:
         self.device = next(model.parameters()).device
         self.io = BlockIO()
 
-    def score(self, recipe: Recipe, batches: list[CalibrationBatch]) -> list[Scores]:
-        return score_layers(self.model, self.adapter, recipe, batches, self.device)
+    def score(self, recipe: Recipe, batches: list[CalibrationBatch], progress=None) -> list[Scores]:
+        return score_layers(self.model, self.adapter, recipe, batches, self.device, progress)
 
     def abort(self) -> None:
         pass
@@ -156,7 +156,9 @@ def _run(
 ) -> PruneResult:
     model, adapter, device, tokenizer = source.model, source.adapter, source.device, source.tokenizer
     check_model_fit(recipe, model.config)
-    # what runs is what the result (and the checkpoint's recipe.yaml) records: select's auto resolved
+    # what runs is what the result (and the checkpoint's recipe.yaml) records: criterion, allocation
+    # and select's auto resolved
+    recipe = recipe.resolved(adapter.kind)
     select = recipe.reconstruction.resolved_select()
     recipe = recipe.model_copy(update={"reconstruction": recipe.reconstruction.model_copy(update={"select": select})})
     report("load", 1, 1)
@@ -170,7 +172,8 @@ def _run(
     n_layers = adapter.n_layers
     report("scoring", 0, n_layers)
     if scores is None:
-        scores = source.score(recipe, split_batches(fit, recipe.calibration.batch_size))
+        batches = split_batches(fit, recipe.calibration.batch_size)
+        scores = source.score(recipe, batches, lambda i: report("scoring", i, n_layers))
     elif len(scores) != n_layers:
         raise ValueError(f"scores cover {len(scores)} layers but the model has {n_layers}")
     rounding, groups = round_to(recipe, adapter, device), resolved_kv_groups(recipe, device)
@@ -202,6 +205,9 @@ def _run(
         peak_memory_mb=peak_memory_mb(device),
         scores=scores,
         metrics={
+            # what criterion / allocation auto resolved to (the recipe records them too)
+            "criterion": recipe.criterion.name,
+            "allocation": recipe.allocation,
             "round_to_heads": rounding[0],
             "round_to_neurons": rounding[1],
             "round_to_kv_groups": groups,

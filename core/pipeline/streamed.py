@@ -74,7 +74,7 @@ class StreamSource:
         self.digests[file] = write_shard(self.tmp / file, tensors)
         self.weight_map.update({name: file for name, _ in tensors})
 
-    def score(self, recipe: Recipe, batches: list[CalibrationBatch]) -> list:
+    def score(self, recipe: Recipe, batches: list[CalibrationBatch], progress=None) -> list:
         """Every layer's scores, each block read once (and run on the calibration data when the
         criterion needs its inputs)."""
         check_streamable(recipe)
@@ -89,7 +89,16 @@ class StreamSource:
 
         dtype = getattr(torch, recipe.stats_dtype)
         scores = score_by_blocks(
-            runner, criterion, opts, self.adapter, self.sm.layers, self.device, load, self.sm.free_block, dtype
+            runner,
+            criterion,
+            opts,
+            self.adapter,
+            self.sm.layers,
+            self.device,
+            load,
+            self.sm.free_block,
+            dtype,
+            progress,
         )
         return criterion.finalize(scores, opts)
 

@@ -48,6 +48,10 @@ class CriterionOptions(BaseModel):
     def check_recipe(self, modules: str, allocation: str) -> None:
         """Raise ``ValueError`` when the recipe's modules / allocation do not suit this criterion."""
 
+    def allocation(self) -> str:
+        """What ``allocation: auto`` means with this criterion: the one it needs, else uniform."""
+        return "uniform"
+
 
 def _choice(value: Any, allowed: tuple[str, ...], what: str) -> Any:
     if value not in allowed:
@@ -81,8 +85,11 @@ class FlapOptions(CriterionOptions):
         _choice(self.structure, FLAP_STRUCTURES, "FLAP structure")
         return self
 
+    def allocation(self) -> str:
+        return "global" if self.structure == "AL-AM" else "uniform"
+
     def check_recipe(self, modules: str, allocation: str) -> None:
-        need = "global" if self.structure == "AL-AM" else "uniform"
+        need = self.allocation()
         if allocation != need:
             raise ValueError(
                 f"FLAP structure {self.structure} allocates {'across layers' if need == 'global' else 'per layer'}: "
@@ -196,6 +203,9 @@ class ObsOptions(CriterionOptions):
             raise ValueError(f"obs: step must be a positive integer, got {self.step!r}")
         return self
 
+    def allocation(self) -> str:
+        return "global"
+
     def check_recipe(self, modules: str, allocation: str) -> None:
         if allocation != "global":
             raise ValueError(
@@ -223,7 +233,7 @@ WHOLE_MODEL_GRADIENTS = tuple(n for n, c in CRITERION_OPTIONS.items() if issubcl
 
 
 def streaming_refusal(name: str) -> str | None:
-    """Why criterion ``name`` cannot run streamed, or None when it can."""
+    """Why criterion ``name`` cannot run streamed, or None when it can (``auto`` always can)."""
     if name not in WHOLE_MODEL_GRADIENTS:
         return None
     ok = ", ".join(n for n in CRITERIA if n not in WHOLE_MODEL_GRADIENTS)
@@ -242,5 +252,5 @@ def parse_options(name: str, options: dict[str, Any], modules: str | None = None
     except ValidationError as exc:  # one plain sentence, not pydantic's report
         raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
     if modules is not None and allocation is not None:
-        parsed.check_recipe(modules, allocation)
+        parsed.check_recipe(modules, parsed.allocation() if allocation == "auto" else allocation)
     return parsed

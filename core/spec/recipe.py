@@ -8,9 +8,9 @@ Example::
     model: HuggingFaceTB/SmolLM2-135M-Instruct
     modules: both            # heads | neurons | both
     ratio: 0.2               # fraction of the transformer blocks' parameters removed
-    allocation: uniform      # uniform | global
+    allocation: auto         # auto | uniform | global
     head_ratio: auto         # uniform: heads removed per layer — auto (half the ratio) | same | obs | 0.25
-    criterion: {name: magnitude}
+    criterion: {name: auto}  # auto: obs + global for decoders up to 30%, magnitude + uniform otherwise
     reconstruction: {method: ls, damp: 0.001, select: auto}   # paper: {method: liar, select: criterion}
     calibration:
       dataset: wikitext2     # a named set, or a local .txt / .jsonl file
@@ -32,6 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from core.spec.criteria import CRITERIA, parse_options, streaming_refusal
 
 NAMED_DATASETS = ("wikitext2", "c4", "alpaca")
+# criterion ``auto`` spends a decoder's budget non-uniformly (criterion obs, allocation global) up to
+# this ratio, uniformly (magnitude) beyond it: measured on SmolLM2-135M and Gemma 3 270M
+# (docs/results/obs_allocation.md: better at 20% and 30%, worse at 40% and 50% on SmolLM2)
+AUTO_OBS_MAX_RATIO = 0.3
 # Bounds of the size-like fields: generous for real runs, but an input that would make a worker grow
 # until it is killed (a billion calibration samples) is refused at submission.
 MAX_SAMPLES = 100_000
@@ -47,15 +51,26 @@ class _Strict(BaseModel):
 
 
 class CriterionConfig(_Strict):
-    name: str = Field("magnitude", description="pruning criterion (see core.criteria.base.CRITERIA)")
+    name: str = Field(
+        "auto",
+        description="pruning criterion (see core.criteria.base.CRITERIA), or auto: obs with allocation global for "
+        f"a decoder pruned by at most {AUTO_OBS_MAX_RATIO:.0%} with the default reconstruction-aware selection "
+        "(measured best there) or with allocation global, magnitude otherwise",
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="criterion-specific options")
 
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in CRITERIA:
-            raise ValueError(f"unknown criterion {v!r}; choose one of {sorted(CRITERIA)}")
+        if v != "auto" and v not in CRITERIA:
+            raise ValueError(f"unknown criterion {v!r}; choose one of {['auto', *sorted(CRITERIA)]}")
         return v
+
+    @model_validator(mode="after")
+    def _auto_has_no_options(self) -> CriterionConfig:
+        if self.name == "auto" and self.options:
+            raise ValueError("criterion auto takes no options: name the criterion whose options these are")
+        return self
 
 
 class ReconstructionConfig(_Strict):
@@ -189,7 +204,12 @@ class Recipe(_Strict):
     model: str = Field(..., description="Hugging Face model id or local directory")
     modules: Literal["heads", "neurons", "both"] = "both"
     ratio: float = Field(..., description="fraction of the transformer blocks' parameters removed, in (0, 1)")
-    allocation: Literal["uniform", "global"] = "uniform"
+    allocation: Literal["auto", "uniform", "global"] = Field(
+        "auto",
+        description="how many units each layer loses: uniform (every layer the ratio), global (one ranking over "
+        "all layers), or auto: the one the criterion needs, global for criterion auto when it resolves to obs, "
+        "else uniform",
+    )
     head_ratio: float | Literal["auto", "same", "obs"] = Field(
         "auto",
         description="uniform allocation pruning heads and neurons: the fraction of each layer's query heads "
@@ -219,11 +239,38 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _criterion_fits(self) -> Recipe:
-        parse_options(self.criterion.name, self.criterion.options, self.modules, self.allocation)
+        if self.criterion.name != "auto":
+            parse_options(self.criterion.name, self.criterion.options, self.modules, self.allocation)
         refusal = streaming_refusal(self.criterion.name) if self.execution == "stream" else None
         if refusal:
             raise ValueError(refusal)
         return self
+
+    def resolved(self, kind: str) -> Recipe:
+        """This recipe with ``criterion: auto`` and ``allocation: auto`` made concrete for a model of
+        ``kind`` ("decoder" | "encoder"): what runs, and what the result and its checkpoint record.
+
+        Criterion auto is ``obs`` with allocation global for a decoder pruned by at most
+        ``AUTO_OBS_MAX_RATIO`` (heads and neurons, uniform-or-auto allocation, the default
+        reconstruction-aware selection, heads not split by ``head_ratio: obs``), or for any model
+        when allocation is global; ``magnitude`` otherwise."""
+        name, alloc = self.criterion.name, self.allocation
+        if name == "auto":
+            nonuniform = (
+                kind == "decoder"
+                and self.ratio <= AUTO_OBS_MAX_RATIO
+                and self.modules == "both"
+                and self.head_ratio != "obs"
+                and self.reconstruction.resolved_select() == "obs"
+            )
+            name = "obs" if alloc == "global" or (alloc == "auto" and nonuniform) else "magnitude"
+        if alloc == "auto":
+            alloc = parse_options(name, self.criterion.options).allocation()
+        if (name, alloc) == (self.criterion.name, self.allocation):
+            return self
+        return self.model_copy(
+            update={"criterion": CriterionConfig(name=name, options=self.criterion.options), "allocation": alloc}
+        )
 
     @field_validator("ratio")
     @classmethod

@@ -99,7 +99,7 @@ class ModelEntry(_Strict):
 class CriterionEntry(_Strict):
     name: str
     options: dict[str, Any] = Field(default_factory=dict)
-    allocation: Literal["uniform", "global"] | None = Field(None, description="overrides the base recipe's")
+    allocation: Literal["auto", "uniform", "global"] | None = Field(None, description="overrides the base recipe's")
     label: str | None = None
 
 

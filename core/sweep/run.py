@@ -79,9 +79,10 @@ _SCORES: dict[str, list] = {}
 
 
 def _scores_key(recipe: dict[str, Any]) -> str:
-    return json.dumps(
-        {k: recipe.get(k) for k in ("model", "criterion", "calibration", "dtype", "device")}, sort_keys=True
-    )
+    keys = ["model", "criterion", "calibration", "dtype", "device"]
+    if (recipe.get("criterion") or {}).get("name", "auto") == "auto":  # its criterion depends on the ratio
+        keys += ["ratio", "allocation", "modules", "head_ratio", "reconstruction"]
+    return json.dumps({k: recipe.get(k) for k in keys}, sort_keys=True)
 
 
 def _prune(cell: Cell) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:

@@ -174,3 +174,17 @@ def test_obs_options_and_recipe_fit_are_checked():
         parse_options("obs", {}, "both", "uniform")
     with pytest.raises(ValueError, match="calibration data"):  # it needs its inputs' statistics
         score_layer("obs", torch.nn.Linear(2, 2), None, 0, {}, None)
+
+
+@pytest.mark.parametrize("execution", ["memory", "stream"])
+def test_scoring_block_by_block_reports_each_block(llama_dir, corpus, tmp_path, execution):
+    """A criterion that scores one block at a time (the default's obs counts: a dense pass of its own)
+    reports each block, so a job shows the stage moving and can be cancelled between blocks."""
+    seen = []
+    recipe = recipe_for(llama_dir, corpus, allocation="global", criterion={"name": "obs"}, execution=execution)
+    out = tmp_path / "out" if execution == "stream" else None
+    result = prune(
+        recipe, progress=lambda stage, i, n: seen.append((i, n)) if stage == "scoring" else None, output_dir=out
+    )
+    n = len(result.plan.layers)  # the stage's opening (0, n) and closing (n, n) besides one per block
+    assert n > 1 and seen == [(0, n)] + [(i, n) for i in range(1, n + 1)] + [(n, n)]

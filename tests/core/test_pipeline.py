@@ -43,6 +43,7 @@ def slow_reference(recipe: Recipe, plan=None):
     """Algorithm 1 written plainly: whole-model forwards, activations kept in memory, float64 lstsq maths.
     ``plan``: the kept heads and neurons per layer (default: the recipe's allocation without rounding)."""
     model, tok, adapter = load_model(recipe.model, "float32", "cpu")
+    recipe = recipe.resolved(adapter.kind)  # criterion / allocation auto made concrete, as the pipeline does
     cfg = recipe.calibration
     fit, _ = (decoder_windows if adapter.kind == "decoder" else encoder_samples)(load_texts(cfg), tok, cfg)
     layers = adapter.layers(model)

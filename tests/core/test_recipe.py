@@ -158,3 +158,65 @@ def test_select_auto_resolves_by_method():
     assert ReconstructionConfig(method="liar").resolved_select() == "obs"
     assert ReconstructionConfig(method="none").resolved_select() == "criterion"  # no refit follows
     assert ReconstructionConfig(method="liar", select="criterion").resolved_select() == "criterion"
+
+
+DEFAULT_SELECTION = {"method": "ls", "select": "auto"}  # the default reconstruction (recipe_for sets the paper's)
+
+
+@pytest.mark.parametrize(
+    ("kind", "change", "expected"),
+    [
+        ("decoder", {}, ("obs", "global")),  # the default recipe at 20% on a decoder
+        ("decoder", {"ratio": 0.3}, ("obs", "global")),
+        ("decoder", {"ratio": 0.31}, ("magnitude", "uniform")),
+        ("decoder", {"ratio": 0.5}, ("magnitude", "uniform")),
+        ("encoder", {}, ("magnitude", "uniform")),
+        ("decoder", {"reconstruction": {"method": "liar", "select": "criterion"}}, ("magnitude", "uniform")),  # --paper
+        ("decoder", {"head_ratio": "obs"}, ("magnitude", "uniform")),
+        ("decoder", {"modules": "neurons"}, ("magnitude", "uniform")),
+        ("decoder", {"allocation": "uniform"}, ("magnitude", "uniform")),
+        ("encoder", {"allocation": "global", "ratio": 0.5}, ("obs", "global")),
+        ("decoder", {"criterion": {"name": "flap"}}, ("flap", "uniform")),
+        ("decoder", {"criterion": {"name": "flap", "options": {"structure": "AL-AM"}}}, ("flap", "global")),
+        ("encoder", {"criterion": {"name": "obs"}, "ratio": 0.5}, ("obs", "global")),
+        ("decoder", {"criterion": {"name": "magnitude"}, "allocation": "global"}, ("magnitude", "global")),
+    ],
+)
+def test_auto_criterion_and_allocation_resolve_by_model_kind_and_ratio(kind, change, expected, llama_dir, corpus):
+    data = recipe_for(llama_dir, corpus, ratio=0.2, criterion={"name": "auto"}, reconstruction=DEFAULT_SELECTION)
+    data |= change
+    recipe = Recipe.model_validate(data)
+    resolved = recipe.resolved(kind)
+    assert (resolved.criterion.name, resolved.allocation) == expected
+    assert Recipe.model_validate(resolved.model_dump()) == resolved  # a valid recipe, the one recorded
+    unchanged = {k: v for k, v in resolved.model_dump().items() if k not in ("criterion", "allocation")}
+    assert unchanged == {k: v for k, v in recipe.model_dump().items() if k not in ("criterion", "allocation")}
+
+
+def test_auto_criterion_takes_no_options_and_obs_still_needs_global(llama_dir, corpus):
+    with pytest.raises(ValidationError, match="criterion auto takes no options"):
+        Recipe.model_validate(recipe_for(llama_dir, corpus, criterion={"name": "auto", "options": {"step": 1}}))
+    with pytest.raises(ValidationError, match="set allocation: global"):
+        Recipe.model_validate(recipe_for(llama_dir, corpus, criterion={"name": "obs"}, allocation="uniform"))
+    default = {k: v for k, v in recipe_for(llama_dir, corpus).items() if k != "criterion"}
+    assert (Recipe.model_validate(default).criterion.name, Recipe.model_validate(default).allocation) == (
+        "auto",
+        "auto",
+    )
+
+
+@pytest.mark.parametrize(("ratio", "expected"), [(0.2, ("obs", "global")), (0.5, ("magnitude", "uniform"))])
+def test_the_default_recipe_runs_and_records_what_it_resolved_to(ratio, expected, llama_dir, corpus, tmp_path):
+    """``liar prune --model M --ratio R``: in memory and streamed, the result and the recipe.yaml of its
+    checkpoint carry the criterion and allocation that ran, and both runs write the same weights."""
+    from tests.core.test_streaming import _assert_same_checkpoint, _both
+
+    memory, memory_dir, streamed, stream_dir = _both(
+        llama_dir, corpus, tmp_path, ratio=ratio, reconstruction=DEFAULT_SELECTION, criterion={"name": "auto"}
+    )
+    for result, out in ((memory, memory_dir), (streamed, stream_dir)):
+        assert (result.recipe.criterion.name, result.recipe.allocation) == expected
+        assert result.achieved_ratio == pytest.approx(ratio, abs=0.03)
+        saved = Recipe.from_yaml((out / "recipe.yaml").read_text())
+        assert (saved.criterion.name, saved.allocation) == expected
+    _assert_same_checkpoint(memory_dir, stream_dir)

@@ -418,3 +418,16 @@ def test_grid_size_is_bounded(llama_dir, texts):
     ratios = [round(0.0001 * i, 4) for i in range(1, 501)]
     with pytest.raises(GridError, match="1001 cells exceed the limit of 1000"):
         parse_grid(grid_dict(llama_dir, texts, ratios=ratios, methods=("none", "liar")))
+
+
+def test_cells_share_scores_across_ratios_only_for_a_named_criterion():
+    """Scores are cached per model, criterion and calibration; criterion auto picks its criterion by
+    the ratio (and the other fields it reads), so its cells key by them too."""
+    from core.sweep.run import _scores_key
+
+    base = {"model": "m", "calibration": {"dataset": "wikitext2"}, "allocation": "auto"}
+    for crit in (None, {"name": "auto", "options": {}}):
+        auto = base | ({"criterion": crit} if crit else {})
+        assert _scores_key(auto | {"ratio": 0.2}) != _scores_key(auto | {"ratio": 0.5})
+    named = base | {"criterion": {"name": "flap", "options": {}}}
+    assert _scores_key(named | {"ratio": 0.2}) == _scores_key(named | {"ratio": 0.5})
