@@ -75,6 +75,7 @@ class Obs(Criterion):
             path_length(adapter.n_heads, cap),
             adapter.head_dim,
             DAMP,
+            release=True,
         )
         neurons = obs_curve(
             in_residual_units(layer.get_submodule(fam.ffn_out).weight, inputs.ffn_gain),
@@ -83,9 +84,8 @@ class Obs(Criterion):
             1,
             DAMP,
             step=opts.step,
+            release=True,
         )
-        inputs.attn_gram.free()
-        inputs.ffn_gram.free()
         return Scores(
             heads=marginal_scores(heads, adapter.n_heads, scale),
             neurons=marginal_scores(neurons, adapter.n_neurons, scale),

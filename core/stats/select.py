@@ -28,50 +28,113 @@ from core.stats.accumulate import InputStats
 from core.stats.reconstruct import centred_block, inverse_spd
 
 SELECT_PRECISION = torch.float64  # as the solves
+COMPACT_BELOW = 0.85  # working matrices are compacted once live channels fall under this share
 
 
-def damped_inverse_covariance(stats: InputStats, damp: float) -> torch.Tensor:
+def damped_inverse_covariance(stats: InputStats, damp: float, consume: bool = False) -> torch.Tensor:
     """``(C + λI)⁻¹`` of the centred input covariance ``C = G − n μμᵀ``, damped, with dead channels and
     failed factorisations handled as in every other solve (:func:`~core.stats.reconstruct.solve_spd`),
-    computed in the memory of one copy of G (:func:`~core.stats.reconstruct.inverse_spd`)."""
+    computed in the memory of one copy of G (:func:`~core.stats.reconstruct.inverse_spd`).
+
+    ``consume``: ``stats`` are not needed afterwards; G is centred, factorised and inverted in its own
+    memory and the statistics are freed, so no second C × C float64 matrix exists at any point. Only a
+    float32 copy of C is kept meanwhile, for the retries of a factorisation that fails (which
+    overwrites G): their damping is raised tenfold, far above float32's rounding of C."""
     n = stats.count
     mu = stats.sum.to(SELECT_PRECISION) / n
-    return inverse_spd(lambda: centred_block(stats.gram.to(SELECT_PRECISION), mu, n), damp)
+    if not consume:
+        return inverse_spd(lambda: centred_block(stats.gram.to(SELECT_PRECISION), mu, n), damp)
+    first = [stats.gram.addr_(mu, mu, alpha=-n)]  # float64 totals: the statistics' own matrix
+    backup = first[0].to(torch.float32)
+    stats.free()
+    return inverse_spd(lambda: first.pop() if first else backup.to(SELECT_PRECISION), damp)
 
 
-def _unit_errors(w: torch.Tensor, hinv: torch.Tensor, units: torch.Tensor, group: int) -> torch.Tensor:
-    """``E({u})`` for each unit in ``units`` (indices of units of ``group`` channels)."""
-    if group == 1:  # column norms by a reduction: no C_out × C_in temporary of the squares
-        return torch.linalg.vector_norm(w, dim=0)[units].square() / hinv.diagonal()[units]
-    ch = (units[:, None] * group + torch.arange(group, device=units.device)).reshape(-1)
-    blocks = hinv[ch][:, ch].reshape(len(units), group, len(units), group)
-    idx = torch.arange(len(units), device=units.device)
+def _unit_errors(wt: torch.Tensor, hinv: torch.Tensor, first: torch.Tensor, group: int) -> torch.Tensor:
+    """``E({u})`` for the units whose ``group`` channels start at rows ``first`` of ``wt`` (the weights
+    transposed: one row per input channel) and of ``hinv``."""
+    if group == 1:  # row norms of the transposed weights: a contiguous reduction, no C_in × C_out temporary
+        return torch.linalg.vector_norm(wt, dim=1)[first].square() / hinv.diagonal()[first]
+    ch = (first[:, None] + torch.arange(group, device=first.device)).reshape(-1)
+    blocks = hinv[ch][:, ch].reshape(len(first), group, len(first), group)
+    idx = torch.arange(len(first), device=first.device)
     h_uu = blocks[idx, :, idx, :]  # (units, group, group)
-    w_u = w[:, ch].reshape(w.shape[0], len(units), group).permute(1, 0, 2)  # (units, C_out, group)
+    w_u = wt[ch].reshape(len(first), group, wt.shape[1])  # (units, group, C_out)
     # H⁻¹_uu is a principal block of an SPD matrix: Cholesky. (A batched LU solve, torch.linalg.solve,
     # failed on 2 CPU threads with torch 2.13's MKL for SmolLM2's 192-channel key/value groups: "Pivots
     # given to lu_solve must all be greater or equal to 1", DLASWP parameter errors.)
-    solved = torch.cholesky_solve(w_u.transpose(1, 2), torch.linalg.cholesky(h_uu))  # (units, group, C_out)
-    return (w_u.transpose(1, 2) * solved).sum((1, 2))
+    solved = torch.cholesky_solve(w_u, torch.linalg.cholesky(h_uu))  # (units, group, C_out)
+    return (w_u * solved).sum((1, 2))
 
 
-def _remove(w: torch.Tensor, hinv: torch.Tensor, channels: torch.Tensor, error: bool = False) -> torch.Tensor | None:
-    """Remove ``channels``: compensate ``w`` and update ``hinv`` in place. With ``error``, returns the
-    rise of the summed squared output error, ``tr(W_S (H⁻¹_SS)⁻¹ W_Sᵀ)`` (0-d, not read back)."""
-    h_ss = hinv[channels][:, channels]
-    rows = hinv[channels]  # (|S|, C_in)
-    w_s = w[:, channels]
-    rhs = torch.cat([rows, w_s.T], 1) if error else rows
-    coef = torch.linalg.solve(h_ss, rhs)  # (H⁻¹_SS)⁻¹ H⁻¹_S,:  [| (H⁻¹_SS)⁻¹ W_Sᵀ]
-    rise = (w_s.T * coef[:, rows.shape[1] :]).sum() if error else None
-    coef = coef[:, : rows.shape[1]]
-    w.addmm_(w_s, coef, alpha=-1)  # in place, as below: no C_out × C_in product beside w
-    hinv.addmm_(rows.T, coef, alpha=-1)  # in place: no C_in × C_in temporary
-    w[:, channels] = 0.0
-    hinv[channels, :] = 0.0
-    hinv[:, channels] = 0.0
-    hinv[channels, channels] = 1.0  # removed channels stay out of later solves
-    return rise
+def _gather_rows(m: torch.Tensor, rows: torch.Tensor, chunk: int = 256) -> None:
+    """``m[:len(rows)] = m[rows]`` in place for increasing ``rows`` (so ``rows[i] >= i``): chunk by chunk,
+    each chunk read before any row it reads can be overwritten, with a temporary of ``chunk`` rows."""
+    for a in range(0, len(rows), chunk):
+        part = rows[a : a + chunk]
+        m[a : a + len(part)] = m[part]
+
+
+class _Work:
+    """The state of a greedy removal: the compensated weights, transposed (``wt``: one row per input
+    channel), and the inverse ``hinv`` of the damped covariance of the channels still in. Removed
+    channels are zeroed; once the live ones fall under ``COMPACT_BELOW`` of the working size both are
+    compacted in place to the live channels (the storage is kept, so memory never grows), so that every
+    later update costs the square of what is left rather than of what there was: a path to the last
+    unit then does about a third of the updates' work."""
+
+    def __init__(self, hinv: torch.Tensor, wt: torch.Tensor, group: int):
+        self.hinv, self.wt, self.group = hinv, wt, group
+        self.row = torch.arange(len(hinv), device=hinv.device)  # working row of each live input channel
+        self.removed = 0  # channels zeroed since the last compaction
+
+    def first_rows(self, units: torch.Tensor) -> torch.Tensor:
+        return self.row[units * self.group]  # a unit's channels stay consecutive: compaction keeps order
+
+    def channels(self, units: torch.Tensor) -> torch.Tensor:
+        return (self.first_rows(units)[:, None] + torch.arange(self.group, device=units.device)).reshape(-1)
+
+    def errors(self, units: torch.Tensor) -> torch.Tensor:
+        return _unit_errors(self.wt, self.hinv, self.first_rows(units), self.group)
+
+    def remove(self, units: torch.Tensor, error: bool = False) -> torch.Tensor | None:
+        """Remove ``units``: compensate the weights and update the inverse in place. With ``error``,
+        returns the rise of the summed squared output error, ``tr(W_S (H⁻¹_SS)⁻¹ W_Sᵀ)`` (0-d, on
+        the device)."""
+        wt, hinv, s = self.wt, self.hinv, self.channels(units)
+        h_ss = hinv[s][:, s]
+        rows = hinv[s]  # (|S|, live)
+        w_s = wt[s]  # (|S|, C_out)
+        rhs = torch.cat([rows, w_s], 1) if error else rows
+        coef = torch.linalg.solve(h_ss, rhs)  # (H⁻¹_SS)⁻¹ H⁻¹_S,:  [| (H⁻¹_SS)⁻¹ W_Sᵀ]
+        rise = (w_s * coef[:, rows.shape[1] :]).sum() if error else None
+        coef = coef[:, : rows.shape[1]]
+        wt.addmm_(coef.T, w_s, alpha=-1)  # in place, as below: no product beside the operands
+        hinv.addmm_(rows.T, coef, alpha=-1)
+        wt[s] = 0.0
+        hinv[s, :] = 0.0
+        hinv[:, s] = 0.0
+        hinv[s, s] = 1.0  # removed channels stay out of later solves
+        self.removed += len(s)
+        return rise
+
+    def compact(self, alive: torch.Tensor) -> None:
+        """Drop the removed channels' rows and columns once they are more than ``1 - COMPACT_BELOW``
+        of the working size (``alive``: the live units' mask)."""
+        size = len(self.hinv)
+        if size - self.removed >= COMPACT_BELOW * size:
+            return
+        units = alive.nonzero().squeeze(1)
+        keep = self.channels(units)
+        _gather_rows(self.wt, keep)
+        _gather_rows(self.hinv, keep)
+        n = len(keep)
+        for a in range(0, n, 256):  # the columns likewise, within the kept rows
+            part = keep[a : a + 256]
+            self.hinv[:n, a : a + len(part)] = self.hinv[:n, part]
+        self.wt, self.hinv = self.wt[:n], self.hinv[:n, :n]
+        self.row[units * self.group] = torch.arange(0, n, self.group, device=keep.device)
+        self.removed = 0
 
 
 def _greedy(
@@ -84,29 +147,33 @@ def _greedy(
     groups_of: list[int] | None,
     per_round: int,
     with_error: bool = False,
+    release: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
     """Greedy removal of ``n_remove`` candidate units, ``per_round`` at a time (one when constrained by
     ``groups_of``). Non-candidates are removed first, silently. Yields ``(dropped, error)``
     after each round: the units just dropped and, with ``with_error``, the rise of the output error
-    (0-d, on the device; else None)."""
+    (0-d, on the device; else None). ``release``: free ``stats`` once the inverse is built (the
+    caller's last use of them), before the working copy of the weights is made."""
     n_units = weight.shape[1] // group
     cand = list(range(n_units)) if candidates is None else sorted(candidates)
     if not 0 <= n_remove < len(cand):
         raise ValueError(f"cannot remove {n_remove} of {len(cand)} candidate units and keep one")
-    w = weight.detach().to(SELECT_PRECISION).clone()
-    hinv = damped_inverse_covariance(stats, damp).to(w.device)
-    dev = w.device
+    hinv = damped_inverse_covariance(stats, damp, consume=release).to(weight.device)
+    dev = hinv.device
+    wt = torch.empty(weight.shape[1], weight.shape[0], dtype=SELECT_PRECISION, device=dev)
+    work = _Work(hinv, wt.copy_(weight.detach().T), group)
     alive = torch.zeros(n_units, dtype=torch.bool, device=dev)
     alive[cand] = True
     gone = (~alive).nonzero().squeeze(1)
     if len(gone):
-        _remove(w, hinv, (gone[:, None] * group + torch.arange(group, device=dev)).reshape(-1))
+        work.remove(gone)
+        work.compact(alive)
     groups = None if groups_of is None else torch.tensor(groups_of, device=dev)
     if groups is not None:
         per_round = 1
     while n_remove > 0:
         units = alive.nonzero().squeeze(1)
-        errors = _unit_errors(w, hinv, units, group)
+        errors = work.errors(units)
         if groups is not None:  # the last kept unit of a group may not go
             g = groups[units]
             left = torch.zeros(int(groups.max()) + 1, dtype=torch.long, device=dev).index_add_(0, g, torch.ones_like(g))
@@ -115,8 +182,9 @@ def _greedy(
                 raise ValueError(f"cannot remove {n_remove} more units: every group is down to one")
         k = min(per_round, n_remove)
         drop = units[torch.topk(errors, k, largest=False).indices]
-        rise = _remove(w, hinv, (drop[:, None] * group + torch.arange(group, device=dev)).reshape(-1), with_error)
+        rise = work.remove(drop, with_error)
         alive[drop] = False
+        work.compact(alive)
         n_remove -= k
         yield drop, rise
 
@@ -186,12 +254,17 @@ def obs_curve(
     candidates: list[int] | None = None,
     groups_of: list[int] | None = None,
     step: int = 1,
+    release: bool = False,
 ) -> Curve:
     """The greedy OBS path of :func:`obs_select` removing up to ``n_remove`` units, ``step`` per round,
     with the output error after every round (exact for the sets removed: each round's rise is the
-    joint error of its units given the compensation of the rounds before; one read of the device)."""
+    joint error of its units given the compensation of the rounds before; one read of the device).
+    ``release``: ``stats`` are not needed after this call; they are freed as soon as the inverse is
+    built, so the path runs beside one C_in × C_in matrix rather than two."""
     order, rises, removed = [], [], [0]
-    for drop, error in _greedy(weight, stats, n_remove, group, damp, candidates, groups_of, step, with_error=True):
+    for drop, error in _greedy(
+        weight, stats, n_remove, group, damp, candidates, groups_of, step, with_error=True, release=release
+    ):
         order += drop.tolist()
         rises.append(error)
         removed.append(len(order))

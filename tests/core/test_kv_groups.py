@@ -203,7 +203,7 @@ def test_group_errors_of_smollm2_sized_groups():
     a = torch.randn(576, 576, generator=gen, dtype=torch.float64)
     hinv = a @ a.T / 576 + torch.eye(576, dtype=torch.float64)
     w = torch.randn(576, 576, generator=gen, dtype=torch.float64)
-    got = _unit_errors(w, hinv, torch.arange(3), 192)
+    got = _unit_errors(w.T.contiguous(), hinv, torch.arange(3) * 192, 192)
     for u in range(3):
         ch = slice(192 * u, 192 * (u + 1))
         expected = (w[:, ch] * torch.linalg.solve(hinv[ch, ch], w[:, ch].T).T).sum()

@@ -50,7 +50,7 @@ def test_unit_errors_equal_least_squares_refit_errors(group):
     x, w, b = _data()
     n_units = 12 // group
     hinv = damped_inverse_covariance(_stats(x), 0.0)
-    got = _unit_errors(torch.from_numpy(w), hinv, torch.arange(n_units), group)
+    got = _unit_errors(torch.from_numpy(w).T.contiguous(), hinv, torch.arange(n_units) * group, group)
     for u in range(n_units):
         expected = _refit_error(x, w, b, _channels([v for v in range(n_units) if v != u], group))
         assert float(got[u]) == pytest.approx(expected, rel=1e-4)
@@ -115,3 +115,50 @@ def test_obs_selection_streamed_equals_in_memory(llama_dir, corpus, tmp_path):
         list(map(int, lp.neurons)) for lp in memory.plan.layers
     ]
     _assert_same_checkpoint(memory_dir, stream_dir)
+
+
+@pytest.mark.parametrize(("group", "step", "candidates"), [(1, 7, None), (4, 1, None), (4, 1, list(range(0, 50, 2)))])
+def test_compacted_path_equals_the_uncompacted_one(group, step, candidates, monkeypatch):
+    """Compacting the working matrices to the live channels changes no choice and no error: the same
+    path as with every removed channel kept (zeroed) in the matrices, to the last unit."""
+    from core.stats import select
+
+    x, w, _ = _data(n=600, c_in=200, c_out=30, seed=4)
+    n_cand = 200 // group if candidates is None else len(candidates)
+    w_t, stats = torch.from_numpy(w), _stats(x)
+    got = select.obs_curve(w_t, stats, n_cand - 1, group, 1e-3, candidates, step=step)
+    monkeypatch.setattr(select, "COMPACT_BELOW", 0.0)  # never compact
+    plain = select.obs_curve(w_t, stats, n_cand - 1, group, 1e-3, candidates, step=step)
+    assert got.order == plain.order and got.removed == plain.removed
+    np.testing.assert_allclose(got.error, plain.error, rtol=1e-9)
+
+
+def test_a_released_path_frees_its_statistics_and_matches():
+    from core.stats.select import obs_curve
+
+    x, w, _ = _data(seed=5)
+    kept, released = _stats(x), _stats(x)
+    a = obs_curve(torch.from_numpy(w), kept, 11, 1, 1e-3)
+    b = obs_curve(torch.from_numpy(w), released, 11, 1, 1e-3, release=True)
+    assert kept.gram is not None and released.gram is None
+    assert a == b
+
+
+def test_consumed_inverse_equals_the_copied_one_also_when_the_factorisation_fails():
+    """The inverse built in the statistics' own memory equals the one built on a copy; where the
+    first factorisation fails (an indefinite matrix here) the retries run from the float32 copy."""
+    x, _, _ = _data(seed=6)
+    a, b = _stats(x), _stats(x)
+    np.testing.assert_array_equal(damped_inverse_covariance(a, 1e-3), damped_inverse_covariance(b, 1e-3, consume=True))
+    assert b.gram is None and a.gram is not None
+
+    def indefinite():
+        s = _stats(x[:, :2])
+        s.gram.copy_(torch.tensor([[1.0, 3.0], [3.0, 1.0]]) * len(x) + s.sum[:, None] * s.sum[None, :] / len(x))
+        return s
+
+    with pytest.warns(RuntimeWarning, match="Cholesky failed"):
+        copied = damped_inverse_covariance(indefinite(), 1e-3)
+    with pytest.warns(RuntimeWarning, match="Cholesky failed"):
+        consumed = damped_inverse_covariance(indefinite(), 1e-3, consume=True)
+    torch.testing.assert_close(consumed, copied, rtol=1e-6, atol=0)
