@@ -9,8 +9,9 @@ not (``--norm none``), is its score, and ``allocation: global`` ranks all units 
 per parameter removed (``core/criteria/obs.py``). ``--cap`` sets ``max_layer_ratio`` to ``cap × ratio``.
 Everything else is the default pipeline (OBS selection + ``ls``; FFN widths ×64); ``--default`` also
 measures uniform shares (``criterion: magnitude``, ``head_ratio: auto``) at each ratio, the recipe the
-default (``criterion: auto``) runs beyond 30% and the ``× uniform`` column's reference. ``--model
-gemma3``: Gemma 3 270M with the same calibration and evaluation.
+default (``criterion: auto``) ran beyond 30% until it became capped obs counts, and the ``× uniform``
+column's reference; ``--auto`` measures only the default itself (``criterion: auto``, as it resolves
+today) at each ratio. ``--model gemma3``: Gemma 3 270M with the same calibration and evaluation.
 
 Calibration and evaluation as in ``docs/results/unseen.md``: 128 × 128 tokens of the Wikipedia
 calibration articles; perplexity on 20 windows of 512 tokens of the Wikipedia evaluation split and of
@@ -57,16 +58,21 @@ def one(args) -> dict:
         if args.cap:
             options["max_layer_ratio"] = min(1.0, args.cap * args.ratio)
         recipe |= {"allocation": "global", "criterion": {"name": "obs", "options": options}}
+    elif args.recipe == "auto":  # the default as it resolves today
+        recipe |= {"allocation": "auto", "criterion": {"name": "auto"}}
+    elif args.recipe == "paper":  # paper-exact FLAP + LIAR, the "× paper" reference (unseen.md's recipe)
+        recipe = bench_recipe("paper", args.ratio) | {"model": recipe["model"]}
     result = prune(recipe)
     row = {
         "model": args.model,
         "recipe": args.recipe,
         "ratio": args.ratio,
-        "cap": args.cap if args.recipe == "obs" else 0.0,
+        "cap": args.cap if args.recipe == "obs" else 0.0,  # "resolved" below: what auto ran
         "norm": args.norm if args.recipe == "obs" else "-",
         "achieved_ratio": result.achieved_ratio,
         "prune_seconds": round(result.seconds, 1),
         "layers": [[len(lp.heads), len(lp.neurons)] for lp in result.plan.layers],
+        "resolved": {"criterion": result.recipe.criterion.model_dump(), "allocation": result.recipe.allocation},
     }
     return row | both_texts(result.model, result.tokenizer)
 
@@ -99,9 +105,10 @@ def write(rows: dict[str, dict], args) -> None:
         "",
         "`criterion: obs` with `allocation: global` (per-layer counts from the dense model's OBS error",
         "curves), then OBS selection + `ls`; uniform: every layer the same share, `head_ratio: auto`",
-        "(magnitude counts). × paper / × uniform: against paper-exact FLAP + LIAR (SmolLM2, `unseen.md`)",
-        "and the uniform row of the same model and target. The default (`criterion: auto`) is obs up to",
-        "30% on decoders and uniform above.",
+        "(magnitude counts). × paper / × uniform: against paper-exact FLAP + LIAR (SmolLM2: `unseen.md`;",
+        "Gemma: its paper-exact row) and the uniform row of the same model and target. The default",
+        "(`criterion: auto`) is obs on decoders up to 50%, with a soft cap of 1.2 × the ratio per layer",
+        "above 30%, and uniform shares above 50%.",
         "",
         "| model | target | recipe | removed | query heads per layer | FFN width | Wikipedia | × paper | × uniform "
         "| Rotten Tomatoes | × paper | × uniform | prune s |",
@@ -109,7 +116,8 @@ def write(rows: dict[str, dict], args) -> None:
     ]
 
     def order(r: dict):
-        return (MODELS.index(r.get("model", "smollm2")), r["ratio"], r.get("recipe", "obs") == "obs", r["cap"] or 99)
+        kind = {"paper": 0, "default": 1, "auto": 2}.get(r.get("recipe", "obs"), 3)
+        return (MODELS.index(r.get("model", "smollm2")), r["ratio"], kind, r["cap"] or 99)
 
     def default_cell(model: str, ratio: float) -> tuple:
         cell = rows.get(f"{model}|default|{ratio}|0.0|-")
@@ -117,9 +125,15 @@ def write(rows: dict[str, dict], args) -> None:
             return cell["wikipedia"], cell["rotten_tomatoes"]
         return REFERENCE.get(ratio, (None, (None, None)))[1] if model == "smollm2" else (None, None)
 
+    def paper_cell(model: str, ratio: float) -> tuple:
+        cell = rows.get(f"{model}|paper|{ratio}|0.0|-")
+        if cell:
+            return cell["wikipedia"], cell["rotten_tomatoes"]
+        return REFERENCE.get(ratio, ((None, None), None))[0] if model == "smollm2" else (None, None)
+
     for r in sorted(rows.values(), key=order):
         model = r.get("model", "smollm2")
-        pw, pr = REFERENCE.get(r["ratio"], ((None, None), None))[0] if model == "smollm2" else (None, None)
+        pw, pr = paper_cell(model, r["ratio"])
         dw, dr = default_cell(model, r["ratio"])
         heads = sorted({h for h, _ in r["layers"]})
         widths = sorted({n for _, n in r["layers"]})
@@ -129,6 +143,12 @@ def write(rows: dict[str, dict], args) -> None:
 
         if r.get("recipe", "obs") == "default":
             what = "uniform"
+        elif r.get("recipe") == "paper":
+            what = "paper-exact FLAP + LIAR"
+        elif r.get("recipe") == "auto":
+            c = r["resolved"]["criterion"]
+            cap = c["options"].get("max_layer_ratio")
+            what = f"**the default** (→ {c['name']}" + (f", soft cap {cap:g}" if cap else "") + ")"
         else:
             what = "obs, cap " + (f"{r['cap']:g} × ratio" if r["cap"] else "none") + f", {r['norm']}"
         lines.append(
@@ -155,7 +175,9 @@ def main() -> None:
     p.add_argument("--model", choices=MODELS, default="smollm2")
     p.add_argument("--default", action="store_true", help="also measure uniform shares at each ratio")
     p.add_argument("--cap", type=float, default=0.0, help=argparse.SUPPRESS)
-    p.add_argument("--recipe", choices=["obs", "default"], default="obs", help=argparse.SUPPRESS)
+    p.add_argument("--recipe", choices=["obs", "default", "auto", "paper"], default="obs", help=argparse.SUPPRESS)
+    p.add_argument("--paper", action="store_true", help="measure only paper-exact FLAP + LIAR at each ratio")
+    p.add_argument("--auto", action="store_true", help="measure only today's default (criterion auto) at each ratio")
     args = p.parse_args()
     if args.one:
         print("RESULT " + json.dumps(one(args)), flush=True)
@@ -164,7 +186,13 @@ def main() -> None:
     todo = [] if args.report_only else [(r, c) for r in args.ratios for c in args.caps]
     flags = ["--model", args.model, "--norm", args.norm, "--threads", str(args.threads)]
     cells = []
+    only = "auto" if args.auto else "paper" if args.paper else None
+    if only:
+        todo = [] if args.report_only else [(r, None) for r in args.ratios]
     for r, c in todo:
+        if c is None:
+            cells.append((f"{args.model}|{only}|{r}|0.0|-", ["--recipe", only, "--ratio", str(r), *flags]))
+            continue
         if args.default:  # uniform shares at the same target, measured by this script
             cells.append((f"{args.model}|default|{r}|0.0|-", ["--recipe", "default", "--ratio", str(r), *flags]))
         cells.append((f"{args.model}|obs|{r}|{c}|{args.norm}", ["--ratio", str(r), "--cap", str(c), *flags]))

@@ -31,7 +31,7 @@ LABELS = {
     "dense": "dense",
     "paper": "paper-exact FLAP + LIAR (criterion's units, heads at the layer's ratio, exact widths)",
     "auto": "**uniform shares** (magnitude counts, OBS selection + `ls`, `head_ratio: auto`; "
-    "the default beyond 30%, and at every ratio until 2026-11-25)",
+    "the default above 50%, and at every ratio until 2026-11-25)",
     "obs": "uniform shares with `head_ratio: obs` (each layer's own split)",
 }
 

@@ -97,13 +97,14 @@ def cmd_prune(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         return fail(str(exc))
     if args.dry_run:
-        from core.pipeline.preflight import preflight
+        from core.pipeline.preflight import model_kind, preflight
 
         try:
             preflight(recipe)
         except ValueError as exc:
             return fail(str(exc))
-        print(recipe.to_yaml(), end="")
+        kind = model_kind(recipe.model)  # the recipe as it will run, where the model is known offline
+        print((recipe if kind is None else recipe.resolved(kind)).to_yaml(), end="")
         return 0
 
     from core.pipeline.sequential import prune
@@ -379,8 +380,9 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--criterion",
-        help="pruning criterion: auto (the default: obs with global allocation for decoders up to 30%%, magnitude "
-        "otherwise), magnitude, random, flap, snip, kwon, taylor, kcm, obs",
+        help="pruning criterion: auto (the default: obs with global allocation for decoders up to 50%%, no layer "
+        "losing more than 1.2 x the ratio above 30%%; magnitude otherwise), magnitude, random, flap, snip, kwon, "
+        "taylor, kcm, obs",
     )
     p.add_argument("--reconstruction", help="none | bias | mask_tuning | liar | ls (default ls, the exact refit)")
     p.add_argument(
@@ -427,7 +429,12 @@ def _register_prune(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     p.add_argument("--ppl", help="also measure perplexity on this named set or text file")
     p.add_argument("--ppl-seq-len", type=int)
-    p.add_argument("--dry-run", action="store_true", help="validate and print the recipe, do nothing")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate and print the recipe as it will run (criterion auto resolved when the model config is local), "
+        "do nothing",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=cmd_prune)

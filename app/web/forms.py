@@ -27,7 +27,8 @@ METHODS = list(_METHODS)
 # every registered criterion; their options go in the recipe YAML below the form
 CRITERIA = ["auto", *_CRITERIA]
 CRITERIA_INFO = (
-    "auto (the default): obs with global allocation for decoders up to 30%, magnitude otherwise · magnitude · "
+    "auto (the default): obs with global allocation for decoders up to 50% (no layer losing more than "
+    "1.2 × the ratio above 30%), magnitude otherwise · magnitude · "
     "flap (activations) · snip, kwon, taylor (gradients of the calibration loss) · "
     "kcm (neurons only) · obs (output-error paths, allocation global) · random; options: edit the recipe YAML"
 )

@@ -32,7 +32,7 @@ def _pruning_column(models: list[str]) -> dict:
             ["auto", "uniform", "global"],
             value="auto",
             label="Allocation",
-            info="auto: what the criterion needs (global for obs, which criterion auto picks for decoders up to 30%); "
+            info="auto: what the criterion needs (global for obs, which criterion auto picks for decoders up to 50%); "
             "uniform: every layer loses the ratio, its heads half of it (head_ratio: auto); global: one ranking "
             "over all layers",
         )

@@ -207,25 +207,31 @@ def _from_drops(adapter: Adapter, costs, drop_heads: list[set[int]], drop_neuron
     return plans
 
 
+def _over_cap(mask: torch.Tensor | None, n: int) -> list[bool]:
+    return [False] * n if mask is None else mask.tolist()
+
+
 def _global(scores, adapter: Adapter, costs, target: int, modules: str) -> list[LayerPlan]:
     # standardised scores (FLAP's AL-AM) are ranked as they are; others by score per parameter removed
     per_param = not all(s.comparable for s in scores)
-    cand = []  # (rank key, layer, kind, index)
+    cand = []  # (past a soft cap, rank key, layer, kind, index)
     for li, (s, c) in enumerate(zip(scores, costs)):
         ph, pn = prunable(s, modules)
         if ph:
             div = c["head"] if per_param else 1.0
-            cand += [(float(v) / div, li, 0, h) for h, v in enumerate(s.heads.tolist())]
+            over = _over_cap(s.over_cap_heads, len(s.heads))
+            cand += [(o, float(v) / div, li, 0, h) for h, (v, o) in enumerate(zip(s.heads.tolist(), over))]
         if pn:
             div = c["neuron"] if per_param else 1.0
-            cand += [(float(v) / div, li, 1, k) for k, v in enumerate(s.neurons.tolist())]
-    cand = sorted(c for c in cand if c[0] != float("inf"))  # +inf: a unit the criterion never gives up
+            over = _over_cap(s.over_cap_neurons, len(s.neurons))
+            cand += [(o, float(v) / div, li, 1, k) for k, (v, o) in enumerate(zip(s.neurons.tolist(), over))]
+    cand = sorted(c for c in cand if c[1] != float("inf"))  # +inf: a unit the criterion never gives up
     n_layers = len(scores)
     drop_heads = [set() for _ in range(n_layers)]
     drop_neurons: list[list[int]] = [[] for _ in range(n_layers)]
     group_left = [[adapter.n_rep] * adapter.n_kv_heads for _ in range(n_layers)]
     removed = 0
-    for _, li, kind, idx in cand:
+    for _, _, li, kind, idx in cand:
         if removed >= target:
             break
         c = costs[li]

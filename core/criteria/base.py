@@ -38,6 +38,10 @@ class Scores:
     # False: this layer's heads / neurons are never pruned (e.g. LLM-Pruner's layer ranges)
     prunable_heads: bool = True
     prunable_neurons: bool = True
+    # True where a unit lies past a soft per-layer cap: global allocation takes such units only after
+    # every other unit of every layer (criterion obs with over_cap: last)
+    over_cap_heads: torch.Tensor | None = None  # (n_heads,) bool
+    over_cap_neurons: torch.Tensor | None = None  # (n_neurons,) bool
     # per-sample mask gradients for Kwon et al.'s per-layer mask rearrangement
     head_samples: torch.Tensor | None = None  # (n_samples, n_heads)
     neuron_samples: torch.Tensor | None = None  # (n_samples, n_neurons)

@@ -13,7 +13,9 @@ residual stream (Gemma's sandwich norms), each output row's errors are weighted 
 of that norm measured on the calibration data (:class:`core.stats.accumulate.OutputGain`), so that
 all errors are the residual stream's. ``allocation: global`` then ranks all units of all layers by
 score per parameter removed. Units past ``max_layer_ratio`` of their layer's heads or neurons are
-never reached by the path and score +inf.
+never reached by the path and score +inf; with ``over_cap: last`` the path runs on and they are
+marked instead, for the allocation to take only after every unit within every layer's cap (the
+default's cap: a ratio stays reachable whatever the model's head counts).
 
 Measured on SmolLM2-135M (``docs/results/obs_allocation.md``): best of every recipe at 20% (31.1
 against 40.2 for the uniform default, also on unseen text); at 50% without a cap it cuts half the
@@ -54,6 +56,13 @@ def path_length(n_units: int, cap: float | None) -> int:
     return n_units - 1 if cap is None else min(n_units - 1, math.floor(cap * n_units))
 
 
+def past_cap(curve: Curve, n_units: int, cap: float) -> torch.Tensor:
+    """The units a (full) path removes after the first ``cap`` of the layer's units."""
+    over = torch.zeros(n_units, dtype=torch.bool)
+    over[curve.order[path_length(n_units, cap) :]] = True
+    return over
+
+
 @register
 class Obs(Criterion):
     name = "obs"
@@ -69,10 +78,12 @@ class Obs(Criterion):
             r = inputs.residual
             scale = float(r.sumsq.sum() / r.count)
         cap = opts.max_layer_ratio
+        soft = cap is not None and opts.over_cap == "last"  # the whole path, units past the cap marked
+        walk = None if soft else cap
         heads = obs_curve(
             in_residual_units(layer.get_submodule(fam.o).weight, inputs.attn_gain),
             inputs.attn_gram,
-            path_length(adapter.n_heads, cap),
+            path_length(adapter.n_heads, walk),
             adapter.head_dim,
             DAMP,
             release=True,
@@ -80,7 +91,7 @@ class Obs(Criterion):
         neurons = obs_curve(
             in_residual_units(layer.get_submodule(fam.ffn_out).weight, inputs.ffn_gain),
             inputs.ffn_gram,
-            path_length(adapter.n_neurons, cap),
+            path_length(adapter.n_neurons, walk),
             1,
             DAMP,
             step=opts.step,
@@ -89,4 +100,6 @@ class Obs(Criterion):
         return Scores(
             heads=marginal_scores(heads, adapter.n_heads, scale),
             neurons=marginal_scores(neurons, adapter.n_neurons, scale),
+            over_cap_heads=past_cap(heads, adapter.n_heads, cap) if soft else None,
+            over_cap_neurons=past_cap(neurons, adapter.n_neurons, cap) if soft else None,
         )

@@ -78,6 +78,17 @@ def model_positions(model: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def model_kind(model: str) -> str | None:
+    """``"decoder"`` or ``"encoder"`` when the model's config is readable offline and its family is
+    supported (else None): what ``criterion: auto`` resolves by."""
+    try:
+        raw = _cached_config(model)
+    except ValueError:
+        return None
+    family = None if raw is None else family_of(raw.get("model_type"))
+    return None if family is None else family.kind
+
+
 def default_eval_seq_len(model: object, preferred: int = 512) -> int:
     """An evaluation window for ``model`` when none is asked for: ``preferred``, or the model's positions
     if fewer (a 256-position model gets 256) when its config is readable offline."""

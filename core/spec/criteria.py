@@ -24,6 +24,7 @@ TAYLOR_MODES = ("param_first", "param_second", "param_mix", "vectorize")
 TAYLOR_AGGREGATIONS = ("sum", "prod", "max", "last")
 KCM_COMBINE = ("product", "rank")
 OBS_NORMALIZE = ("residual", "none")
+OBS_OVER_CAP = ("never", "last")
 
 
 class CriterionOptions(BaseModel):
@@ -190,6 +191,9 @@ class ObsOptions(CriterionOptions):
 
     name: ClassVar[str] = "obs"
     max_layer_ratio: Any = None  # at most this fraction of a layer's heads and of its neurons go (None: no cap)
+    # units past the cap: never go (the ratio may then be out of reach), or go last, only when the
+    # units within every layer's cap cannot reach the ratio (the default's cap: any model can be pruned)
+    over_cap: str = "never"
     normalize: str = "residual"  # errors over the residual stream's energy entering the block | "none"
     step: Any = 32  # neurons removed per round of a layer's greedy path
 
@@ -199,6 +203,7 @@ class ObsOptions(CriterionOptions):
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap <= 1):
             raise ValueError(f"obs: max_layer_ratio must be a fraction in (0, 1] or null, got {cap!r}")
         _choice(self.normalize, OBS_NORMALIZE, "obs normalize")
+        _choice(self.over_cap, OBS_OVER_CAP, "obs over_cap")
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 1:
             raise ValueError(f"obs: step must be a positive integer, got {self.step!r}")
         return self

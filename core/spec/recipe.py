@@ -10,7 +10,7 @@ Example::
     ratio: 0.2               # fraction of the transformer blocks' parameters removed
     allocation: auto         # auto | uniform | global
     head_ratio: auto         # uniform: heads removed per layer — auto (half the ratio) | same | obs | 0.25
-    criterion: {name: auto}  # auto: obs + global for decoders up to 30%, magnitude + uniform otherwise
+    criterion: {name: auto}  # auto: obs + global for decoders up to 50% (capped above 30%), else magnitude + uniform
     reconstruction: {method: ls, damp: 0.001, select: auto}   # paper: {method: liar, select: criterion}
     calibration:
       dataset: wikitext2     # a named set, or a local .txt / .jsonl file
@@ -33,9 +33,14 @@ from core.spec.criteria import CRITERIA, parse_options, streaming_refusal
 
 NAMED_DATASETS = ("wikitext2", "c4", "alpaca")
 # criterion ``auto`` spends a decoder's budget non-uniformly (criterion obs, allocation global) up to
-# this ratio, uniformly (magnitude) beyond it: measured on SmolLM2-135M and Gemma 3 270M
-# (docs/results/obs_allocation.md: better at 20% and 30%, worse at 40% and 50% on SmolLM2)
-AUTO_OBS_MAX_RATIO = 0.3
+# AUTO_OBS_MAX_RATIO, uniformly (magnitude) beyond it; above AUTO_OBS_FREE_RATIO no layer loses more
+# than AUTO_OBS_CAP × the ratio of its heads or of its neurons (obs's max_layer_ratio). Measured on
+# SmolLM2-135M and Gemma 3 270M (docs/results/obs_allocation.md): uncapped obs counts are best at 20%
+# and 30% and collapse at 40% and 50% (many consecutive layers cut to a twentieth), where the cap at
+# 1.2 × the ratio is best of every recipe measured
+AUTO_OBS_FREE_RATIO = 0.3
+AUTO_OBS_MAX_RATIO = 0.5
+AUTO_OBS_CAP = 1.2
 # Bounds of the size-like fields: generous for real runs, but an input that would make a worker grow
 # until it is killed (a billion calibration samples) is refused at submission.
 MAX_SAMPLES = 100_000
@@ -55,7 +60,8 @@ class CriterionConfig(_Strict):
         "auto",
         description="pruning criterion (see core.criteria.base.CRITERIA), or auto: obs with allocation global for "
         f"a decoder pruned by at most {AUTO_OBS_MAX_RATIO:.0%} with the default reconstruction-aware selection "
-        "(measured best there) or with allocation global, magnitude otherwise",
+        f"(measured best there; above {AUTO_OBS_FREE_RATIO:.0%} no layer loses more than {AUTO_OBS_CAP} × the "
+        "ratio of its units) or with allocation global, magnitude otherwise",
     )
     options: dict[str, Any] = Field(default_factory=dict, description="criterion-specific options")
 
@@ -253,8 +259,10 @@ class Recipe(_Strict):
         Criterion auto is ``obs`` with allocation global for a decoder pruned by at most
         ``AUTO_OBS_MAX_RATIO`` (heads and neurons, uniform-or-auto allocation, the default
         reconstruction-aware selection, heads not split by ``head_ratio: obs``), or for any model
-        when allocation is global; ``magnitude`` otherwise."""
-        name, alloc = self.criterion.name, self.allocation
+        when allocation is global; ``magnitude`` otherwise. Above ``AUTO_OBS_FREE_RATIO`` the obs it
+        picks has ``max_layer_ratio`` ``AUTO_OBS_CAP`` × the ratio, a soft cap (``over_cap: last``: units
+        past it go only when the ratio cannot be reached otherwise, as on models with few heads)."""
+        name, alloc, options = self.criterion.name, self.allocation, self.criterion.options
         if name == "auto":
             nonuniform = (
                 kind == "decoder"
@@ -264,13 +272,14 @@ class Recipe(_Strict):
                 and self.reconstruction.resolved_select() == "obs"
             )
             name = "obs" if alloc == "global" or (alloc == "auto" and nonuniform) else "magnitude"
+            if name == "obs" and self.ratio > AUTO_OBS_FREE_RATIO:
+                cap = round(min(1.0, AUTO_OBS_CAP * self.ratio), 6)
+                options = {"max_layer_ratio": cap, "over_cap": "last"}
         if alloc == "auto":
-            alloc = parse_options(name, self.criterion.options).allocation()
+            alloc = parse_options(name, options).allocation()
         if (name, alloc) == (self.criterion.name, self.allocation):
             return self
-        return self.model_copy(
-            update={"criterion": CriterionConfig(name=name, options=self.criterion.options), "allocation": alloc}
-        )
+        return self.model_copy(update={"criterion": CriterionConfig(name=name, options=options), "allocation": alloc})
 
     @field_validator("ratio")
     @classmethod

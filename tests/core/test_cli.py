@@ -221,7 +221,10 @@ def test_dry_run_checks_what_the_model_config_tells(llama_dir, calib_file, tmp_p
     assert main([*base, "--seq-len", "100000", *out]) == 2
     assert "exceeds the model's limit" in capsys.readouterr().err
     assert main([*base, "--seq-len", "32", *out]) == 0
-    assert "max_seq_length: 32" in capsys.readouterr().out
+    printed = Recipe.from_yaml(capsys.readouterr().out)
+    assert printed.calibration.max_seq_length == 32
+    # the default criterion as it will run on this decoder at 30%: obs counts, globally ranked
+    assert (printed.criterion.name, printed.allocation) == ("obs", "global")
     assert not (tmp_path / "never").exists()
 
 

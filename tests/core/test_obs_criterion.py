@@ -141,8 +141,8 @@ def test_obs_reads_errors_through_the_sandwich_norms_into_residual_units(gemma3_
             torch.testing.assert_close(got * energy, marginal_scores(curve, n), rtol=1e-4, atol=0)
 
 
-def _capped(model_dir, corpus, ratio: float, cap: float) -> dict:
-    options = {"max_layer_ratio": cap}
+def _capped(model_dir, corpus, ratio: float, cap: float, over_cap: str = "never") -> dict:
+    options = {"max_layer_ratio": cap, "over_cap": over_cap}
     return recipe_for(
         model_dir, corpus, ratio=ratio, allocation="global", criterion={"name": "obs", "options": options}
     )
@@ -159,6 +159,21 @@ def test_obs_cap_limits_every_layer_and_refuses_an_unreachable_ratio(llama_dir, 
         prune(_capped(llama_dir, corpus, 0.6, 0.2))
 
 
+def test_a_soft_cap_changes_nothing_where_the_ratio_is_reachable_and_reaches_it_where_not(llama_dir, corpus):
+    """``over_cap: last`` (the default's cap): the same plan as the hard cap when the units within the
+    caps reach the ratio; otherwise the ratio is reached, every layer first losing all it may within
+    its cap."""
+    model, _, adapter = load_model(str(llama_dir), "float32", "cpu")
+    kept = lambda result: [(len(lp.heads), len(lp.neurons)) for lp in result.plan.layers]  # noqa: E731
+    hard = prune(_capped(llama_dir, corpus, 0.3, 0.5))
+    assert kept(prune(_capped(llama_dir, corpus, 0.3, 0.5, "last"))) == kept(hard)
+    soft = prune(_capped(llama_dir, corpus, 0.6, 0.2, "last"))  # the hard cap refuses this one (above)
+    assert soft.plan.ratio == pytest.approx(0.6, abs=0.03)
+    within = math.floor(0.2 * adapter.n_neurons)
+    assert all(adapter.n_neurons - len(lp.neurons) >= within for lp in soft.plan.layers)
+    assert any(adapter.n_neurons - len(lp.neurons) > within for lp in soft.plan.layers)
+
+
 def test_obs_options_and_recipe_fit_are_checked():
     assert REGISTRY["obs"].second_order and REGISTRY["obs"].needs == "inputs"
     for bad, msg in (
@@ -166,6 +181,7 @@ def test_obs_options_and_recipe_fit_are_checked():
         ({"max_layer_ratio": True}, "fraction"),
         ({"normalize": "layer"}, "obs normalize"),
         ({"step": 0}, "positive integer"),
+        ({"over_cap": "sometimes"}, "obs over_cap"),
         ({"cap": 0.5}, "no option"),
     ):
         with pytest.raises(ValueError, match=msg):

@@ -168,8 +168,9 @@ DEFAULT_SELECTION = {"method": "ls", "select": "auto"}  # the default reconstruc
     [
         ("decoder", {}, ("obs", "global")),  # the default recipe at 20% on a decoder
         ("decoder", {"ratio": 0.3}, ("obs", "global")),
-        ("decoder", {"ratio": 0.31}, ("magnitude", "uniform")),
-        ("decoder", {"ratio": 0.5}, ("magnitude", "uniform")),
+        ("decoder", {"ratio": 0.31}, ("obs", "global")),  # capped from here on
+        ("decoder", {"ratio": 0.5}, ("obs", "global")),
+        ("decoder", {"ratio": 0.51}, ("magnitude", "uniform")),
         ("encoder", {}, ("magnitude", "uniform")),
         ("decoder", {"reconstruction": {"method": "liar", "select": "criterion"}}, ("magnitude", "uniform")),  # --paper
         ("decoder", {"head_ratio": "obs"}, ("magnitude", "uniform")),
@@ -193,6 +194,19 @@ def test_auto_criterion_and_allocation_resolve_by_model_kind_and_ratio(kind, cha
     assert unchanged == {k: v for k, v in recipe.model_dump().items() if k not in ("criterion", "allocation")}
 
 
+@pytest.mark.parametrize(("ratio", "cap"), [(0.2, None), (0.3, None), (0.31, 0.372), (0.4, 0.48), (0.5, 0.6)])
+def test_auto_obs_caps_every_layer_above_30_percent(ratio, cap, llama_dir, corpus):
+    """Above 30% no layer may lose more than 1.2 × the ratio of its heads or neurons (uncapped obs
+    counts collapse at 40% and 50% on SmolLM2); a cap the user gives to obs is kept as given."""
+    data = recipe_for(llama_dir, corpus, ratio=ratio, criterion={"name": "auto"}, reconstruction=DEFAULT_SELECTION)
+    resolved = Recipe.model_validate(data).resolved("decoder")
+    assert resolved.criterion.name == "obs"
+    assert resolved.criterion.options.get("max_layer_ratio") == (None if cap is None else pytest.approx(cap))
+    assert resolved.criterion.options.get("over_cap") == (None if cap is None else "last")
+    named = data | {"criterion": {"name": "obs", "options": {"max_layer_ratio": 0.9}}}
+    assert Recipe.model_validate(named).resolved("decoder").criterion.options == {"max_layer_ratio": 0.9}
+
+
 def test_auto_criterion_takes_no_options_and_obs_still_needs_global(llama_dir, corpus):
     with pytest.raises(ValidationError, match="criterion auto takes no options"):
         Recipe.model_validate(recipe_for(llama_dir, corpus, criterion={"name": "auto", "options": {"step": 1}}))
@@ -205,7 +219,9 @@ def test_auto_criterion_takes_no_options_and_obs_still_needs_global(llama_dir, c
     )
 
 
-@pytest.mark.parametrize(("ratio", "expected"), [(0.2, ("obs", "global")), (0.5, ("magnitude", "uniform"))])
+@pytest.mark.parametrize(
+    ("ratio", "expected"), [(0.2, ("obs", "global")), (0.5, ("obs", "global")), (0.6, ("magnitude", "uniform"))]
+)
 def test_the_default_recipe_runs_and_records_what_it_resolved_to(ratio, expected, llama_dir, corpus, tmp_path):
     """``liar prune --model M --ratio R``: in memory and streamed, the result and the recipe.yaml of its
     checkpoint carry the criterion and allocation that ran, and both runs write the same weights."""
@@ -219,4 +235,5 @@ def test_the_default_recipe_runs_and_records_what_it_resolved_to(ratio, expected
         assert result.achieved_ratio == pytest.approx(ratio, abs=0.03)
         saved = Recipe.from_yaml((out / "recipe.yaml").read_text())
         assert (saved.criterion.name, saved.allocation) == expected
+        assert saved.criterion.options == result.recipe.criterion.options  # the cap above 30%, if any
     _assert_same_checkpoint(memory_dir, stream_dir)
