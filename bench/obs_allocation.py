@@ -187,12 +187,11 @@ def main() -> None:
     flags = ["--model", args.model, "--norm", args.norm, "--threads", str(args.threads)]
     cells = []
     only = "auto" if args.auto else "paper" if args.paper else None
-    if only:
-        todo = [] if args.report_only else [(r, None) for r in args.ratios]
+    if only:  # one recipe at each ratio, no obs cells
+        ratios = [] if args.report_only else args.ratios
+        cells = [(f"{args.model}|{only}|{r}|0.0|-", ["--recipe", only, "--ratio", str(r), *flags]) for r in ratios]
+        todo = []
     for r, c in todo:
-        if c is None:
-            cells.append((f"{args.model}|{only}|{r}|0.0|-", ["--recipe", only, "--ratio", str(r), *flags]))
-            continue
         if args.default:  # uniform shares at the same target, measured by this script
             cells.append((f"{args.model}|default|{r}|0.0|-", ["--recipe", "default", "--ratio", str(r), *flags]))
         cells.append((f"{args.model}|obs|{r}|{c}|{args.norm}", ["--ratio", str(r), "--cap", str(c), *flags]))

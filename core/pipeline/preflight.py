@@ -68,24 +68,25 @@ def _cached_config(model: str) -> dict[str, Any] | None:
     return read_config(Path(path).parent)  # a config.json that is no JSON object is refused here
 
 
+def _offline_config(model: str) -> dict[str, Any]:
+    """:func:`_cached_config`, empty where it is unreadable offline or no JSON object (the worker
+    checks again after loading)."""
+    try:
+        return _cached_config(model) or {}
+    except ValueError:
+        return {}
+
+
 def model_positions(model: str) -> int | None:
     """The model's ``max_position_embeddings`` when its config is readable offline (else None)."""
-    try:
-        raw = _cached_config(model)
-    except ValueError:
-        return None
-    value = None if raw is None else raw.get("max_position_embeddings")
+    value = _offline_config(model).get("max_position_embeddings")
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def model_kind(model: str) -> str | None:
     """``"decoder"`` or ``"encoder"`` when the model's config is readable offline and its family is
     supported (else None): what ``criterion: auto`` resolves by."""
-    try:
-        raw = _cached_config(model)
-    except ValueError:
-        return None
-    family = None if raw is None else family_of(raw.get("model_type"))
+    family = family_of(_offline_config(model).get("model_type"))
     return None if family is None else family.kind
 
 

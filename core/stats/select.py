@@ -31,18 +31,18 @@ SELECT_PRECISION = torch.float64  # as the solves
 COMPACT_BELOW = 0.85  # working matrices are compacted once live channels fall under this share
 
 
-def damped_inverse_covariance(stats: InputStats, damp: float, consume: bool = False) -> torch.Tensor:
+def damped_inverse_covariance(stats: InputStats, damp: float, release: bool = False) -> torch.Tensor:
     """``(C + λI)⁻¹`` of the centred input covariance ``C = G − n μμᵀ``, damped, with dead channels and
     failed factorisations handled as in every other solve (:func:`~core.stats.reconstruct.solve_spd`),
     computed in the memory of one copy of G (:func:`~core.stats.reconstruct.inverse_spd`).
 
-    ``consume``: ``stats`` are not needed afterwards; G is centred, factorised and inverted in its own
+    ``release``: ``stats`` are not needed afterwards; G is centred, factorised and inverted in its own
     memory and the statistics are freed, so no second C × C float64 matrix exists at any point. Only a
     float32 copy of C is kept meanwhile, for the retries of a factorisation that fails (which
     overwrites G): their damping is raised tenfold, far above float32's rounding of C."""
     n = stats.count
     mu = stats.sum.to(SELECT_PRECISION) / n
-    if not consume:
+    if not release:
         return inverse_spd(lambda: centred_block(stats.gram.to(SELECT_PRECISION), mu, n), damp)
     first = [stats.gram.addr_(mu, mu, alpha=-n)]  # float64 totals: the statistics' own matrix
     backup = first[0].to(torch.float32)
@@ -126,12 +126,10 @@ class _Work:
             return
         units = alive.nonzero().squeeze(1)
         keep = self.channels(units)
+        n = len(keep)
         _gather_rows(self.wt, keep)
         _gather_rows(self.hinv, keep)
-        n = len(keep)
-        for a in range(0, n, 256):  # the columns likewise, within the kept rows
-            part = keep[a : a + 256]
-            self.hinv[:n, a : a + len(part)] = self.hinv[:n, part]
+        _gather_rows(self.hinv[:n].T, keep)  # the columns likewise, within the kept rows
         self.wt, self.hinv = self.wt[:n], self.hinv[:n, :n]
         self.row[units * self.group] = torch.arange(0, n, self.group, device=keep.device)
         self.removed = 0
@@ -158,7 +156,7 @@ def _greedy(
     cand = list(range(n_units)) if candidates is None else sorted(candidates)
     if not 0 <= n_remove < len(cand):
         raise ValueError(f"cannot remove {n_remove} of {len(cand)} candidate units and keep one")
-    hinv = damped_inverse_covariance(stats, damp, consume=release).to(weight.device)
+    hinv = damped_inverse_covariance(stats, damp, release).to(weight.device)
     dev = hinv.device
     wt = torch.empty(weight.shape[1], weight.shape[0], dtype=SELECT_PRECISION, device=dev)
     work = _Work(hinv, wt.copy_(weight.detach().T), group)

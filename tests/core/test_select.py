@@ -144,12 +144,12 @@ def test_a_released_path_frees_its_statistics_and_matches():
     assert a == b
 
 
-def test_consumed_inverse_equals_the_copied_one_also_when_the_factorisation_fails():
+def test_released_inverse_equals_the_copied_one_also_when_the_factorisation_fails():
     """The inverse built in the statistics' own memory equals the one built on a copy; where the
     first factorisation fails (an indefinite matrix here) the retries run from the float32 copy."""
     x, _, _ = _data(seed=6)
     a, b = _stats(x), _stats(x)
-    np.testing.assert_array_equal(damped_inverse_covariance(a, 1e-3), damped_inverse_covariance(b, 1e-3, consume=True))
+    np.testing.assert_array_equal(damped_inverse_covariance(a, 1e-3), damped_inverse_covariance(b, 1e-3, release=True))
     assert b.gram is None and a.gram is not None
 
     def indefinite():
@@ -160,5 +160,5 @@ def test_consumed_inverse_equals_the_copied_one_also_when_the_factorisation_fail
     with pytest.warns(RuntimeWarning, match="Cholesky failed"):
         copied = damped_inverse_covariance(indefinite(), 1e-3)
     with pytest.warns(RuntimeWarning, match="Cholesky failed"):
-        consumed = damped_inverse_covariance(indefinite(), 1e-3, consume=True)
-    torch.testing.assert_close(consumed, copied, rtol=1e-6, atol=0)
+        released = damped_inverse_covariance(indefinite(), 1e-3, release=True)
+    torch.testing.assert_close(released, copied, rtol=1e-6, atol=0)
