@@ -67,7 +67,7 @@ class BlockRunner:
             sinks[i].add_batch(args[0], self.masks[i])
             if keep_inputs:
                 x = args[0].detach()
-                kept.append(x if keep_channels is None or i >= full_from else x.index_select(-1, keep_channels))
+                kept.append(x if keep_channels is None or i >= full_from else select_channels(x, keep_channels))
             raise _Stop
 
         handle = layer.get_submodule(path).register_forward_pre_hook(hook)
@@ -155,6 +155,13 @@ class BlockRunner:
             self.hidden[i] = self.run(layer, i).detach()
 
 
+def select_channels(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[..., index]``, gathered on a 2-D view: on a CPU, ``index_select`` on the last dimension of
+    a 3-D tensor runs ~8× slower than on the same data seen as (tokens, channels)."""
+    out = x.reshape(-1, x.shape[-1]).index_select(1, index)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
 def _first_only(mask: torch.Tensor) -> torch.Tensor:
     first = torch.zeros_like(mask)
     first[:, 0] = mask[:, 0]
@@ -181,7 +188,7 @@ class _Replay(nn.Module):
         if y is None:
             x = self.inputs[i]
             if x.shape[-1] != len(self.keep):  # stored whole (a held-aside batch): select the kept channels
-                x = x.index_select(-1, self.keep)
+                x = select_channels(x, self.keep)
             y = self.proj(x) if self.proj is not None else x
             self.outputs[i] = y
             self.inputs[i] = None  # the output stands for it from now on

@@ -9,7 +9,9 @@ Padding tokens are excluded through a boolean token mask. X itself is never stor
 buffer: batches are gathered until ``FLUSH_TOKENS`` tokens (or ``FLUSH_BYTES``) and then multiplied
 in one product, whose float32 result is added to float64 running totals — long streams do not lose
 precision however many batches they have, and fewer, larger products run closer to the hardware's
-peak than one small product per batch.
+peak than one small product per batch. On a CPU a product of ``FLUSH_TOKENS_CPU`` tokens already
+runs at the rate of larger ones, while gathering batches into one buffer costs a copy of them
+(measured on 2 cores: 4 products of 2048 × 1536 inputs 124 ms, gathered into one 135 ms).
 
 Precision of each product (``dtype``): float32 (default) or float64. Inputs in bfloat16 / float16
 (the model's own activations on a GPU) are multiplied on tensor cores with float32 accumulation —
@@ -33,6 +35,7 @@ import torch
 MIN_BLOCK = 256
 MAX_BLOCKS = 8
 FLUSH_TOKENS = 8192  # tokens gathered before one product
+FLUSH_TOKENS_CPU = 2048  # on a CPU a 2048-token product runs at the rate of a larger one, and gathering costs
 FLUSH_BYTES = 512 * 2**20  # ... or this many bytes of buffered inputs
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -40,6 +43,11 @@ _HALF = (torch.bfloat16, torch.float16)
 def _edges(c: int) -> list[int]:
     k = max(1, min(MAX_BLOCKS, c // MIN_BLOCK))
     return [c * i // k for i in range(k + 1)]
+
+
+def flush_tokens(x: torch.Tensor) -> int:
+    """Tokens to gather before one product, for inputs on ``x``'s device."""
+    return FLUSH_TOKENS if x.is_cuda else FLUSH_TOKENS_CPU
 
 
 @contextmanager
@@ -134,7 +142,7 @@ class InputStats:
         self._buffer.append(x)
         self._buffered += x.shape[0]
         self.count += x.shape[0]
-        if self._buffered >= FLUSH_TOKENS or self._buffered * self.c_in * x.element_size() >= FLUSH_BYTES:
+        if self._buffered >= flush_tokens(x) or self._buffered * self.c_in * x.element_size() >= FLUSH_BYTES:
             self._flush()
 
     @classmethod

@@ -404,19 +404,40 @@ def relative_output_error_from_inputs(
     tensors on ``x``'s device: for held-aside samples, n is far below C_in, so ``X W`` costs less than
     any product with G and no second Gram matrix is accumulated for them. ``x_ref``: the inputs the
     reference output ``x_ref W + B`` is computed from, when not ``x`` (the dense model's, for error
-    feedback; row i is the same token as in ``x``)."""
-    x = x.to(SOLVE_PRECISION)
-    w = weight.to(device=x.device, dtype=SOLVE_PRECISION)
-    b = None if bias is None else bias.to(device=x.device, dtype=SOLVE_PRECISION)
-    ref_in = x if x_ref is None else x_ref.to(device=x.device, dtype=SOLVE_PRECISION)
-    ref = ref_in @ w.T + (0 if b is None else b)
-    x_u = x.index_select(1, keep.to(x.device).nonzero().squeeze(1))
-    den = (ref * ref).sum()
-    out = []
-    for new_weight, new_bias in candidates:
-        nb = b if new_bias is None else new_bias.to(device=x.device, dtype=SOLVE_PRECISION)
-        diff = ref - x_u @ new_weight.to(device=x.device, dtype=SOLVE_PRECISION).T - (0 if nb is None else nb)
-        out.append(torch.where(den > 0, (diff * diff).sum() / den, torch.zeros_like(den)))
+    feedback; row i is the same token as in ``x``).
+
+    The products run in float32 unless the inputs are float64, with float64 sums of squares. Without
+    ``x_ref`` each candidate's error is ``X Δᵀ + 1 δᵀ`` with ``Δ = W − [W', 0]`` formed in float64
+    before the product, so nothing cancels and float32 gives the report to ~1e-6 relative however
+    small the error (``tests/core/test_reconstruct.py``); float64 products cost more than the layer's
+    statistics on a CPU and run at a fraction of the rate on a GPU."""
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    x = x.to(dtype)
+    u = keep.to(weight.device).nonzero().squeeze(1)
+    w64 = weight.to(SOLVE_PRECISION)
+    b64 = None if bias is None else bias.to(SOLVE_PRECISION)
+
+    def product(inputs: torch.Tensor, mt: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:  # X m + c
+        y = inputs @ mt.to(device=x.device, dtype=dtype)
+        return y if c is None else y + c.to(device=x.device, dtype=dtype)
+
+    with tf32(False):
+        ref = product(x if x_ref is None else x_ref.to(dtype), w64.T, b64)
+        x_u = None if x_ref is None else x.index_select(1, u.to(x.device))
+        den = ref.square().sum(dtype=torch.float64)
+        out = []
+        for new_weight, new_bias in candidates:
+            nb = b64 if new_bias is None else new_bias.to(SOLVE_PRECISION)
+            if x_u is None:  # the difference of weights first: no cancellation in the products
+                delta_t = w64.T.contiguous()  # (C_in, C_out): kept rows are contiguous to update
+                delta_t.index_add_(0, u, new_weight.to(SOLVE_PRECISION).T, alpha=-1.0)
+                db = None if b64 is None and nb is None else (0 if b64 is None else b64) - (0 if nb is None else nb)
+                rows = delta_t.ne(0).any(1).nonzero().squeeze(1)  # plain pruning: the pruned channels only
+                inputs = x if len(rows) == len(delta_t) else x.index_select(1, rows.to(x.device))
+                diff = product(inputs, delta_t if len(rows) == len(delta_t) else delta_t[rows], db)
+            else:
+                diff = ref - product(x_u, new_weight.T, nb)
+            out.append(torch.where(den > 0, diff.square().sum(dtype=torch.float64) / den, torch.zeros_like(den)))
     return out
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from core.stats.accumulate import FLUSH_TOKENS, InputStats, gram_product
+from core.stats.accumulate import InputStats, flush_tokens, gram_product
 from core.stats.reconstruct import SOLVE_PRECISION, _block, centred_block, solve_spd
 
 
@@ -58,7 +58,7 @@ class TargetStats:
             self.dense.add_batch(b)
         self._pairs.append((a, b))
         self._buffered += len(a)
-        if self._buffered >= FLUSH_TOKENS:
+        if self._buffered >= flush_tokens(a):
             self._flush()
 
     def _flush(self) -> None:

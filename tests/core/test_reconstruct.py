@@ -336,3 +336,39 @@ def test_gpu_error_report_path_agrees_with_float64():
     got = _error_tensors_tf32(_t(w), _t(b), kt, cands, stats)
     for r, g in zip(ref, got):
         assert float(g) == pytest.approx(float(r), rel=1e-4)
+
+
+def test_held_aside_error_report_against_float64_direct_formula():
+    """The report on raw held-aside inputs: float64 inputs give ‖XW+B − X_uW'−B'‖² / ‖XW+B‖² to
+    float64 accuracy; float32 inputs (products in float32) to ~1e-6 relative — also for a candidate
+    whose error is tiny, where forming both outputs and subtracting would cancel; and a layer with
+    no bias whose candidate adds one."""
+    from core.stats.reconstruct import relative_output_error_from_inputs
+
+    x, w, b, keep = _problem()
+    kt = torch.from_numpy(keep)
+    nw, nb = _run("liar", x, w, b, keep)
+    rng = np.random.default_rng(3)
+    near = w[:, keep] + 1e-5 * rng.normal(size=w[:, keep].shape)  # differs from the kept columns a little
+    x_near = x.copy()
+    x_near[:, ~keep] = 0.0  # on inputs whose pruned channels are silent, `near` is almost exact
+    for inputs, bias, cands in [
+        (x, b, [(w[:, keep], None), (nw, nb)]),
+        (x, None, [(w[:, keep], None), (nw, nb)]),
+        (x_near, b, [(near, None)]),
+    ]:
+        b0 = np.zeros(w.shape[0]) if bias is None else bias
+        full = inputs @ w.T + b0
+        expected = []
+        for cw, cb in cands:
+            approx = inputs[:, keep] @ cw.T + (b0 if cb is None else cb)
+            expected.append(((full - approx) ** 2).sum() / (full**2).sum())
+        tb = None if bias is None else _t(bias)
+        tc = [(_t(cw), None if cb is None else _t(cb)) for cw, cb in cands]
+        exact = relative_output_error_from_inputs(_t(w), tb, kt, tc, _t(inputs))
+        single = relative_output_error_from_inputs(_t(w), tb, kt, tc, _t(inputs).float())
+        for e, d, s in zip(expected, exact, single):
+            assert d.dtype == torch.float64 and s.dtype == torch.float64
+            assert float(d) == pytest.approx(e, rel=1e-10, abs=1e-300)
+            assert float(s) == pytest.approx(e, rel=2e-6, abs=1e-300)
+    assert expected[0] < 1e-8  # the cancelling case really is small

@@ -57,11 +57,12 @@ def test_block_triangular_gram_equals_full_product_when_read_between_batches(mon
 
 
 def test_buffered_products_equal_two_pass_across_flushes(monkeypatch):
-    """Batches are gathered and multiplied together every FLUSH_TOKENS tokens; reading G or s between
-    flushes flushes the buffer. Any split must give the two-pass statistics."""
+    """Batches are gathered and multiplied together every FLUSH_TOKENS(_CPU) tokens; reading G or s
+    between flushes flushes the buffer. Any split must give the two-pass statistics."""
     import core.stats.accumulate
 
     monkeypatch.setattr(core.stats.accumulate, "FLUSH_TOKENS", 10)
+    monkeypatch.setattr(core.stats.accumulate, "FLUSH_TOKENS_CPU", 10)
     gen = torch.Generator().manual_seed(2)
     batches = [torch.randn(int(n), 6, generator=gen, dtype=torch.float64) for n in (3, 4, 5, 9, 1, 12)]
     stats = InputStats(6, dtype=torch.float64)
