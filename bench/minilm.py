@@ -56,12 +56,19 @@ def _setup(name: str, args) -> dict[str, Any]:
 
 
 def _key(
-    name: str, setup: dict[str, Any], ratio: float, method: str, positions: str = "all", select: str = "criterion"
+    name: str,
+    setup: dict[str, Any],
+    ratio: float,
+    method: str,
+    positions: str = "all",
+    select: str = "criterion",
+    target: str = "pruned",
 ) -> str:
     opts = json.dumps(setup["options"], sort_keys=True) if setup["options"] else ""
     key = f"{name}{opts}|{setup['modules']}|{setup['allocation']}|{ratio}|{method}"
     key = key if positions == "all" else f"{key}|{positions}"
-    return key if select == "criterion" else f"{key}|select={select}"
+    key = key if select == "criterion" else f"{key}|select={select}"
+    return key if target == "pruned" else f"{key}|target={target}"
 
 
 def _mean(xs: list[float]) -> float:
@@ -133,7 +140,9 @@ def run(args) -> dict:
         scores = None
         for ratio in (float(r) for r in _csv(args.ratios)):
             for method in _csv(args.methods):
-                key = _key(name, setup, ratio, method, args.positions, args.select)
+                if args.target == "dense" and method != "ls":
+                    continue  # error feedback is an exact least-squares refit
+                key = _key(name, setup, ratio, method, args.positions, args.select, args.target)
                 if key in state["cells"]:
                     print(f"{key}: done before ({state['cells'][key]['accuracy']:.4f})", flush=True)
                     continue
@@ -151,6 +160,7 @@ def run(args) -> dict:
                         "damp": args.damp,
                         "positions": args.positions,
                         "select": args.select,
+                        "target": args.target,
                     },
                     "round_to": {"neurons": 1},  # exact widths: the table compares with the paper
                     "dtype": "float32",
@@ -180,6 +190,7 @@ def run(args) -> dict:
                     "method": method,
                     "positions": args.positions,
                     "select": args.select,
+                    "target": args.target,
                     "accuracy": acc,
                     "relative": acc / dense_acc,
                     "achieved_ratio": result.achieved_ratio,
@@ -214,6 +225,8 @@ def write_report(state: dict, out: Path) -> str:
         fit = "[CLS] only" if c.get("positions", "all") == "first" else "all tokens"
         if c.get("select", "criterion") != "criterion":
             label += f" + {c['select']} selection"
+        if c.get("target", "pruned") != "pruned":
+            label += " + error feedback"
         groups.setdefault((label, c["modules"], c["allocation"], fit, c["ratio"]), {})[c["method"]] = c
     dense = state["dense"]["accuracy"]
     ft = state.get("finetune", {})
@@ -288,6 +301,13 @@ def main() -> None:
         choices=["criterion", "obs"],
         default="criterion",
         help="which units a layer drops (reconstruction.select): the criterion's (the paper), or obs",
+    )
+    p.add_argument(
+        "--target",
+        choices=["pruned", "dense"],
+        default="pruned",
+        help="what ls refits to (reconstruction.target): the pruned model's own outputs, or the dense model's "
+        "(error feedback; ls cells only)",
     )
     p.add_argument("--test-limit", type=int, help="evaluate on the first N test snippets only (smoke runs)")
     p.add_argument("--threads", type=int, default=2)

@@ -57,7 +57,9 @@ class Job(Base):
     __tablename__ = "jobs"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    recipe: Mapped[dict[str, Any]] = mapped_column(JSON)
+    recipe: Mapped[dict[str, Any]] = mapped_column(JSON)  # as submitted
+    # as it ran, once it has: ``auto`` criterion / allocation / select resolved (``Recipe.resolved``)
+    recipe_as_run: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     evaluations: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     status: Mapped[str] = mapped_column(String(16), default=Status.QUEUED.value, index=True)
     stage: Mapped[str | None] = mapped_column(String(32))

@@ -194,6 +194,7 @@ class JobService:
             out = self._summary(job)
             out.update(
                 recipe=job.recipe,
+                recipe_as_run=job.recipe_as_run,
                 evaluations=job.evaluations,
                 error=job.error,
                 traceback=job.traceback,
@@ -212,6 +213,7 @@ class JobService:
     def _summary(job: Job) -> dict[str, Any]:
         iso = lambda t: t.isoformat() if t else None  # noqa: E731
         end = job.finished_at or (utcnow() if job.started_at else None)
+        ran = job.recipe_as_run or job.recipe
         return {
             "id": job.id,
             "status": job.status,
@@ -223,7 +225,9 @@ class JobService:
             "model": job.recipe.get("model"),
             "ratio": job.recipe.get("ratio"),
             "method": job.recipe.get("reconstruction", {}).get("method"),
-            "criterion": job.recipe.get("criterion", {}).get("name"),
+            # what ran once the job has (``auto`` resolved), else what was asked for
+            "criterion": ran.get("criterion", {}).get("name"),
+            "allocation": ran.get("allocation"),
             "submitted_by": job.submitted_by,
             "group_id": job.group_id,
             "worker": job.worker,

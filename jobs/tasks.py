@@ -346,6 +346,7 @@ def _record_success(
         timings, events = clock.finish(stopped=False)
         _add_events(s, job_id, [*events, Event(f"total {timings['total']:.1f} s")])
         job.report, job.timings = result.layer_rows(), timings
+        job.recipe_as_run = result.recipe.model_dump(mode="json")
         job.status, job.stage, job.progress, job.finished_at = Status.SUCCEEDED.value, "done", 1.0, utcnow()
 
 

@@ -29,6 +29,7 @@ SHOWN_FIELDS = (
     "ratio",
     "method",
     "criterion",
+    "allocation",
     "submitted_by",
     "worker",
     "attempts",

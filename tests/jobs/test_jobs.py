@@ -34,6 +34,10 @@ def test_submit_runs_to_success_with_metrics_and_loadable_checkpoint(stack, job_
     info = wait_for(done, what=f"job {job_id} to finish")
     assert info["status"] == "SUCCEEDED", info["error"]
     assert info["submitted_by"] == "ada" and info["layer"] == info["n_layers"] == 2
+    # submitted with the default criterion; the job shows what it resolved to and ran
+    assert info["recipe"]["criterion"]["name"] == "auto" and info["recipe_as_run"]["criterion"]["name"] == "obs"
+    assert info["criterion"] == "obs" and info["allocation"] == "global"
+    assert [j["criterion"] for j in service.list() if j["id"] == job_id] == ["obs"]
     assert info["metrics"]["perplexity"] > 1 and 0.25 < info["metrics"]["achieved_ratio"] < 0.35
     m = info["metrics"]  # streamed; the realised speed, every block timed on the worker before and after
     assert m["block_seconds_dense"] > 0 and m["block_seconds_pruned"] > 0

@@ -90,7 +90,7 @@ def empty_database(request, tmp_path):
 
 def test_upgrade_keeps_a_finished_job_and_its_archive(empty_database, tmp_path):
     """A job finished under revision 0001 (a checkpoint folder and a .tar.gz) still shows and downloads
-    after the upgrade that brings per-file artifacts, BIGINT sizes and stage timings."""
+    after the upgrades that bring per-file artifacts, BIGINT sizes, stage timings and the recipe as run."""
     import sqlalchemy as sa
     from alembic import command
 
@@ -121,12 +121,13 @@ def test_upgrade_keeps_a_finished_job_and_its_archive(empty_database, tmp_path):
             ],
         )
     engine.dispose()
-    assert upgrade(url) == "0002"
+    assert upgrade(url) == "0003"
 
     service = JobService(Settings(data_dir=tmp_path, database_url=url, broker_url="memory://"), _FakeCelery())
     info = service.show(1)
     assert [(a["kind"], a["name"]) for a in info["artifacts"]] == [("checkpoint", None), ("archive", None)]
     assert info["timings"] is None and info["status"] == "SUCCEEDED"
+    assert info["recipe_as_run"] is None and info["ratio"] == 0.3  # ran before it was recorded: as submitted
     assert service.downloads(1) == [{"name": "liar-job-1.tar.gz", "size": 11, "sha256": "ab" * 32, "kind": "archive"}]
     assert service.file(1, "liar-job-1.tar.gz").path.read_bytes() == b"old archive"
     with service.sessions.begin() as s:  # a 70B checkpoint's size does not fit a 32-bit INTEGER
