@@ -272,7 +272,8 @@ def write_report(state: dict, out: Path) -> str:
         "reconstruction) and timings are in `minilm.json`.",
         "",
     ]
-    text = "\n".join(lines)
+    notes = out.with_name(f"{out.stem}-notes.md")  # hand-written reading of the page, kept below its table
+    text = "\n".join(lines) + ("\n" + notes.read_text() if notes.exists() else "")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return text

@@ -32,6 +32,7 @@ def recipe_from_args(args: argparse.Namespace):
         "dtype": args.dtype,
         "device": args.device,
         "execution": args.execution,
+        "activations": args.activations,
     }
     if args.recipe:
         recipe = Recipe.load(args.recipe)
@@ -340,6 +341,7 @@ RECIPE_FLAGS = ("model", "modules", "ratio", "allocation", "head_ratio", "round_
 RECIPE_FLAGS += ("reconstruction", "damp")
 RECIPE_FLAGS += ("select", "target", "paper")
 RECIPE_FLAGS += ("calibration", "samples", "seq_len", "holdout", "seed", "batch_size", "dtype", "device", "execution")
+RECIPE_FLAGS += ("activations",)
 
 
 def recipe_flags_given(args: argparse.Namespace) -> bool:
@@ -419,6 +421,13 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         help="stream: one block at a time from the checkpoint's shards, written out as it is pruned (what auto "
         "picks for a model directory or hub id, unless the criterion needs whole-model gradients); memory: the "
         "whole model on the device",
+    )
+    p.add_argument(
+        "--activations",
+        choices=["auto", "device", "host"],
+        help="where the calibration activations live between blocks on a GPU: host (pinned host memory, copied "
+        "in as each block uses them) for calibration sets too big for the device; auto (the default) picks host "
+        "only when they would not fit",
     )
 
 

@@ -9,7 +9,7 @@ pruning, scoring or evaluation — and frees it again.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
@@ -237,12 +237,18 @@ class Stop(Exception):
     """Raised from a hook to skip the rest of a forward pass."""
 
 
-def block_inputs(model: nn.Module, adapter: Adapter, inputs: list[dict]) -> tuple[list[torch.Tensor], list]:
+def block_inputs(
+    model: nn.Module,
+    adapter: Adapter,
+    inputs: Iterable[dict],
+    keep: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[list[torch.Tensor], list]:
     """The hidden states entering the first block, and the other arguments each block receives
     (attention mask, position embeddings, ...), for each batch of base-model keyword ``inputs``:
     ``extra[batch][layer] = (args, kwargs)`` — per layer, since sliding-window and full-attention
     layers (Gemma, Qwen) get different masks and rotary embeddings. Only the embeddings run: every
-    block is stood in for by a recorder passing its input through (the last one stops the pass)."""
+    block is stood in for by a recorder passing its input through (the last one stops the pass).
+    ``keep`` stores each batch's hidden states as they are computed (to host memory, say)."""
     layers = adapter.layers(model)
     hidden: list[torch.Tensor] = []
     extra: list[list[tuple[tuple, dict]]] = []
@@ -252,7 +258,7 @@ def block_inputs(model: nn.Module, adapter: Adapter, inputs: list[dict]) -> tupl
             kwargs = dict(kwargs)
             h = args[0] if args else kwargs.pop("hidden_states")
             if li == 0:
-                hidden.append(h.detach())
+                hidden.append(h.detach() if keep is None else keep(h.detach()))
                 extra.append([])
             extra[-1].append((tuple(args[1:]), kwargs))
             if li == len(layers) - 1:

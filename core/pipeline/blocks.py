@@ -23,6 +23,7 @@ from core.data.calibration import CalibrationBatch
 from core.models.adapter import Adapter, unit_costs
 from core.models.modeling_liar import ensure_bias, prune_heads_, prune_neurons_
 from core.pipeline.measure import BlockSpeed, peak_memory_mb
+from core.pipeline.offload import Offload
 from core.pipeline.result import LayerReport
 from core.pipeline.runner import BlockRunner
 from core.pipeline.scoring import hook_output_gains, split_batches
@@ -120,7 +121,8 @@ class _LayerFitter:
             sinks = [fit_stats] * self.n_fit + [_NO_STATS] * n_held
         else:  # error feedback: each batch's pruned inputs paired with the dense model's
             fit_stats = TargetStats(lin.in_features, self.stats_dtype, self.device, dense_gram=not self.has_held)
-            sinks = [_Paired(fit_stats, x) for x in dense_inputs[: self.n_fit]] + [_NO_STATS] * n_held
+            fetch = self.runner.offload.fetch
+            sinks = [_Paired(fit_stats, fetch, x) for x in dense_inputs[: self.n_fit]] + [_NO_STATS] * n_held
         # the replay keeps only the kept channels, unless they are chosen from the statistics below
         channels = None if unit.select else unit.keep.nonzero().squeeze(1).to(self.device)
         self.runner.collect(layer, unit.path, sinks, keep_inputs=True, keep_channels=channels, full_from=self.n_fit)
@@ -189,11 +191,11 @@ class _Paired:
     """One batch's sink of a :class:`TargetStats`: pairs the pruned inputs it is given with the
     dense model's inputs of the same batch."""
 
-    def __init__(self, stats: TargetStats, dense: torch.Tensor):
-        self.stats, self.dense = stats, dense
+    def __init__(self, stats: TargetStats, fetch: Callable[[torch.Tensor], torch.Tensor], dense: torch.Tensor):
+        self.stats, self.fetch, self.dense = stats, fetch, dense
 
     def add_batch(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
-        self.stats.add_pair(x, self.dense.to(x.device), mask)
+        self.stats.add_pair(x, self.fetch(self.dense).to(x.device), mask)
 
 
 def _keep_mask(kept: list[int], total: int, width: int = 1) -> torch.Tensor:
@@ -353,16 +355,18 @@ def reconstruct_blocks(
     speed: BlockSpeed | None = None,
     kv_groups: str = "free",
     split: SplitState | None = None,
+    offload: Offload | None = None,
 ) -> tuple[list[LayerReport], list[dict[str, Any]]]:
     """The block loop: prune and reconstruct each block on the pruned model's own inputs; ``speed``
     times each block before and after pruning; ``kv_groups``: the resolved ``round_to.kv_groups``;
     ``split``: ``head_ratio: obs``'s state (:func:`obs_split`), the plan's layers then change as
-    they are pruned."""
+    they are pruned; ``offload``: where the activations are kept between uses."""
     io = io or BlockIO()
     fit, held = calibration
     bs = recipe.calibration.batch_size
     fit_batches = split_batches(fit, bs)
-    runner = BlockRunner(model, adapter, fit_batches + split_batches(held, bs), device, recipe.reconstruction.positions)
+    batches = fit_batches + split_batches(held, bs)
+    runner = BlockRunner(model, adapter, batches, device, recipe.reconstruction.positions, offload)
     if recipe.reconstruction.target == "dense":
         runner.track_dense()
     io.inputs_ready()

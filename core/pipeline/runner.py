@@ -16,16 +16,28 @@ from core.models.adapter import Adapter
 from core.models.modeling_liar import set_module
 from core.models.streaming import Stop as _Stop
 from core.models.streaming import block_inputs
+from core.pipeline.offload import Offload
 from core.stats.accumulate import InputStats
 
 
 class BlockRunner:
-    """Runs blocks on stored inputs; ``hidden[i]`` / ``extra[i]`` are batch i's block inputs."""
+    """Runs blocks on stored inputs; ``hidden[i]`` / ``extra[i]`` are batch i's block inputs.
+
+    Every per-batch activation it keeps (block inputs, replayed inputs and outputs, the dense model's
+    states) goes through ``offload``: stored where the run keeps them (the device, or host memory)
+    and fetched to the device where it is used (``core/pipeline/offload.py``)."""
 
     def __init__(
-        self, model: nn.Module, adapter: Adapter, batches: list[CalibrationBatch], device, positions: str = "all"
+        self,
+        model: nn.Module,
+        adapter: Adapter,
+        batches: list[CalibrationBatch],
+        device,
+        positions: str = "all",
+        offload: Offload | None = None,
     ):
         self.model, self.adapter, self.device = model, adapter, device
+        self.offload = offload or Offload(device)
         self.masks = [b.token_mask(adapter.kind, device) for b in batches]
         if positions == "first":  # statistics of each sequence's first token only
             self.masks = [_first_only(m) for m in self.masks]
@@ -33,14 +45,15 @@ class BlockRunner:
         self.replays: dict[str, tuple[nn.Module, nn.Module]] = {}
         self.dense: list[torch.Tensor] | None = None  # the dense model's hidden states (error feedback)
         self.batch = 0
-        self.hidden, self.extra = block_inputs(model, adapter, [b.model_inputs(adapter.kind, device) for b in batches])
+        inputs = (b.model_inputs(adapter.kind, device) for b in batches)  # one batch on the device at a time
+        self.hidden, self.extra = block_inputs(model, adapter, inputs, keep=self.offload.store)
         # a block's position: its arguments may differ by layer (sliding-window vs full attention)
         self._index = {id(layer): li for li, layer in enumerate(adapter.layers(model))}
 
     def run(self, layer: nn.Module, i: int) -> torch.Tensor:
         self.batch = i
         args, kwargs = self.extra[i][self._index[id(layer)]]
-        out = layer(self.hidden[i], *args, **kwargs)
+        out = layer(self.offload.fetch(self.hidden[i]), *args, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
     def collect(
@@ -67,7 +80,8 @@ class BlockRunner:
             sinks[i].add_batch(args[0], self.masks[i])
             if keep_inputs:
                 x = args[0].detach()
-                kept.append(x if keep_channels is None or i >= full_from else select_channels(x, keep_channels))
+                x = x if keep_channels is None or i >= full_from else select_channels(x, keep_channels)
+                kept.append(self.offload.store(x))
             raise _Stop
 
         handle = layer.get_submodule(path).register_forward_pre_hook(hook)
@@ -92,7 +106,7 @@ class BlockRunner:
         """Per-batch inputs (batches ``start``, ``start + 1``, ...) as one matrix of real tokens."""
         rows = []
         for i, x in enumerate(tensors, start):
-            x = x.reshape(-1, x.shape[-1])
+            x = self.offload.fetch(x).reshape(-1, x.shape[-1])
             mask = self.masks[i]
             rows.append(x if mask is None else x[mask.reshape(-1).to(x.device)])
         return torch.cat(rows)
@@ -107,14 +121,16 @@ class BlockRunner:
         ``paths`` per batch, and leaves the dense states entering the next block."""
         captured: dict[str, list[torch.Tensor]] = {p: [] for p in paths}
         handles = [
-            layer.get_submodule(p).register_forward_pre_hook(lambda _m, a, p=p: captured[p].append(a[0].detach()))
+            layer.get_submodule(p).register_forward_pre_hook(
+                lambda _m, a, p=p: captured[p].append(self.offload.store(a[0].detach()))
+            )
             for p in paths
         ]
         try:
             for i in range(len(self.dense)):
                 args, kwargs = self.extra[i][self._index[id(layer)]]
-                out = layer(self.dense[i], *args, **kwargs)
-                self.dense[i] = (out[0] if isinstance(out, tuple) else out).detach()
+                out = layer(self.offload.fetch(self.dense[i]), *args, **kwargs)
+                self.dense[i] = self.offload.store((out[0] if isinstance(out, tuple) else out).detach())
         finally:
             for h in handles:
                 h.remove()
@@ -152,7 +168,7 @@ class BlockRunner:
         """Run the (pruned) block on every batch; each batch's inputs are replaced as soon as its
         outputs exist, so only one extra batch of hidden states is alive at a time."""
         for i in range(len(self.hidden)):
-            self.hidden[i] = self.run(layer, i).detach()
+            self.hidden[i] = self.offload.store(self.run(layer, i).detach())
 
 
 def select_channels(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -183,13 +199,16 @@ class _Replay(nn.Module):
         self.outputs: dict[int, torch.Tensor] = {}
 
     def forward(self, *args, **kwargs):
-        i = self.runner[0].batch
+        runner = self.runner[0]
+        i = runner.batch
         y = self.outputs.get(i)
         if y is None:
-            x = self.inputs[i]
+            x = runner.offload.fetch(self.inputs[i])
             if x.shape[-1] != len(self.keep):  # stored whole (a held-aside batch): select the kept channels
                 x = select_channels(x, self.keep)
             y = self.proj(x) if self.proj is not None else x
-            self.outputs[i] = y
+            self.outputs[i] = runner.offload.store(y)
             self.inputs[i] = None  # the output stands for it from now on
+        else:
+            y = runner.offload.fetch(y)
         return (y, None) if self.returns_tuple else y

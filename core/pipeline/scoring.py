@@ -14,6 +14,7 @@ from core.criteria import LayerInputs, Scores
 from core.criteria.gradients import check_loss_data, mask_gradients, weight_gradients
 from core.data.calibration import CalibrationBatch
 from core.models.adapter import Adapter
+from core.pipeline.offload import Offload
 from core.pipeline.runner import BlockRunner
 from core.spec.criteria import parse_options
 from core.spec.recipe import Recipe
@@ -139,15 +140,17 @@ def score_layers(
     batches: list[CalibrationBatch],
     device,
     progress: Callable[[int], None] | None = None,
+    offload: Offload | None = None,
 ) -> list:
     """Every layer's criterion scores, with the data the criterion needs collected on the dense model
-    (``progress(i)``: after each of the blocks a second-order criterion scores one at a time)."""
+    (``progress(i)``: after each of the blocks a second-order criterion scores one at a time;
+    ``offload``: where a second-order criterion's block pass keeps its activations)."""
     name = recipe.criterion.name
     criterion, opts = criteria.get(name), parse_options(name, recipe.criterion.options)
     layers = adapter.layers(model)
     data: list[Any] = [None] * len(layers)
     if criterion.second_order:  # one layer's Gram statistics at a time
-        runner = BlockRunner(model, adapter, batches, device)
+        runner = BlockRunner(model, adapter, batches, device, offload=offload)
         dtype = getattr(torch, recipe.stats_dtype)
         scores = score_by_blocks(runner, criterion, opts, adapter, layers, device, stats_dtype=dtype, progress=progress)
         return criterion.finalize(scores, opts)

@@ -41,6 +41,7 @@ from core.pipeline.blocks import (
     round_to,
 )
 from core.pipeline.measure import BlockSpeed, peak_memory_mb
+from core.pipeline.offload import Offload, offload_for
 from core.pipeline.preflight import as_recipe, check_model_fit
 from core.pipeline.result import PruneResult
 from core.pipeline.scoring import score_layers, split_batches
@@ -69,8 +70,8 @@ class _MemorySource:
         self.device = next(model.parameters()).device
         self.io = BlockIO()
 
-    def score(self, recipe: Recipe, batches: list[CalibrationBatch], progress=None) -> list[Scores]:
-        return score_layers(self.model, self.adapter, recipe, batches, self.device, progress)
+    def score(self, recipe: Recipe, batches: list[CalibrationBatch], progress=None, offload=None) -> list[Scores]:
+        return score_layers(self.model, self.adapter, recipe, batches, self.device, progress, offload)
 
     def abort(self) -> None:
         pass
@@ -151,6 +152,32 @@ def prune(
     return result
 
 
+def _offload(recipe: Recipe, model, adapter, device, fit: CalibrationBatch, held: CalibrationBatch) -> Offload:
+    """Where this run keeps its calibration activations (``recipe.activations``)."""
+    tokens = fit.input_ids.numel() + held.input_ids.numel()
+    batch_tokens = recipe.calibration.batch_size * fit.input_ids.shape[1]
+    dense = recipe.reconstruction.target == "dense"
+    return offload_for(recipe.activations, model, adapter, device, tokens, batch_tokens, dense)
+
+
+def _metrics(recipe: Recipe, adapter, plan, rounding, groups: str, offload: Offload, speed) -> dict[str, Any]:
+    """The run's choices as the result's metrics (what ``auto`` settings resolved to, the plan's means)."""
+    return {
+        # what criterion / allocation auto resolved to (the recipe records them too)
+        "criterion": recipe.criterion.name,
+        "allocation": recipe.allocation,
+        "round_to_heads": rounding[0],
+        "round_to_neurons": rounding[1],
+        "round_to_kv_groups": groups,
+        "activations": "host" if offload.host else "device",
+        "kv_index_layers": kv_index_layers(plan, adapter),
+        # the split the allocation chose (head_ratio), as numbers the job record keeps
+        "kept_heads_mean": round(sum(len(lp.heads) for lp in plan.layers) / len(plan.layers), 3),
+        "kept_neurons_mean": round(sum(len(lp.neurons) for lp in plan.layers) / len(plan.layers), 3),
+        **(speed.metrics() if speed else {}),
+    }
+
+
 def _run(
     recipe: Recipe, source, calibration, scores, report: Progress, show_progress: bool, speed: BlockSpeed | None
 ) -> PruneResult:
@@ -168,12 +195,13 @@ def _run(
         calibration if calibration is not None else calibration_batches(recipe.calibration, tokenizer, adapter.kind)
     )
     report("calibration", 1, 1)
+    offload = _offload(recipe, model, adapter, device, fit, held)
 
     n_layers = adapter.n_layers
     report("scoring", 0, n_layers)
     if scores is None:
         batches = split_batches(fit, recipe.calibration.batch_size)
-        scores = source.score(recipe, batches, lambda i: report("scoring", i, n_layers))
+        scores = source.score(recipe, batches, lambda i: report("scoring", i, n_layers), offload)
     elif len(scores) != n_layers:
         raise ValueError(f"scores cover {len(scores)} layers but the model has {n_layers}")
     rounding, groups = round_to(recipe, adapter, device), resolved_kv_groups(recipe, device)
@@ -186,7 +214,19 @@ def _run(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     reports, layout = reconstruct_blocks(
-        model, adapter, recipe, plan, (fit, held), device, report, show_progress, source.io, speed, groups, split
+        model,
+        adapter,
+        recipe,
+        plan,
+        (fit, held),
+        device,
+        report,
+        show_progress,
+        source.io,
+        speed,
+        groups,
+        split,
+        offload,
     )
     model.config.liar_layout = layout
     model.config.liar_family = adapter.name
@@ -204,19 +244,7 @@ def _run(
         seconds=0.0,
         peak_memory_mb=peak_memory_mb(device),
         scores=scores,
-        metrics={
-            # what criterion / allocation auto resolved to (the recipe records them too)
-            "criterion": recipe.criterion.name,
-            "allocation": recipe.allocation,
-            "round_to_heads": rounding[0],
-            "round_to_neurons": rounding[1],
-            "round_to_kv_groups": groups,
-            "kv_index_layers": kv_index_layers(plan, adapter),
-            # the split the allocation chose (head_ratio), as numbers the job record keeps
-            "kept_heads_mean": round(sum(len(lp.heads) for lp in plan.layers) / len(plan.layers), 3),
-            "kept_neurons_mean": round(sum(len(lp.neurons) for lp in plan.layers) / len(plan.layers), 3),
-            **(speed.metrics() if speed else {}),
-        },
+        metrics=_metrics(recipe, adapter, plan, rounding, groups, offload, speed),
     )
     if isinstance(source, StreamSource):
         report("write", 0, 1)

@@ -74,13 +74,17 @@ class StreamSource:
         self.digests[file] = write_shard(self.tmp / file, tensors)
         self.weight_map.update({name: file for name, _ in tensors})
 
-    def score(self, recipe: Recipe, batches: list[CalibrationBatch], progress=None) -> list:
+    def score(self, recipe: Recipe, batches: list[CalibrationBatch], progress=None, offload=None) -> list:
         """Every layer's scores, each block read once (and run on the calibration data when the
         criterion needs its inputs)."""
         check_streamable(recipe)
         name = recipe.criterion.name
         criterion, opts = criteria.get(name), parse_options(name, recipe.criterion.options)
-        runner = BlockRunner(self.model, self.adapter, batches, self.device) if criterion.needs == "inputs" else None
+        runner = (
+            BlockRunner(self.model, self.adapter, batches, self.device, offload=offload)
+            if criterion.needs == "inputs"
+            else None
+        )
 
         def load(i: int) -> None:
             self.sm.load_block(i)

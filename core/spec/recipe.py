@@ -242,6 +242,12 @@ class Recipe(_Strict):
         "(auto picks it when the model is read from a directory or the hub and the result is saved); "
         "memory: the whole model on the device",
     )
+    activations: Literal["auto", "device", "host"] = Field(
+        "auto",
+        description="where the calibration activations live between blocks on a GPU: device, host (pinned "
+        "host memory, copied in as each block uses them), or auto: host when they would not fit in the free "
+        "device memory beside a block's work (a CPU run keeps them where it computes)",
+    )
 
     @model_validator(mode="after")
     def _criterion_fits(self) -> Recipe:

@@ -1,0 +1,147 @@
+"""Activations kept away from the device (``activations: host``) against the same run keeping them on it.
+
+A CPU has no second memory to spill to, so the tests stand a recording home in for pinned host
+memory: it stores each float32 activation as float64 and fetches it back. Any path that used a
+stored tensor without fetching it would hand a float64 tensor to a float32 block and fail; any
+that fetched what it had not stored would trip the dtype check; and the float32 → float64 → float32
+round trip is exact, so the pruned weights must equal the plain run's.
+"""
+
+import weakref
+
+import pytest
+import torch
+
+import core.pipeline.sequential as sequential
+from core import prune
+from core.models.adapter import adapter_for
+from core.pipeline.offload import Offload, activation_bytes, block_working_bytes, choose_offload
+from core.spec.recipe import Recipe
+from tests.conftest import recipe_for
+
+
+class _RecordingHome(Offload):
+    """Stores as float64 (a stand-in for another memory), fetches as float32, counts live bytes."""
+
+    def __init__(self, device):
+        super().__init__(device)
+        self.host = True  # as a spilled run reports itself
+        self.stored = self.fetched = 0
+        self.live = self.peak = 0
+
+    def store(self, t):
+        assert t.dtype == torch.float32, "stored twice, or not an activation of the float32 model"
+        out = t.double()
+        self.stored += 1
+        size = t.numel() * t.element_size()  # the bytes the real home would hold (the model's dtype)
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(out, self._freed, size)
+        return out
+
+    def _freed(self, size):
+        self.live -= size
+
+    def fetch(self, t):
+        assert t.dtype == torch.float64, "fetched a tensor that was never stored"
+        self.fetched += 1
+        return t.float()
+
+
+def _run_both(monkeypatch, recipe, **kw):
+    plain = prune(recipe, **kw)
+    homes = []
+
+    def recording(*args, **_):
+        homes.append(_RecordingHome(torch.device("cpu")))
+        return homes[-1]
+
+    monkeypatch.setattr(sequential, "offload_for", recording)
+    spilled = prune(recipe, **kw)
+    return plain, spilled, homes[0]
+
+
+def _assert_same_model(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), name
+
+
+@pytest.mark.parametrize(
+    ("family", "kw"),
+    [
+        ("llama", {}),  # paper-exact LIAR, held-aside error report from the replayed inputs
+        ("llama", {"criterion": {"name": "auto"}, "reconstruction": {"method": "ls", "select": "auto"}}),  # default
+        ("llama", {"reconstruction": {"method": "ls", "target": "dense"}}),  # error feedback: dense states too
+        ("llama", {"head_ratio": "obs", "reconstruction": {"method": "ls", "select": "obs"}}),
+        ("qwen2", {"criterion": {"name": "flap"}, "reconstruction": {"method": "bias"}}),
+        ("bert", {"reconstruction": {"method": "ls"}}),  # padded batches: token masks
+    ],
+)
+def test_activations_kept_elsewhere_give_the_same_pruned_model(family, kw, model_dirs, corpus, monkeypatch):
+    recipe = recipe_for(model_dirs[family], corpus, device="cpu", **kw)
+    plain, spilled, home = _run_both(monkeypatch, recipe)
+    for a, b in zip(plain.plan.layers, spilled.plan.layers, strict=True):
+        assert (a.heads, a.kv_heads, list(map(int, a.neurons))) == (b.heads, b.kv_heads, list(map(int, b.neurons)))
+    _assert_same_model(plain.model, spilled.model)
+    assert [r.error_after for r in plain.report] == [r.error_after for r in spilled.report]
+    assert home.stored > 0 and home.fetched > 0
+    assert spilled.metrics["activations"] == "host" and plain.metrics["activations"] == "device"
+
+
+def test_streamed_run_with_activations_elsewhere_writes_the_same_checkpoint(llama_dir, corpus, tmp_path, monkeypatch):
+    recipe = recipe_for(llama_dir, corpus, device="cpu", execution="stream", criterion={"name": "obs"})
+    recipe["allocation"] = "global"
+    plain = prune(recipe, output_dir=tmp_path / "a")
+    homes = []
+    monkeypatch.setattr(sequential, "offload_for", lambda *a, **k: homes.append(_RecordingHome("cpu")) or homes[-1])
+    spilled = prune(recipe, output_dir=tmp_path / "b")
+    a, b = (r.save(tmp_path / f"saved-{n}") for n, r in (("a", plain), ("b", spilled)))
+    from safetensors.torch import load_file
+
+    for shard in sorted(a.glob("*.safetensors")):
+        ta, tb = load_file(shard), load_file(b / shard.name)
+        assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta), shard.name
+    assert homes[0].stored > 0
+
+
+def test_the_estimate_bounds_what_the_run_keeps(llama_dir, corpus, monkeypatch):
+    """activation_bytes, which decides auto, is an upper bound of the activations a run really keeps
+    at once (measured by the recording home), also with error feedback's dense states."""
+    for target in ("pruned", "dense"):
+        recipe = recipe_for(llama_dir, corpus, device="cpu", reconstruction={"method": "ls", "target": target})
+        _, spilled, home = _run_both(monkeypatch, recipe)
+        monkeypatch.undo()
+        cal = recipe["calibration"]
+        tokens = (cal["num_calibration_samples"] + cal["holdout_samples"]) * cal["max_seq_length"]
+        bound = activation_bytes(adapter_for(spilled.model), tokens, 4, dense=target == "dense")
+        assert 0 < home.peak <= bound, (home.peak, bound)
+        assert home.peak > bound / 4  # a bound, not a guess orders of magnitude off
+
+
+def test_auto_keeps_activations_on_the_device_while_they_fit():
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert not choose_offload("auto", gpu, needed=60, working=30, free=100).host
+    assert choose_offload("auto", gpu, needed=80, working=30, free=100).host
+    assert choose_offload("host", gpu, needed=1, working=1, free=100).host
+    assert not choose_offload("device", gpu, needed=10**12, working=1, free=100).host  # asked for: OOM is theirs
+    for choice in ("auto", "host", "device"):  # a CPU computes where it stores
+        assert not choose_offload(choice, cpu, needed=10**12, working=1, free=1).host
+
+
+def test_block_working_bytes_counts_weights_statistics_and_a_batch(llama_dir):
+    from core.models.loading import load_model
+
+    model, _, adapter = load_model(str(llama_dir), "float32", "cpu")
+    layer = adapter.layers(model)[0]
+    weights = sum(p.numel() * 4 for p in layer.parameters())
+    c = max(adapter.n_neurons, adapter.hidden)
+    got = block_working_bytes(layer, adapter, batch_tokens=100, itemsize=4)
+    assert got == weights + 3 * c * c * 8 + 100 * 4 * 4 * (adapter.n_neurons + adapter.hidden)
+
+
+def test_recipe_refuses_an_unknown_activations_place(llama_dir, corpus):
+    with pytest.raises(ValueError, match="activations"):
+        Recipe.model_validate(recipe_for(llama_dir, corpus, activations="disk"))
+    assert Recipe.model_validate(recipe_for(llama_dir, corpus)).activations == "auto"
