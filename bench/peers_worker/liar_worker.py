@@ -30,7 +30,8 @@ def prune(cell: dict) -> dict:
     shutil.rmtree(out.parent, ignore_errors=True)  # the weights are in memory now
     summary = result.summary()
     knobs = {
-        "recipe": recipe.model_dump(mode="json", exclude_none=True),
+        # as it ran: criterion / allocation auto resolved (what the table's knobs column shows)
+        "recipe": result.recipe.model_dump(mode="json", exclude_none=True),
         "achieved_ratio": summary["achieved_ratio"],
         "execution": summary.get("execution"),
         "round_to_neurons": summary.get("round_to_neurons"),
