@@ -19,6 +19,7 @@ Example::
       seed: 0
     dtype: auto
     device: auto
+    activations: auto        # GPU: calibration activations on the device, or in host memory when too big
 """
 
 from __future__ import annotations
