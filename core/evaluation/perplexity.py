@@ -48,11 +48,14 @@ def perplexity_streamed(
     device: str = "auto",
     dtype: str = "auto",
     show_progress: bool = False,
+    activations: str = "auto",
 ) -> dict[str, float]:
     """:func:`perplexity` of a checkpoint whose blocks are read one at a time (for models larger
     than the device): every window passes through block ℓ before block ℓ+1 is read; only the
-    embeddings, the head, one block and the windows' hidden states are on the device. ``tokenizer``
-    None: the checkpoint's own."""
+    embeddings, the head, one block and the windows' hidden states are on the device — or, with
+    ``activations`` host (auto: when they would not fit), the hidden states wait in host memory
+    (``core/models/offload.py``). ``tokenizer`` None: the checkpoint's own."""
+    from core.models.offload import choose_offload
     from core.models.streaming import StreamedModel, block_inputs
 
     sm = StreamedModel.open(directory, dtype, device)
@@ -66,13 +69,20 @@ def perplexity_streamed(
     windows = _windows(sm.model.config, tokenizer, source, seq_len, max_windows)
     sm.load_outer()
     batches = [windows[i : i + batch_size].to(dev) for i in range(0, len(windows), batch_size)]
-    hidden, extra = block_inputs(sm.model, sm.adapter, [{"input_ids": b, "use_cache": False} for b in batches])
+    itemsize = sm.dtype.itemsize
+    needed = windows.numel() * sm.adapter.hidden * itemsize
+    layer0 = sm.layers[0]  # on the meta device: its size, not its values
+    working = sum(p.numel() for p in layer0.parameters()) * itemsize
+    working += batch_size * seq_len * 4 * (sm.adapter.n_neurons + sm.adapter.hidden) * max(itemsize, 4)
+    offload = choose_offload(activations, dev, needed, working)
+    inputs = ({"input_ids": b, "use_cache": False} for b in batches)
+    hidden, extra = block_inputs(sm.model, sm.adapter, inputs, keep=offload.store)
     for li in tqdm(range(len(sm.layers)), desc="perplexity", unit="layer", disable=not show_progress):
         layer = sm.load_block(li)
         for i, per_layer in enumerate(extra):
             args, kwargs = per_layer[li]
-            out = layer(hidden[i], *args, **kwargs)
-            hidden[i] = out[0] if isinstance(out, tuple) else out
+            out = layer(offload.fetch(hidden[i]), *args, **kwargs)
+            hidden[i] = offload.store(out[0] if isinstance(out, tuple) else out)
         sm.free_block(li)
     sm.close()
     norm, head = sm.model.base_model.get_submodule(sm.adapter.family.final_norm), sm.model.get_output_embeddings()
@@ -82,7 +92,7 @@ def perplexity_streamed(
         out = head(norm(h))
         return out if not cap else torch.tanh(out / cap) * cap
 
-    total_nll = sum(_nll(logits(h), b) for h, b in zip(hidden, batches))
+    total_nll = sum(_nll(logits(offload.fetch(h)), b) for h, b in zip(hidden, batches))
     return _summary(total_nll, windows)
 
 

@@ -22,8 +22,8 @@ from core.criteria import Scores
 from core.data.calibration import CalibrationBatch
 from core.models.adapter import Adapter, unit_costs
 from core.models.modeling_liar import ensure_bias, prune_heads_, prune_neurons_
+from core.models.offload import Offload
 from core.pipeline.measure import BlockSpeed, peak_memory_mb
-from core.pipeline.offload import Offload
 from core.pipeline.result import LayerReport
 from core.pipeline.runner import BlockRunner
 from core.pipeline.scoring import hook_output_gains, split_batches

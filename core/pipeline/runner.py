@@ -14,9 +14,9 @@ from torch import nn
 from core.data.calibration import CalibrationBatch
 from core.models.adapter import Adapter
 from core.models.modeling_liar import set_module
+from core.models.offload import Offload
 from core.models.streaming import Stop as _Stop
 from core.models.streaming import block_inputs
-from core.pipeline.offload import Offload
 from core.stats.accumulate import InputStats
 
 
@@ -25,7 +25,7 @@ class BlockRunner:
 
     Every per-batch activation it keeps (block inputs, replayed inputs and outputs, the dense model's
     states) goes through ``offload``: stored where the run keeps them (the device, or host memory)
-    and fetched to the device where it is used (``core/pipeline/offload.py``)."""
+    and fetched to the device where it is used (``core/models/offload.py``)."""
 
     def __init__(
         self,

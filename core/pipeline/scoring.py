@@ -14,7 +14,7 @@ from core.criteria import LayerInputs, Scores
 from core.criteria.gradients import check_loss_data, mask_gradients, weight_gradients
 from core.data.calibration import CalibrationBatch
 from core.models.adapter import Adapter
-from core.pipeline.offload import Offload
+from core.models.offload import Offload
 from core.pipeline.runner import BlockRunner
 from core.spec.criteria import parse_options
 from core.spec.recipe import Recipe

@@ -29,6 +29,7 @@ from core.data.calibration import CalibrationBatch, calibration_batches
 from core.models.adapter import adapter_for, block_parameters
 from core.models.host_memory import reuse_freed_memory
 from core.models.loading import ensure_pad_token, load_model
+from core.models.offload import Offload, offload_for
 from core.models.safetensors_io import INDEX, SINGLE
 from core.models.streaming import checkpoint_directory
 from core.pipeline.blocks import (
@@ -41,7 +42,6 @@ from core.pipeline.blocks import (
     round_to,
 )
 from core.pipeline.measure import BlockSpeed, peak_memory_mb
-from core.pipeline.offload import Offload, offload_for
 from core.pipeline.preflight import as_recipe, check_model_fit
 from core.pipeline.result import PruneResult
 from core.pipeline.scoring import score_layers, split_batches

@@ -15,7 +15,7 @@ import torch
 import core.pipeline.sequential as sequential
 from core import prune
 from core.models.adapter import adapter_for
-from core.pipeline.offload import Offload, activation_bytes, block_working_bytes, choose_offload
+from core.models.offload import Offload, activation_bytes, block_working_bytes, choose_offload
 from core.spec.recipe import Recipe
 from tests.conftest import recipe_for
 
@@ -145,3 +145,20 @@ def test_recipe_refuses_an_unknown_activations_place(llama_dir, corpus):
     with pytest.raises(ValueError, match="activations"):
         Recipe.model_validate(recipe_for(llama_dir, corpus, activations="disk"))
     assert Recipe.model_validate(recipe_for(llama_dir, corpus)).activations == "auto"
+
+
+def test_streamed_perplexity_with_hidden_states_elsewhere(llama_dir, corpus, tmp_path, monkeypatch):
+    """Streamed perplexity keeps every window's hidden states between blocks: through the recording
+    home they give the same value as kept in place."""
+    import core.models.offload as offload
+    from core.evaluation.perplexity import perplexity_streamed
+
+    result = prune(recipe_for(llama_dir, corpus, device="cpu"), output_dir=tmp_path / "ckpt")
+    checkpoint = result.save(tmp_path / "ckpt")
+    text = " ".join(corpus)
+    plain = perplexity_streamed(checkpoint, None, [text], seq_len=16, batch_size=3, device="cpu")
+    homes = []
+    monkeypatch.setattr(offload, "choose_offload", lambda *a, **k: homes.append(_RecordingHome("cpu")) or homes[-1])
+    spilled = perplexity_streamed(checkpoint, None, [text], seq_len=16, batch_size=3, device="cpu")
+    assert spilled == plain and plain["windows"] > 3
+    assert homes[0].stored == homes[0].fetched > 0  # every window's states stored, each used once
