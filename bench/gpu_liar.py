@@ -86,6 +86,12 @@ def main() -> None:
     p.add_argument("--profile", help="also profile the last run with torch.profiler and write the table here")
     p.add_argument("--stats-dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--holdout", type=int, default=0, help="held-aside samples for the error report (recipe default: 8)")
+    p.add_argument(
+        "--activations",
+        default="auto",
+        choices=["auto", "device", "host"],
+        help="the recipe's activations: host keeps the calibration activations in pinned host memory",
+    )
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -103,6 +109,7 @@ def main() -> None:
             "device": args.device,
             "reconstruction": {"method": args.method, "select": args.select},
             "stats_dtype": args.stats_dtype,
+            "activations": args.activations,
             "calibration": {
                 "texts": ["(pre-tokenised)"],
                 "num_calibration_samples": n,
@@ -127,6 +134,7 @@ def main() -> None:
             "seconds": seconds,
             "peak_memory_mb": result.peak_memory_mb,
             "achieved_ratio": result.achieved_ratio,
+            "activations": result.metrics["activations"],
             "paper_a100_minutes": paper,
             "speedup_vs_paper": (paper * 60 / seconds) if paper else None,
         }
