@@ -55,7 +55,7 @@ def perplexity_streamed(
     embeddings, the head, one block and the windows' hidden states are on the device — or, with
     ``activations`` host (auto: when they would not fit), the hidden states wait in host memory
     (``core/models/offload.py``). ``tokenizer`` None: the checkpoint's own."""
-    from core.models.offload import choose_offload
+    from core.models.offload import block_working_bytes, choose_offload
     from core.models.streaming import StreamedModel, block_inputs
 
     sm = StreamedModel.open(directory, dtype, device)
@@ -71,9 +71,8 @@ def perplexity_streamed(
     batches = [windows[i : i + batch_size].to(dev) for i in range(0, len(windows), batch_size)]
     itemsize = sm.dtype.itemsize
     needed = windows.numel() * sm.adapter.hidden * itemsize
-    layer0 = sm.layers[0]  # on the meta device: its size, not its values
-    working = sum(p.numel() for p in layer0.parameters()) * itemsize
-    working += batch_size * seq_len * 4 * (sm.adapter.n_neurons + sm.adapter.hidden) * max(itemsize, 4)
+    # the first block is on the meta device: its size, not its values
+    working = block_working_bytes(sm.layers[0], sm.adapter, batch_size * seq_len, itemsize, statistics=False)
     offload = choose_offload(activations, dev, needed, working)
     inputs = ({"input_ids": b, "use_cache": False} for b in batches)
     hidden, extra = block_inputs(sm.model, sm.adapter, inputs, keep=offload.store)

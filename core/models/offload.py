@@ -49,15 +49,16 @@ def activation_bytes(adapter: Adapter, tokens: int, itemsize: int, dense: bool =
     return tokens * per_token * itemsize
 
 
-def block_working_bytes(layer: nn.Module, adapter: Adapter, batch_tokens: int, itemsize: int) -> int:
-    """What one block's work needs besides the stored activations: its weights, the float64
-    statistics of its widest projection input with the solve's copies (three C × C matrices), and one
-    batch's intermediate activations in float32."""
+def block_working_bytes(
+    layer: nn.Module, adapter: Adapter, batch_tokens: int, itemsize: int, statistics: bool = True
+) -> int:
+    """What one block's work needs besides the stored activations: its weights, one batch's
+    intermediate activations in float32, and with ``statistics`` (pruning, not evaluation) the float64
+    statistics of its widest projection input with the solve's copies (three C × C matrices)."""
     weights = sum(p.numel() * p.element_size() for p in layer.parameters())
-    c = max(adapter.n_neurons, adapter.hidden)
-    stats = 3 * c * c * 8
     batch = batch_tokens * (4 * adapter.n_neurons + 4 * adapter.hidden) * max(itemsize, 4)
-    return weights + stats + batch
+    c = max(adapter.n_neurons, adapter.hidden)
+    return weights + batch + (3 * c * c * 8 if statistics else 0)
 
 
 def free_device_bytes(device: torch.device) -> int:

@@ -195,7 +195,7 @@ class _Paired:
         self.stats, self.fetch, self.dense = stats, fetch, dense
 
     def add_batch(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
-        self.stats.add_pair(x, self.fetch(self.dense).to(x.device), mask)
+        self.stats.add_pair(x, self.fetch(self.dense), mask)
 
 
 def _keep_mask(kept: list[int], total: int, width: int = 1) -> torch.Tensor:

@@ -431,10 +431,11 @@ def relative_output_error_from_inputs(
             if x_u is None:  # the difference of weights first: no cancellation in the products
                 delta_t = w64.T.contiguous()  # (C_in, C_out): kept rows are contiguous to update
                 delta_t.index_add_(0, u, new_weight.to(SOLVE_PRECISION).T, alpha=-1.0)
-                db = None if b64 is None and nb is None else (0 if b64 is None else b64) - (0 if nb is None else nb)
-                rows = delta_t.ne(0).any(1).nonzero().squeeze(1)  # plain pruning: the pruned channels only
-                inputs = x if len(rows) == len(delta_t) else x.index_select(1, rows.to(x.device))
-                diff = product(inputs, delta_t if len(rows) == len(delta_t) else delta_t[rows], db)
+                db = None if nb is None else (-nb if b64 is None else b64 - nb)  # nb is None only if b64 is
+                inputs, rows = x, delta_t.ne(0).any(1).nonzero().squeeze(1)
+                if len(rows) < len(delta_t):  # plain pruning: the pruned channels only
+                    inputs, delta_t = x.index_select(1, rows.to(x.device)), delta_t[rows]
+                diff = product(inputs, delta_t, db)
             else:
                 diff = ref - product(x_u, new_weight.T, nb)
             out.append(torch.where(den > 0, diff.square().sum(dtype=torch.float64) / den, torch.zeros_like(den)))
