@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "docs" / "results" / "minilm.md"
 METHODS = ("none", "bias", "liar", "ls")
+FIT_LABELS = {"all": "all tokens", "first": "[CLS] only", "pooled": "all; last block [CLS]"}
 
 # Criteria whose sources prune in another structure than heads + neurons with a per-layer budget;
 # --modules / --allocation given on the command line override these.
@@ -126,6 +127,8 @@ def run(args) -> dict:
         "holdout": args.holdout,
         "test_examples": len(test),
     }
+    if args.seed:  # which calibration snippets (seed 0 is the tables' and is left out of their settings)
+        settings["seed"] = args.seed
     if state.get("settings") and state["settings"] != settings:
         sys.exit(f"{out_json} was made with other settings {state['settings']}; use them or rerun with --fresh")
     state.update(
@@ -172,7 +175,7 @@ def run(args) -> dict:
                         "num_calibration_samples": args.samples,
                         "max_seq_length": args.max_length,
                         "holdout_samples": args.holdout,
-                        "seed": 0,
+                        "seed": args.seed,
                         "batch_size": 32,
                     },
                 }
@@ -222,7 +225,7 @@ def write_report(state: dict, out: Path) -> str:
     groups: dict[tuple, dict[str, dict]] = {}
     for c in cells:
         label = c["criterion"] + (f" {json.dumps(c['options'], sort_keys=True)}" if c["options"] else "")
-        fit = "[CLS] only" if c.get("positions", "all") == "first" else "all tokens"
+        fit = FIT_LABELS[c.get("positions", "all")]
         if c.get("select", "criterion") != "criterion":
             label += f" + {c['select']} selection"
         if c.get("target", "pruned") != "pruned":
@@ -244,7 +247,8 @@ def write_report(state: dict, out: Path) -> str:
         f"({ft.get('settings', {}).get('epochs', '?')} epochs, seed {ft.get('settings', {}).get('seed', '?')}); "
         f"dense test accuracy **{dense:.4f}** (majority class {ft.get('test_majority_baseline', float('nan')):.4f}; "
         f"fine-tuning took {ft.get('train_seconds', float('nan')):.0f} s on {ft.get('machine', '?')}).",
-        f"- Calibration: {st['samples']} snippets of the train split (seed 0, at most {st['max_length']} tokens, "
+        f"- Calibration: {st['samples']} snippets of the train split (seed {st.get('seed', 0)}, "
+        f"at most {st['max_length']} tokens, "
         f"padding excluded from the statistics), {st['holdout']} more held aside for the error report; "
         f"damping {st['damp']}.",
         f"- Evaluation: accuracy on the {st['test_examples']} test snippets (disjoint from train); each cell "
@@ -291,9 +295,10 @@ def main() -> None:
     p.add_argument("--holdout", type=int, default=32)
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--damp", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0, help="calibration sampling seed")
     p.add_argument(
         "--positions",
-        choices=["all", "first"],
+        choices=["all", "first", "pooled"],
         default="all",
         help="token positions the reconstruction fits (reconstruction.positions): all, or the [CLS] token only",
     )

@@ -61,9 +61,12 @@ def recipe_from_args(args: argparse.Namespace):
         recon["method"] = args.reconstruction
     if args.damp is not None:
         recon["damp"] = args.damp
-    if args.paper:  # the paper's LIAR: its reconstruction, the criterion's units (explicit flags win)
+    if args.paper:  # the paper's LIAR: its reconstruction, the criterion's units, every token (explicit flags win)
         recon["method"] = args.reconstruction or "liar"
         recon["select"] = args.select or "criterion"
+        recon["positions"] = args.positions or "all"
+    if args.positions is not None:
+        recon["positions"] = args.positions
     if args.select is not None:
         recon["select"] = args.select
     if args.target is not None:
@@ -105,7 +108,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         except ValueError as exc:
             return fail(str(exc))
         kind = model_kind(recipe.model)  # the recipe as it will run, where the model is known offline
-        print((recipe if kind is None else recipe.resolved(kind)).to_yaml(), end="")
+        print((recipe if kind is None else recipe.resolved(*kind)).to_yaml(), end="")
         return 0
 
     from core.pipeline.sequential import prune
@@ -339,7 +342,7 @@ def register(sub) -> None:
 # the destinations of add_recipe_flags' flags (all but the recipe file)
 RECIPE_FLAGS = ("model", "modules", "ratio", "allocation", "head_ratio", "round_neurons", "kv_groups", "criterion")
 RECIPE_FLAGS += ("reconstruction", "damp")
-RECIPE_FLAGS += ("select", "target", "paper")
+RECIPE_FLAGS += ("select", "target", "positions", "paper")
 RECIPE_FLAGS += ("calibration", "samples", "seq_len", "holdout", "seed", "batch_size", "dtype", "device", "execution")
 RECIPE_FLAGS += ("activations",)
 
@@ -386,27 +389,7 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         "losing more than 1.2 x the ratio above 30%%; magnitude otherwise), magnitude, random, flap, snip, kwon, "
         "taylor, kcm, obs",
     )
-    p.add_argument("--reconstruction", help="none | bias | mask_tuning | liar | ls (default ls, the exact refit)")
-    p.add_argument(
-        "--paper",
-        action="store_const",
-        const=True,
-        help="the paper's LIAR: reconstruction liar, the criterion's units (select criterion) and heads pruned at "
-        "the layer's ratio (head ratio same) instead of the default ls with reconstruction-aware selection",
-    )
-    p.add_argument("--damp", type=float, help="ridge damping as a fraction of mean(diag G)")
-    p.add_argument(
-        "--select",
-        choices=["criterion", "obs"],
-        help="which units a layer drops: the criterion's lowest-scored (default), or obs — those the "
-        "least-squares refit compensates best, chosen on the calibration statistics",
-    )
-    p.add_argument(
-        "--target",
-        choices=["pruned", "dense"],
-        help="refit each pruned layer to its own output on the pruned model's inputs (default), or to the dense "
-        "model's output (error feedback; with --reconstruction ls)",
-    )
+    _add_reconstruction_flags(p)
     p.add_argument("--calibration", help="named set (wikitext2, c4, alpaca) or a .txt/.jsonl file")
     p.add_argument("--samples", type=int, help="number of calibration samples")
     p.add_argument("--seq-len", type=int, help="tokens per calibration sample")
@@ -428,6 +411,38 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         help="where the calibration activations live between blocks on a GPU: host (pinned host memory, copied "
         "in as each block uses them) for calibration sets too big for the device; auto (the default) picks host "
         "only when they would not fit",
+    )
+
+
+def _add_reconstruction_flags(p: argparse.ArgumentParser) -> None:
+    """The ``reconstruction`` section's flags (and ``--paper``, which sets several of them)."""
+    p.add_argument("--reconstruction", help="none | bias | mask_tuning | liar | ls (default ls, the exact refit)")
+    p.add_argument(
+        "--paper",
+        action="store_const",
+        const=True,
+        help="the paper's LIAR: reconstruction liar, the criterion's units (select criterion) and heads pruned at "
+        "the layer's ratio (head ratio same) instead of the default ls with reconstruction-aware selection",
+    )
+    p.add_argument("--damp", type=float, help="ridge damping as a fraction of mean(diag G)")
+    p.add_argument(
+        "--select",
+        choices=["criterion", "obs"],
+        help="which units a layer drops: the criterion's lowest-scored (default), or obs — those the "
+        "least-squares refit compensates best, chosen on the calibration statistics",
+    )
+    p.add_argument(
+        "--target",
+        choices=["pruned", "dense"],
+        help="refit each pruned layer to its own output on the pruned model's inputs (default), or to the dense "
+        "model's output (error feedback; with --reconstruction ls)",
+    )
+    p.add_argument(
+        "--positions",
+        choices=["auto", "all", "pooled", "first"],
+        help="tokens the refit covers: all; pooled — every token below the last block and only [CLS] in it, "
+        "the one a sequence classifier reads; first — [CLS] in every block; auto (default) — pooled for an "
+        "encoder sequence classifier, all otherwise",
     )
 
 

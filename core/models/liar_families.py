@@ -234,6 +234,14 @@ def family_of(model_type: str | None) -> Family | None:
     return next((f for f in FAMILIES.values() if mt in f.model_types), None)
 
 
+def pools_first_token(architectures: list[str] | None) -> bool:
+    """Whether an encoder with these model classes (``config.architectures``, or the loaded model's
+    class name) is a sequence classifier, whose head reads only the first ([CLS]) token's final state
+    (BERT, RoBERTa, DistilBERT, ... ``*ForSequenceClassification``). Question answering, token
+    classification and bare encoders (embeddings) read every position."""
+    return any(str(a).endswith("ForSequenceClassification") for a in architectures or [])
+
+
 def supported_families_text() -> str:
     """One line naming the families the engine prunes, for error messages and the model picker."""
     return ", ".join(f.label or f.name for f in FAMILIES.values())

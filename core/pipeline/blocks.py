@@ -384,6 +384,8 @@ def reconstruct_blocks(
     for li, layer in enumerate(layers):
         report("reconstruct", li, len(layers))
         io.load(li)
+        if li == len(layers) - 1:
+            runner.enter_last_block()
         if speed is not None:
             speed.time(layer, runner, "dense")
         lp = plan.layers[li]

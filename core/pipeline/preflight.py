@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from core.models.config_file import read_config
-from core.models.liar_families import PRUNED_PREFIX, family_of, unsupported_reason
+from core.models.liar_families import PRUNED_PREFIX, family_of, pools_first_token, unsupported_reason
 from core.spec.recipe import Recipe
 
 
@@ -45,9 +45,10 @@ def check_model_fit(recipe: Recipe, config: Any, eval_lengths: list[int] | tuple
                 f"evaluation seq_len {length} exceeds the model's limit of {limit} positions; "
                 f"evaluate with seq_len {limit} or less"
             )
-    if recipe.reconstruction.positions == "first" and family.kind != "encoder":
+    positions = recipe.reconstruction.positions
+    if positions in ("first", "pooled") and family.kind != "encoder":
         raise ValueError(
-            "reconstruction.positions 'first' fits only each sequence's first ([CLS]) token, which is meant for "
+            f"reconstruction.positions {positions!r} fits each sequence's first ([CLS]) token only, which is meant for "
             f"encoder classifiers; {family.name} is a decoder scored at every position: use 'all'"
         )
 
@@ -83,11 +84,15 @@ def model_positions(model: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def model_kind(model: str) -> str | None:
-    """``"decoder"`` or ``"encoder"`` when the model's config is readable offline and its family is
-    supported (else None): what ``criterion: auto`` resolves by."""
-    family = family_of(_offline_config(model).get("model_type"))
-    return None if family is None else family.kind
+def model_kind(model: str) -> tuple[str, bool] | None:
+    """``(kind, pools_first)`` — ``"decoder"`` or ``"encoder"``, and whether its task head reads only
+    the first token — when the model's config is readable offline and its family is supported (else
+    None): what the recipe's ``auto`` settings resolve by (:meth:`Recipe.resolved`)."""
+    config = _offline_config(model)
+    family = family_of(config.get("model_type"))
+    if family is None:
+        return None
+    return family.kind, pools_first_token(config.get("architectures"))
 
 
 def default_eval_seq_len(model: object, preferred: int = 512) -> int:

@@ -41,6 +41,7 @@ class BlockRunner:
         self.masks = [b.token_mask(adapter.kind, device) for b in batches]
         if positions == "first":  # statistics of each sequence's first token only
             self.masks = [_first_only(m) for m in self.masks]
+        self.positions = positions
         self.kept: dict[str, list[torch.Tensor]] = {}
         self.replays: dict[str, tuple[nn.Module, nn.Module]] = {}
         self.dense: list[torch.Tensor] | None = None  # the dense model's hidden states (error feedback)
@@ -49,6 +50,12 @@ class BlockRunner:
         self.hidden, self.extra = block_inputs(model, adapter, inputs, keep=self.offload.store)
         # a block's position: its arguments may differ by layer (sliding-window vs full attention)
         self._index = {id(layer): li for li, layer in enumerate(adapter.layers(model))}
+
+    def enter_last_block(self) -> None:
+        """``positions: pooled``: from here on, statistics and errors of the first token only (the last
+        block's other outputs are never read by a classifier pooling the first token)."""
+        if self.positions == "pooled":
+            self.masks = [_first_only(m) for m in self.masks]
 
     def run(self, layer: nn.Module, i: int) -> torch.Tensor:
         self.batch = i

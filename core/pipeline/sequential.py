@@ -28,6 +28,7 @@ from core.criteria import Scores
 from core.data.calibration import CalibrationBatch, calibration_batches
 from core.models.adapter import adapter_for, block_parameters
 from core.models.host_memory import reuse_freed_memory
+from core.models.liar_families import pools_first_token
 from core.models.loading import ensure_pad_token, load_model
 from core.models.offload import Offload, offload_for
 from core.models.safetensors_io import INDEX, SINGLE
@@ -185,7 +186,7 @@ def _run(
     check_model_fit(recipe, model.config)
     # what runs is what the result (and the checkpoint's recipe.yaml) records: criterion, allocation
     # and select's auto resolved
-    recipe = recipe.resolved(adapter.kind)
+    recipe = recipe.resolved(adapter.kind, pools_first_token([type(model).__name__]))
     select = recipe.reconstruction.resolved_select()
     recipe = recipe.model_copy(update={"reconstruction": recipe.reconstruction.model_copy(update={"select": select})})
     report("load", 1, 1)

@@ -100,10 +100,12 @@ class ReconstructionConfig(_Strict):
         "paper), or dense — the dense model's output (error feedback: each layer also undoes the errors of "
         "the pruned layers before it); dense needs method ls",
     )
-    positions: Literal["all", "first"] = Field(
-        "all",
-        description="token positions the reconstruction fits: every real token, or (encoders) only each "
-        "sequence's first token, the [CLS] position a BERT sequence classifier pools",
+    positions: Literal["auto", "all", "first", "pooled"] = Field(
+        "auto",
+        description="token positions the reconstruction fits: all — every real token; pooled (encoder "
+        "sequence classifiers) — every token in the blocks below the last, and in the last block, whose other "
+        "positions the classifier never reads, only each sequence's first ([CLS]) token; first — the first "
+        "token in every block; auto — pooled for a sequence classifier, all otherwise",
     )
 
     @field_validator("method")
@@ -259,9 +261,13 @@ class Recipe(_Strict):
             raise ValueError(refusal)
         return self
 
-    def resolved(self, kind: str) -> Recipe:
-        """This recipe with ``criterion: auto`` and ``allocation: auto`` made concrete for a model of
-        ``kind`` ("decoder" | "encoder"): what runs, and what the result and its checkpoint record.
+    def resolved(self, kind: str, pools_first: bool = False) -> Recipe:
+        """This recipe with ``criterion: auto``, ``allocation: auto`` and ``reconstruction.positions:
+        auto`` made concrete for a model of ``kind`` ("decoder" | "encoder"; ``pools_first``: an encoder
+        whose task head reads only the first token, a sequence classifier): what runs, and what the
+        result and its checkpoint record.
+
+        Positions auto is ``pooled`` for a sequence classifier, ``all`` otherwise.
 
         Criterion auto is ``obs`` with allocation global for a decoder pruned by at most
         ``AUTO_OBS_MAX_RATIO`` (heads and neurons, uniform-or-auto allocation, the default
@@ -284,9 +290,14 @@ class Recipe(_Strict):
                 options = {"max_layer_ratio": cap, "over_cap": "last"}
         if alloc == "auto":
             alloc = parse_options(name, options).allocation()
-        if (name, alloc) == (self.criterion.name, self.allocation):
+        recon = self.reconstruction
+        if recon.positions == "auto":
+            positions = "pooled" if kind == "encoder" and pools_first else "all"
+            recon = recon.model_copy(update={"positions": positions})
+        if (name, alloc, recon) == (self.criterion.name, self.allocation, self.reconstruction):
             return self
-        return self.model_copy(update={"criterion": CriterionConfig(name=name, options=options), "allocation": alloc})
+        criterion = CriterionConfig(name=name, options=options)
+        return self.model_copy(update={"criterion": criterion, "allocation": alloc, "reconstruction": recon})
 
     @field_validator("ratio")
     @classmethod

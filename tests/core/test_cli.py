@@ -269,7 +269,9 @@ def test_default_recipe_and_the_paper_flag(llama_dir, calib_file, tmp_path, caps
     assert main(["prune", *common, "--output", str(tmp_path / "default")]) == 0
     saved = Recipe.load(tmp_path / "default" / "recipe.yaml")
     assert (saved.reconstruction.method, saved.reconstruction.select, saved.head_ratio) == ("ls", "obs", "auto")
+    assert saved.reconstruction.positions == "all"  # auto, resolved: a decoder fits every token
     assert main(["prune", *common, "--paper", "--output", str(tmp_path / "paper")]) == 0
     saved = Recipe.load(tmp_path / "paper" / "recipe.yaml")
     assert (saved.reconstruction.method, saved.reconstruction.select, saved.head_ratio) == ("liar", "criterion", "same")
+    assert saved.reconstruction.positions == "all"
     capsys.readouterr()

@@ -4,6 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from core import prune
+from core.models.liar_families import pools_first_token
 from core.spec.recipe import Recipe
 from tests.conftest import recipe_for
 
@@ -190,8 +191,36 @@ def test_auto_criterion_and_allocation_resolve_by_model_kind_and_ratio(kind, cha
     resolved = recipe.resolved(kind)
     assert (resolved.criterion.name, resolved.allocation) == expected
     assert Recipe.model_validate(resolved.model_dump()) == resolved  # a valid recipe, the one recorded
+    assert resolved.reconstruction.positions == "all"  # auto: no sequence classifier here
+    resolved = resolved.model_copy(update={"reconstruction": recipe.reconstruction})
     unchanged = {k: v for k, v in resolved.model_dump().items() if k not in ("criterion", "allocation")}
     assert unchanged == {k: v for k, v in recipe.model_dump().items() if k not in ("criterion", "allocation")}
+
+
+@pytest.mark.parametrize(
+    ("kind", "pools_first", "given", "expected"),
+    [
+        ("encoder", True, "auto", "pooled"),  # a sequence classifier: its head reads [CLS] alone
+        ("encoder", False, "auto", "all"),  # embeddings, question answering: every position is read
+        ("decoder", True, "auto", "all"),  # a decoder's classifier pools the last token, not the first
+        ("encoder", True, "all", "all"),  # a named choice is kept
+        ("encoder", True, "first", "first"),
+    ],
+)
+def test_auto_positions_fit_the_pooled_token_of_sequence_classifiers(
+    kind, pools_first, given, expected, llama_dir, corpus
+):
+    recipe = Recipe.model_validate(recipe_for(llama_dir, corpus, reconstruction={"method": "ls", "positions": given}))
+    assert recipe.resolved(kind, pools_first).reconstruction.positions == expected
+    assert Recipe.model_validate(recipe_for(llama_dir, corpus)).reconstruction.positions == "auto"  # the default
+
+
+def test_sequence_classifiers_are_told_from_their_model_classes():
+    assert pools_first_token(["BertForSequenceClassification"])
+    assert pools_first_token(["RobertaForSequenceClassification"])
+    assert not pools_first_token(["BertForQuestionAnswering"])
+    assert not pools_first_token(["BertModel"])
+    assert not pools_first_token(None)
 
 
 @pytest.mark.parametrize(("ratio", "cap"), [(0.2, None), (0.3, None), (0.31, 0.372), (0.4, 0.48), (0.5, 0.6)])
