@@ -81,6 +81,7 @@ def recipe_from_args(args: argparse.Namespace):
         ("seed", args.seed),
         ("batch_size", args.batch_size),
         ("holdout_samples", args.holdout),
+        ("label_field", args.label_field),
     ):
         if val is not None:
             cal[key] = val
@@ -340,11 +341,11 @@ def register(sub) -> None:
 
 
 # the destinations of add_recipe_flags' flags (all but the recipe file)
-RECIPE_FLAGS = ("model", "modules", "ratio", "allocation", "head_ratio", "round_neurons", "kv_groups", "criterion")
-RECIPE_FLAGS += ("reconstruction", "damp")
-RECIPE_FLAGS += ("select", "target", "positions", "paper")
-RECIPE_FLAGS += ("calibration", "samples", "seq_len", "holdout", "seed", "batch_size", "dtype", "device", "execution")
-RECIPE_FLAGS += ("activations",)
+_FLAG_NAMES = (
+    "model modules ratio allocation head_ratio round_neurons kv_groups criterion reconstruction damp select target "
+    "positions paper calibration samples seq_len holdout label_field seed batch_size dtype device execution activations"
+)
+RECIPE_FLAGS = tuple(_FLAG_NAMES.split())
 
 
 def recipe_flags_given(args: argparse.Namespace) -> bool:
@@ -386,14 +387,19 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--criterion",
         help="pruning criterion: auto (the default: obs with global allocation for decoders up to 50%%, no layer "
-        "losing more than 1.2 x the ratio above 30%%; magnitude otherwise), magnitude, random, flap, snip, kwon, "
-        "taylor, kcm, obs",
+        "losing more than 1.2 x the ratio above 30%%; kwon for an encoder classifier with labelled calibration "
+        "data; magnitude otherwise), magnitude, random, flap, snip, kwon, taylor, kcm, obs",
     )
     _add_reconstruction_flags(p)
     p.add_argument("--calibration", help="named set (wikitext2, c4, alpaca) or a .txt/.jsonl file")
     p.add_argument("--samples", type=int, help="number of calibration samples")
     p.add_argument("--seq-len", type=int, help="tokens per calibration sample")
     p.add_argument("--holdout", type=int, help="extra samples held aside for the error report")
+    p.add_argument(
+        "--label-field",
+        help="encoders: the field of each .jsonl record holding its task label; a sequence classifier's default "
+        "criterion is then Kwon et al.'s Fisher search on the task loss",
+    )
     p.add_argument("--seed", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--dtype", choices=DTYPES)
@@ -440,9 +446,8 @@ def _add_reconstruction_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--positions",
         choices=["auto", "all", "pooled", "first"],
-        help="tokens the refit covers: all; pooled — every token below the last block and only [CLS] in it, "
-        "the one a sequence classifier reads; first — [CLS] in every block; auto (default) — pooled for an "
-        "encoder sequence classifier, all otherwise",
+        help="tokens the refit covers: all; pooled — all below the last block, only [CLS] (what a classifier "
+        "reads) in it; first — [CLS] in every block; auto (default) — pooled for encoder classifiers, else all",
     )
 
 

@@ -28,7 +28,8 @@ METHODS = list(_METHODS)
 CRITERIA = ["auto", *_CRITERIA]
 CRITERIA_INFO = (
     "auto (the default): obs with global allocation for decoders up to 50% (no layer losing more than "
-    "1.2 × the ratio above 30%), magnitude otherwise · magnitude · "
+    "1.2 × the ratio above 30%), kwon for an encoder classifier with labelled calibration data "
+    "(calibration.label_field), magnitude otherwise · magnitude · "
     "flap (activations) · snip, kwon, taylor (gradients of the calibration loss) · "
     "kcm (neurons only) · obs (output-error paths, allocation global) · random; options: edit the recipe YAML"
 )

@@ -91,6 +91,8 @@ def execution_mode(recipe: Recipe, model: nn.Module | None, output_dir) -> tuple
         check_streamable(recipe)
     elif model is not None or output_dir is None or streaming_refusal(recipe.criterion.name):
         return "memory", None
+    elif recipe.auto_may_use_gradients:  # auto may pick Kwon et al.'s Fisher: whole-model gradients
+        return "memory", None
     directory = checkpoint_directory(recipe.model)
     if directory is None or not ((directory / INDEX).is_file() or (directory / SINGLE).is_file()):
         if explicit:

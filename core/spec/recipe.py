@@ -62,7 +62,8 @@ class CriterionConfig(_Strict):
         description="pruning criterion (see core.criteria.base.CRITERIA), or auto: obs with allocation global for "
         f"a decoder pruned by at most {AUTO_OBS_MAX_RATIO:.0%} with the default reconstruction-aware selection "
         f"(measured best there; above {AUTO_OBS_FREE_RATIO:.0%} no layer loses more than {AUTO_OBS_CAP} × the "
-        "ratio of its units) or with allocation global, magnitude otherwise",
+        "ratio of its units) or with allocation global; kwon (Kwon et al.'s Fisher search, global) for an encoder "
+        "sequence classifier calibrated on labelled samples; magnitude otherwise",
     )
     options: dict[str, Any] = Field(default_factory=dict, description="criterion-specific options")
 
@@ -261,6 +262,14 @@ class Recipe(_Strict):
             raise ValueError(refusal)
         return self
 
+    @property
+    def auto_may_use_gradients(self) -> bool:
+        """Whether criterion auto may resolve to a criterion that needs gradients of the whole model
+        (Kwon et al.'s, for a labelled sequence classifier; labels are taken by encoders only): such a
+        run cannot stream, so ``execution: auto`` keeps the model in memory, and ``execution: stream``
+        keeps auto off gradient criteria."""
+        return self.criterion.name == "auto" and self.calibration.label_field is not None and self.execution != "stream"
+
     def resolved(self, kind: str, pools_first: bool = False) -> Recipe:
         """This recipe with ``criterion: auto``, ``allocation: auto`` and ``reconstruction.positions:
         auto`` made concrete for a model of ``kind`` ("decoder" | "encoder"; ``pools_first``: an encoder
@@ -269,6 +278,10 @@ class Recipe(_Strict):
 
         Positions auto is ``pooled`` for a sequence classifier, ``all`` otherwise.
 
+        Criterion auto is Kwon et al.'s (``kwon``, allocation global, its own units: select auto becomes
+        ``criterion``) for a sequence classifier calibrated on labelled samples (``calibration.label_field``)
+        and pruned in heads and neurons, unless it must stream (:attr:`auto_may_use_gradients`).
+
         Criterion auto is ``obs`` with allocation global for a decoder pruned by at most
         ``AUTO_OBS_MAX_RATIO`` (heads and neurons, uniform-or-auto allocation, the default
         reconstruction-aware selection, heads not split by ``head_ratio: obs``), or for any model
@@ -276,7 +289,13 @@ class Recipe(_Strict):
         picks has ``max_layer_ratio`` ``AUTO_OBS_CAP`` × the ratio, a soft cap (``over_cap: last``: units
         past it go only when the ratio cannot be reached otherwise, as on models with few heads)."""
         name, alloc, options = self.criterion.name, self.allocation, self.criterion.options
-        if name == "auto":
+        recon = self.reconstruction
+        fisher = kind == "encoder" and pools_first and self.modules == "both" and alloc in ("auto", "global")
+        if self.auto_may_use_gradients and fisher:
+            name, alloc = "kwon", "global"
+            if recon.select == "auto":  # its mask search and rearrangement choose the units (measured best)
+                recon = recon.model_copy(update={"select": "criterion"})
+        elif name == "auto":
             nonuniform = (
                 kind == "decoder"
                 and self.ratio <= AUTO_OBS_MAX_RATIO
@@ -290,7 +309,6 @@ class Recipe(_Strict):
                 options = {"max_layer_ratio": cap, "over_cap": "last"}
         if alloc == "auto":
             alloc = parse_options(name, options).allocation()
-        recon = self.reconstruction
         if recon.positions == "auto":
             positions = "pooled" if kind == "encoder" and pools_first else "all"
             recon = recon.model_copy(update={"positions": positions})

@@ -228,6 +228,27 @@ def test_dry_run_checks_what_the_model_config_tells(llama_dir, calib_file, tmp_p
     assert not (tmp_path / "never").exists()
 
 
+def test_dry_run_of_a_labelled_classifier_shows_its_default(bert_dir, corpus, tmp_path, capsys):
+    """--label-field makes the calibration labelled: a sequence classifier's default is then Kwon et al.'s
+    Fisher search with its own units, and its last block is fitted on [CLS] (positions auto: pooled)."""
+    data = tmp_path / "labelled.jsonl"
+    data.write_text("\n".join(json.dumps({"text": t, "label": i % 2}) for i, t in enumerate(corpus)))
+    base = ["prune", "--model", str(bert_dir), "--ratio", "0.5", "--calibration", str(data)]
+    base += ["--output", str(tmp_path / "never"), "--dry-run"]
+    assert main([*base, "--label-field", "label"]) == 0
+    printed = Recipe.from_yaml(capsys.readouterr().out)
+    assert printed.calibration.label_field == "label"
+    assert (printed.criterion.name, printed.allocation, printed.reconstruction.select) == (
+        "kwon",
+        "global",
+        "criterion",
+    )
+    assert printed.reconstruction.positions == "pooled"
+    assert main(base) == 0  # no labels: the unlabelled encoder default
+    printed = Recipe.from_yaml(capsys.readouterr().out)
+    assert (printed.criterion.name, printed.reconstruction.positions) == ("magnitude", "pooled")
+
+
 def test_prune_streams_by_default_and_ppl_matches_eval(llama_dir, calib_file, tmp_path, capsys):
     """liar prune streams a model read from a directory; its --ppl (block by block) equals liar eval's
     in memory and liar eval --stream's on the saved checkpoint."""
