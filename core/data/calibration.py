@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from core.data.texts import load_named, read_records, read_rows
 from core.spec.recipe import NAMED_DATASETS, CalibrationConfig
@@ -44,18 +45,34 @@ class CalibrationBatch:
 
     @staticmethod
     def concat(batches: list[CalibrationBatch]) -> CalibrationBatch:
-        cat = lambda xs: None if xs[0] is None else torch.cat(xs)  # noqa: E731
+        """One batch of all samples; batches trimmed to different widths (:meth:`slice`) are padded back
+        to the widest on the right (masked out, so any id will do)."""
+        width = max(b.input_ids.shape[1] for b in batches)
+
+        def cat(xs: list[torch.Tensor | None]) -> torch.Tensor | None:
+            if xs[0] is None:
+                return None
+            return torch.cat([F.pad(x, (0, width - x.shape[1])) if x.dim() == 2 else x for x in xs])
+
         return CalibrationBatch(
-            torch.cat([b.input_ids for b in batches]),
-            torch.cat([b.attention_mask for b in batches]),
+            cat([b.input_ids for b in batches]),
+            cat([b.attention_mask for b in batches]),
             cat([b.token_type_ids for b in batches]),
             cat([b.labels for b in batches]),
         )
 
     def slice(self, start: int, stop: int) -> CalibrationBatch:
-        tt = None if self.token_type_ids is None else self.token_type_ids[start:stop]
+        """Samples ``start:stop``, without the trailing padding columns none of them uses: encoder samples
+        are padded to ``max_seq_length`` (MiniLM's review snippets: 43% real tokens), and a batch only
+        needs its longest sample's length. Trailing padding is masked out of every real token's
+        attention and sits after every real position, so the real tokens' computations do not change;
+        a batch padded on the left ends in real tokens and keeps its width."""
+        mask = self.attention_mask[start:stop]
+        used = mask.any(0).nonzero()
+        width = int(used[-1]) + 1 if len(used) else min(1, mask.shape[1])
+        tt = None if self.token_type_ids is None else self.token_type_ids[start:stop, :width]
         labels = None if self.labels is None else self.labels[start:stop]
-        return CalibrationBatch(self.input_ids[start:stop], self.attention_mask[start:stop], tt, labels)
+        return CalibrationBatch(self.input_ids[start:stop, :width], mask[:, :width], tt, labels)
 
 
 def load_labels(cfg: CalibrationConfig) -> torch.Tensor | None:
