@@ -118,9 +118,11 @@ def prepare() -> dict[str, dict]:
             "model_dir": str(minilm),
             "eval_records": str(minilm / "test.jsonl"),
             "score_records": str(minilm / "validation.jsonl"),
-            # bench/minilm.py's calibration: 512 labelled train snippets of at most 64 tokens
+            # bench/minilm.py's calibration: 512 labelled train snippets of at most 64 tokens (`liar prune
+            # --calibration train.jsonl --label-field label`: the default then uses the labels)
             "calibration_cfg": {
                 "dataset": str(minilm / "train.jsonl"),
+                "label_field": "label",
                 "num_calibration_samples": 512,
                 "max_seq_length": 64,
                 "holdout_samples": 32,
@@ -133,8 +135,6 @@ def prepare() -> dict[str, dict]:
         if path.exists():
             continue
         cfg = dict(m["calibration_cfg"])
-        if m["kind"] == "encoder":
-            cfg["label_field"] = "label"  # the same snippets, with their labels for Taylor importance
         tok = AutoTokenizer.from_pretrained(m["model_dir"])
         fit, held = calibration_batches(CalibrationConfig(**cfg), tok, m["kind"])
         data = {}
@@ -164,7 +164,6 @@ def our_recipes(model: str, m: dict, ratio: float) -> dict[str, tuple[str, dict]
     else:  # minilm.md: Kwon et al.'s masks + bias compensation fitted on [CLS] (bench/minilm.py --positions first)
         best.update(allocation="global", criterion={"name": "kwon", "options": {}}, round_to={"neurons": 1})
         best["reconstruction"] = {"method": "bias", "damp": 1e-3, "positions": "first", "select": "criterion"}
-        best["calibration"]["label_field"] = "label"
         label = "best measured: Kwon et al. masks + bias on [CLS] (minilm.md)"
     out["best"] = (label, Recipe.model_validate(best).model_dump(mode="json", exclude_none=True))
     return out

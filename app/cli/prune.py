@@ -61,10 +61,9 @@ def recipe_from_args(args: argparse.Namespace):
         recon["method"] = args.reconstruction
     if args.damp is not None:
         recon["damp"] = args.damp
-    if args.paper:  # the paper's LIAR: its reconstruction, the criterion's units, every token (explicit flags win)
+    if args.paper:  # the paper's LIAR: its reconstruction, the criterion's units (explicit flags win)
         recon["method"] = args.reconstruction or "liar"
         recon["select"] = args.select or "criterion"
-        recon["positions"] = args.positions or "all"
     if args.positions is not None:
         recon["positions"] = args.positions
     if args.select is not None:
@@ -445,9 +444,9 @@ def _add_reconstruction_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--positions",
-        choices=["auto", "all", "pooled", "first"],
-        help="tokens the refit covers: all; pooled — all below the last block, only [CLS] (what a classifier "
-        "reads) in it; first — [CLS] in every block; auto (default) — pooled for encoder classifiers, else all",
+        choices=["all", "pooled", "first"],
+        help="tokens the refit covers: all (default); pooled (encoder classifiers) — all below the last block, "
+        "only [CLS], what the classifier reads, in it; first — [CLS] in every block",
     )
 
 

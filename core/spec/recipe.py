@@ -101,12 +101,12 @@ class ReconstructionConfig(_Strict):
         "paper), or dense — the dense model's output (error feedback: each layer also undoes the errors of "
         "the pruned layers before it); dense needs method ls",
     )
-    positions: Literal["auto", "all", "first", "pooled"] = Field(
-        "auto",
+    positions: Literal["all", "first", "pooled"] = Field(
+        "all",
         description="token positions the reconstruction fits: all — every real token; pooled (encoder "
         "sequence classifiers) — every token in the blocks below the last, and in the last block, whose other "
         "positions the classifier never reads, only each sequence's first ([CLS]) token; first — the first "
-        "token in every block; auto — pooled for a sequence classifier, all otherwise",
+        "token in every block",
     )
 
     @field_validator("method")
@@ -271,12 +271,9 @@ class Recipe(_Strict):
         return self.criterion.name == "auto" and self.calibration.label_field is not None and self.execution != "stream"
 
     def resolved(self, kind: str, pools_first: bool = False) -> Recipe:
-        """This recipe with ``criterion: auto``, ``allocation: auto`` and ``reconstruction.positions:
-        auto`` made concrete for a model of ``kind`` ("decoder" | "encoder"; ``pools_first``: an encoder
-        whose task head reads only the first token, a sequence classifier): what runs, and what the
-        result and its checkpoint record.
-
-        Positions auto is ``pooled`` for a sequence classifier, ``all`` otherwise.
+        """This recipe with ``criterion: auto`` and ``allocation: auto`` made concrete for a model of
+        ``kind`` ("decoder" | "encoder"; ``pools_first``: an encoder whose task head reads only the
+        first token, a sequence classifier): what runs, and what the result and its checkpoint record.
 
         Criterion auto is Kwon et al.'s (``kwon``, allocation global, its own units: select auto becomes
         ``criterion``) for a sequence classifier calibrated on labelled samples (``calibration.label_field``)
@@ -309,9 +306,6 @@ class Recipe(_Strict):
                 options = {"max_layer_ratio": cap, "over_cap": "last"}
         if alloc == "auto":
             alloc = parse_options(name, options).allocation()
-        if recon.positions == "auto":
-            positions = "pooled" if kind == "encoder" and pools_first else "all"
-            recon = recon.model_copy(update={"positions": positions})
         if (name, alloc, recon) == (self.criterion.name, self.allocation, self.reconstruction):
             return self
         criterion = CriterionConfig(name=name, options=options)

@@ -230,7 +230,7 @@ def test_dry_run_checks_what_the_model_config_tells(llama_dir, calib_file, tmp_p
 
 def test_dry_run_of_a_labelled_classifier_shows_its_default(bert_dir, corpus, tmp_path, capsys):
     """--label-field makes the calibration labelled: a sequence classifier's default is then Kwon et al.'s
-    Fisher search with its own units, and its last block is fitted on [CLS] (positions auto: pooled)."""
+    Fisher search with its own units."""
     data = tmp_path / "labelled.jsonl"
     data.write_text("\n".join(json.dumps({"text": t, "label": i % 2}) for i, t in enumerate(corpus)))
     base = ["prune", "--model", str(bert_dir), "--ratio", "0.5", "--calibration", str(data)]
@@ -243,10 +243,9 @@ def test_dry_run_of_a_labelled_classifier_shows_its_default(bert_dir, corpus, tm
         "global",
         "criterion",
     )
-    assert printed.reconstruction.positions == "pooled"
     assert main(base) == 0  # no labels: the unlabelled encoder default
     printed = Recipe.from_yaml(capsys.readouterr().out)
-    assert (printed.criterion.name, printed.reconstruction.positions) == ("magnitude", "pooled")
+    assert (printed.criterion.name, printed.allocation) == ("magnitude", "uniform")
 
 
 def test_prune_streams_by_default_and_ppl_matches_eval(llama_dir, calib_file, tmp_path, capsys):
@@ -290,9 +289,7 @@ def test_default_recipe_and_the_paper_flag(llama_dir, calib_file, tmp_path, caps
     assert main(["prune", *common, "--output", str(tmp_path / "default")]) == 0
     saved = Recipe.load(tmp_path / "default" / "recipe.yaml")
     assert (saved.reconstruction.method, saved.reconstruction.select, saved.head_ratio) == ("ls", "obs", "auto")
-    assert saved.reconstruction.positions == "all"  # auto, resolved: a decoder fits every token
     assert main(["prune", *common, "--paper", "--output", str(tmp_path / "paper")]) == 0
     saved = Recipe.load(tmp_path / "paper" / "recipe.yaml")
     assert (saved.reconstruction.method, saved.reconstruction.select, saved.head_ratio) == ("liar", "criterion", "same")
-    assert saved.reconstruction.positions == "all"
     capsys.readouterr()

@@ -437,16 +437,15 @@ def test_scores_of_one_run_can_be_reused(llama_dir, corpus):
 
 
 def test_auto_criterion_is_kwon_for_a_labelled_sequence_classifier(bert_dir, bert_qa_dir, corpus, labelled, tmp_path):
-    """The encoder default with labelled calibration: Kwon et al.'s Fisher search with its own units and
-    the last block fitted on [CLS] (measured best on MiniLM); it needs whole-model gradients, so a run
-    that would stream is kept in memory — and one that must stream keeps auto off gradients."""
+    """The encoder default with labelled calibration: Kwon et al.'s Fisher search with its own units
+    (measured best on MiniLM); it needs whole-model gradients, so a run that would stream is kept in
+    memory — and one that must stream keeps auto off gradients."""
     cal = {"dataset": str(labelled), "texts": None, "label_field": "label", "holdout_samples": 2}
     auto = {"method": "ls", "select": "auto"}  # the default (recipe_for names the paper's select)
     data = recipe_for(bert_dir, corpus, criterion={"name": "auto"}, reconstruction=auto, calibration=cal)
     result = prune(data, output_dir=tmp_path / "out")  # a model directory with an output: auto would stream
     ran = result.recipe
     assert (ran.criterion.name, ran.allocation, ran.reconstruction.select) == ("kwon", "global", "criterion")
-    assert ran.reconstruction.positions == "pooled"
     assert result.metrics["execution"] == "memory"
     recipe = Recipe.model_validate(data)
     assert recipe.resolved("encoder", pools_first=False).criterion.name == "magnitude"  # QA, embeddings
@@ -457,4 +456,4 @@ def test_auto_criterion_is_kwon_for_a_labelled_sequence_classifier(bert_dir, ber
     unlabelled = recipe_for(bert_dir, corpus, criterion={"name": "auto"}, reconstruction=auto)
     assert Recipe.model_validate(unlabelled).resolved("encoder", True).criterion.name == "magnitude"
     qa = prune(data | {"model": str(bert_qa_dir)})  # a question-answering head reads every position
-    assert (qa.recipe.criterion.name, qa.recipe.reconstruction.positions) == ("magnitude", "all")
+    assert qa.recipe.criterion.name == "magnitude"

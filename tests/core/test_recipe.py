@@ -191,28 +191,8 @@ def test_auto_criterion_and_allocation_resolve_by_model_kind_and_ratio(kind, cha
     resolved = recipe.resolved(kind)
     assert (resolved.criterion.name, resolved.allocation) == expected
     assert Recipe.model_validate(resolved.model_dump()) == resolved  # a valid recipe, the one recorded
-    assert resolved.reconstruction.positions == "all"  # auto: no sequence classifier here
-    resolved = resolved.model_copy(update={"reconstruction": recipe.reconstruction})
     unchanged = {k: v for k, v in resolved.model_dump().items() if k not in ("criterion", "allocation")}
     assert unchanged == {k: v for k, v in recipe.model_dump().items() if k not in ("criterion", "allocation")}
-
-
-@pytest.mark.parametrize(
-    ("kind", "pools_first", "given", "expected"),
-    [
-        ("encoder", True, "auto", "pooled"),  # a sequence classifier: its head reads [CLS] alone
-        ("encoder", False, "auto", "all"),  # embeddings, question answering: every position is read
-        ("decoder", True, "auto", "all"),  # a decoder's classifier pools the last token, not the first
-        ("encoder", True, "all", "all"),  # a named choice is kept
-        ("encoder", True, "first", "first"),
-    ],
-)
-def test_auto_positions_fit_the_pooled_token_of_sequence_classifiers(
-    kind, pools_first, given, expected, llama_dir, corpus
-):
-    recipe = Recipe.model_validate(recipe_for(llama_dir, corpus, reconstruction={"method": "ls", "positions": given}))
-    assert recipe.resolved(kind, pools_first).reconstruction.positions == expected
-    assert Recipe.model_validate(recipe_for(llama_dir, corpus)).reconstruction.positions == "auto"  # the default
 
 
 def test_sequence_classifiers_are_told_from_their_model_classes():
