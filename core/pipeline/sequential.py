@@ -89,9 +89,12 @@ def execution_mode(recipe: Recipe, model: nn.Module | None, output_dir) -> tuple
         if output_dir is None:
             raise ValueError("execution: stream writes the pruned model as it goes; give an output directory")
         check_streamable(recipe)
-    elif model is not None or output_dir is None or streaming_refusal(recipe.criterion.name):
-        return "memory", None
-    elif recipe.auto_may_use_gradients:  # auto may pick Kwon et al.'s Fisher: whole-model gradients
+    elif (
+        model is not None
+        or output_dir is None
+        or streaming_refusal(recipe.criterion.name)
+        or recipe.auto_may_use_gradients  # auto may pick Kwon et al.'s Fisher: whole-model gradients
+    ):
         return "memory", None
     directory = checkpoint_directory(recipe.model)
     if directory is None or not ((directory / INDEX).is_file() or (directory / SINGLE).is_file()):

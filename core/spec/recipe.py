@@ -277,14 +277,13 @@ class Recipe(_Strict):
 
         Criterion auto is Kwon et al.'s (``kwon``, allocation global, its own units: select auto becomes
         ``criterion``) for a sequence classifier calibrated on labelled samples (``calibration.label_field``)
-        and pruned in heads and neurons, unless it must stream (:attr:`auto_may_use_gradients`).
-
-        Criterion auto is ``obs`` with allocation global for a decoder pruned by at most
-        ``AUTO_OBS_MAX_RATIO`` (heads and neurons, uniform-or-auto allocation, the default
-        reconstruction-aware selection, heads not split by ``head_ratio: obs``), or for any model
-        when allocation is global; ``magnitude`` otherwise. Above ``AUTO_OBS_FREE_RATIO`` the obs it
-        picks has ``max_layer_ratio`` ``AUTO_OBS_CAP`` × the ratio, a soft cap (``over_cap: last``: units
-        past it go only when the ratio cannot be reached otherwise, as on models with few heads)."""
+        and pruned in heads and neurons, unless it must stream (:attr:`auto_may_use_gradients`). Otherwise
+        it is ``obs`` with allocation global for a decoder pruned by at most ``AUTO_OBS_MAX_RATIO`` (heads
+        and neurons, uniform-or-auto allocation, the default reconstruction-aware selection, heads not
+        split by ``head_ratio: obs``), or for any model when allocation is global; ``magnitude``
+        otherwise. Above ``AUTO_OBS_FREE_RATIO`` the obs it picks has ``max_layer_ratio``
+        ``AUTO_OBS_CAP`` × the ratio, a soft cap (``over_cap: last``: units past it go only when the
+        ratio cannot be reached otherwise, as on models with few heads)."""
         name, alloc, options = self.criterion.name, self.allocation, self.criterion.options
         recon = self.reconstruction
         fisher = kind == "encoder" and pools_first and self.modules == "both" and alloc in ("auto", "global")
