@@ -6,6 +6,7 @@ import os
 import sys
 
 EXIT_USAGE = 2
+DTYPES = ["auto", "float32", "float16", "bfloat16"]  # the --dtype choices
 
 
 def fail(message: str) -> int:

@@ -1,10 +1,9 @@
-"""``liar prune``, ``liar eval``, ``liar demo``: the engine's verbs on one model.
+"""``liar prune``, ``liar demo`` (and ``liar eval``, registered here): the engine's verbs on one model.
 
     liar prune RECIPE.yaml --output DIR
     liar prune --model M --criterion magnitude --ratio 0.5 --reconstruction liar \\
                --calibration FILE --samples 128 --seq-len 128 --output DIR
-    liar eval DIR --ppl FILE --seq-len 128 --json
-    liar eval DIR --tasks rt_sentiment,wiki_cloze --task-dir TASKS --limit 200 --json
+    liar eval …                     (app.cli.evaluate)
     liar demo                       # prune a tiny random model end to end (no downloads)
 """
 
@@ -15,9 +14,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from app.cli.common import fail, run_quietly
-
-DTYPES = ["auto", "float32", "float16", "bfloat16"]
+from app.cli.common import DTYPES, fail
+from app.cli.evaluate import register_eval
 
 
 def recipe_from_args(args: argparse.Namespace):
@@ -163,109 +161,6 @@ def _print_prune_summary(recipe, summary: dict, path: Path) -> None:
     print(f"saved to {path}")
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    """Perplexity (``--ppl``) and/or lm-eval tasks (``--tasks``) of a model or pruned checkpoint."""
-    from core.models.loading import load_model
-
-    tasks = None
-    if args.task_dir is not None and args.tasks is None:
-        return fail("--task-dir needs --tasks")
-    if args.ppl is None and args.tasks is None:
-        return fail("nothing to evaluate: pass --ppl FILE_OR_NAMED_SET and/or --tasks NAME[,NAME...]")
-    if args.stream:
-        return _eval_streamed(args, args.json or args.quiet)
-    if args.tasks is not None:  # resolve names before loading the model: a typo fails in a second
-        from core.evaluation.lmeval import select_tasks
-
-        try:
-            tasks = select_tasks(args.tasks, args.task_dir)
-        except (ValueError, FileNotFoundError) as exc:
-            return fail(str(exc))
-    quiet = args.json or args.quiet
-    result: dict = {}
-    try:
-        model, tokenizer, adapter = load_model(args.model, args.dtype, args.device)
-        if adapter.kind != "decoder":
-            what = "perplexity" if args.ppl is not None else "lm-eval tasks"
-            return fail(f"{what} needs a causal language model (decoder)")
-        if args.ppl is not None:
-            from core.evaluation.perplexity import perplexity
-
-            result.update(perplexity(model, tokenizer, args.ppl, **_ppl_window_args(args, quiet)))
-        if tasks is not None:
-            result.update(_run_tasks(args, model, tokenizer, tasks, quiet))
-    except (ValueError, RuntimeError, FileNotFoundError) as exc:
-        return fail(str(exc))
-    result["parameters"] = sum(p.numel() for p in model.parameters())
-    return _report_eval(args, result)
-
-
-def _ppl_window_args(args: argparse.Namespace, quiet: bool) -> dict:
-    return dict(seq_len=args.seq_len, batch_size=args.batch_size, max_windows=args.max_windows, show_progress=not quiet)
-
-
-def _report_eval(args: argparse.Namespace, result: dict) -> int:
-    result["model"] = args.model
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        _print_eval(result, args.seq_len)
-    return 0
-
-
-def _eval_streamed(args: argparse.Namespace, quiet: bool) -> int:
-    """``liar eval --stream``: perplexity block by block, for a model bigger than the device."""
-    from core.evaluation.perplexity import perplexity_streamed
-    from core.models.streaming import checkpoint_directory
-
-    if args.tasks is not None or args.ppl is None:
-        return fail("--stream evaluates perplexity only (--ppl); lm-eval tasks need the model in memory")
-    directory = checkpoint_directory(args.model)
-    if directory is None:
-        return fail(f"{args.model!r} is neither a local directory nor a hub model reachable from this machine")
-    try:
-        result = perplexity_streamed(
-            directory, None, args.ppl, device=args.device, dtype=args.dtype, **_ppl_window_args(args, quiet)
-        )
-    except (ValueError, RuntimeError, OSError) as exc:
-        return fail(str(exc))
-    return _report_eval(args, result)
-
-
-def _run_tasks(args: argparse.Namespace, model, tokenizer, tasks, quiet: bool) -> dict:
-    """lm-eval on ``tasks``: their summary and time (and the raw results in ``--results``)."""
-    from core.evaluation.lmeval import evaluate_lm_eval
-
-    harness = run_quietly(
-        quiet,
-        evaluate_lm_eval,
-        model,
-        tokenizer,
-        tasks,
-        batch_size=args.batch_size,
-        limit=args.limit,
-        num_fewshot=args.num_fewshot,
-    )
-    if args.results:
-        Path(args.results).expanduser().write_text(json.dumps(harness["raw"], indent=2))
-    return {"tasks": harness["summary"], "lm_eval_seconds": harness["seconds"]}
-
-
-def _print_eval(result: dict, seq_len: int) -> None:
-    if "perplexity" in result:
-        print(
-            f"perplexity {result['perplexity']:.4f} over {result['tokens']:,} tokens "
-            f"({result['windows']} windows of {seq_len})"
-        )
-    for task, metrics in result.get("tasks", {}).items():
-        shown = ", ".join(
-            f"{k} {v:.4f}" + (f" ± {metrics[k + '_stderr']:.4f}" if k + "_stderr" in metrics else "")
-            for k, v in metrics.items()
-            if not k.endswith("_stderr")
-        )
-        print(f"{task}: {shown}")
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     """Prune a tiny random Llama end to end and evaluate it: proof that the install works."""
     from core.evaluation.perplexity import perplexity
@@ -297,21 +192,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _limit(value: str) -> int | float:
-    """``--limit``: a positive count of examples, or a fraction in (0, 1)."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError("must be positive")
-    if number < 1:
-        return number
-    if not number.is_integer():
-        raise argparse.ArgumentTypeError("a count of examples must be a whole number (or a fraction below 1)")
-    return int(number)
-
-
 def _round_neurons(value: str) -> int | str:
     if value == "auto":
         return value
@@ -333,7 +213,7 @@ def _head_ratio(value: str) -> float | str:
 def register(sub) -> None:
     """Add ``prune``, ``eval`` and ``demo`` to the ``liar`` subcommands."""
     _register_prune(sub)
-    _register_eval(sub)
+    register_eval(sub)
     d = sub.add_parser("demo", help="prune a tiny random model end to end (no downloads)")
     d.add_argument("--output", help="working directory (default: a new temporary one)")
     d.set_defaults(func=cmd_demo)
@@ -466,33 +346,3 @@ def _register_prune(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=cmd_prune)
-
-
-def _register_eval(sub) -> None:
-    e = sub.add_parser("eval", help="evaluate a model or pruned checkpoint (perplexity, lm-eval tasks)")
-    e.add_argument("model", help="checkpoint directory or Hugging Face id")
-    e.add_argument("--ppl", help="named set (wikitext2) or a .txt/.jsonl file")
-    e.add_argument("--seq-len", type=int, default=512)
-    e.add_argument("--batch-size", type=int, default=4)
-    e.add_argument("--max-windows", type=int)
-    e.add_argument(
-        "--tasks",
-        help="comma-separated lm-eval tasks: local ones in --task-dir (rt_sentiment, wiki_cloze) or registry "
-        "names (boolq, piqa, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa: need the Hub)",
-    )
-    e.add_argument(
-        "--task-dir", help="directory of local task YAMLs (see core.evaluation.lmeval; bench.assets builds one)"
-    )
-    e.add_argument("--limit", type=_limit, help="examples per task: a count, or a fraction below 1")
-    e.add_argument("--num-fewshot", type=int, help="few-shot examples per prompt (default: the task's, else 0)")
-    e.add_argument("--results", help="also write lm-eval's whole results object to this JSON file")
-    e.add_argument(
-        "--stream",
-        action="store_true",
-        help="read the model one block at a time (perplexity only; for models bigger than the device)",
-    )
-    e.add_argument("--dtype", default="auto", choices=DTYPES)
-    e.add_argument("--device", default="auto")
-    e.add_argument("--json", action="store_true", help="print a JSON object")
-    e.add_argument("--quiet", "-q", action="store_true")
-    e.set_defaults(func=cmd_eval)

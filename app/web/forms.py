@@ -49,6 +49,8 @@ RECIPE_FIELDS = (
     "damp",
     "calibration",
     "upload",
+    "text_field",
+    "label_field",
     "samples",
     "seq_len",
     "seed",
@@ -173,6 +175,8 @@ def build_recipe(
     damp,
     calibration,
     upload,
+    text_field,
+    label_field,
     samples,
     seq_len,
     seed,
@@ -199,6 +203,7 @@ def build_recipe(
     round_to = {"neurons": multiple} if multiple != "auto" else {}
     round_to.update({"kv_groups": groups} if groups != KV_GROUP_CHOICES[0] else {})
     rounding = {"round_to": round_to} if round_to else {}
+    fields = _record_fields(text_field, label_field)
     return {
         "model": str(model).strip(),
         "modules": modules,
@@ -209,11 +214,30 @@ def build_recipe(
         "reconstruction": {"method": "ls", "damp": _number(damp, "damping", whole=False, minimum=0)},
         "calibration": {
             "dataset": str(source).strip(),
+            **fields,
             "num_calibration_samples": _number(samples, "samples", minimum=1),
             "max_seq_length": _number(seq_len, "sequence length", minimum=2),
             "seed": _number(seed, "seed"),
         },
     }
+
+
+def _record_fields(text_field, label_field) -> dict[str, Any]:
+    """The calibration's ``text_field`` / ``label_field`` from the form's boxes (a .jsonl file's record
+    fields): only what differs from the defaults (``text``, no label), so a plain-text run's recipe
+    stays as short as before. Two text fields, comma-separated, make an encoder's sentence pair."""
+    texts = [t.strip() for t in str(text_field or "").split(",") if t.strip()]
+    if len(texts) > 2:
+        raise SubmitError(f"give one text field, or two for a sentence pair, not {len(texts)}: {text_field!r}")
+    label = str(label_field or "").strip()
+    if label and label in texts:
+        raise SubmitError(f"the label field {label!r} is also a text field")
+    out: dict[str, Any] = {}
+    if texts and texts != ["text"]:
+        out["text_field"] = texts[0] if len(texts) == 1 else texts
+    if label:
+        out["label_field"] = label
+    return out
 
 
 def store_upload(service: JobService, upload: str | None) -> str | None:

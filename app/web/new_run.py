@@ -80,6 +80,18 @@ def _data_column(texts: list[str], eval_texts: list[str]) -> dict:
         label=f"…or upload .txt / .jsonl (≤ {forms.MAX_UPLOAD_MB} MB)", file_types=[".txt", ".jsonl"], type="filepath"
     )
     with gr.Row():
+        c["text_field"] = gr.Textbox(
+            "text",
+            label="Text field",
+            info="a .jsonl record's text; two, comma-separated (premise, hypothesis), make an encoder's pair",
+        )
+        c["label_field"] = gr.Textbox(
+            "",
+            label="Label field",
+            info="a .jsonl record's class label, for an encoder classifier: criterion auto then uses "
+            "Kwon et al.'s Fisher on the labelled loss (empty: unlabelled)",
+        )
+    with gr.Row():
         c["samples"] = gr.Number(128, label="Samples", precision=0, minimum=1)
         c["seq_len"] = gr.Number(128, label="Sequence length", precision=0, minimum=2)
         c["seed"] = gr.Number(0, label="Seed", precision=0)
@@ -136,6 +148,8 @@ def build(service: JobService, models: list[str], texts: list[str], eval_texts: 
         damp,
         calibration,
         upload,
+        text_field,
+        label_field,
         samples,
         seq_len,
         seed,
@@ -145,7 +159,7 @@ def build(service: JobService, models: list[str], texts: list[str], eval_texts: 
         request: gr.Request = None,
     ):
         form = (model, modules, ratio, allocation, round_neurons, kv_groups, criterion, damp, calibration, upload)
-        form += (samples, seq_len, seed, evaluate, methods)
+        form += (text_field, label_field, samples, seq_len, seed, evaluate, methods)
         return _status(forms.submit_form(service, form, forms.submitter(user, request)))
 
     def submit_yaml_text(text: str, evaluate, user, request: gr.Request | None = None):

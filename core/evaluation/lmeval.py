@@ -353,8 +353,10 @@ def _unknown_message(unknown: list[str], task_dir: Path | None, local: set[str])
     return "; ".join(hints) + f" ({available}registry tasks include the paper's {', '.join(PAPER_TASKS)})"
 
 
-def _load_tasks(selection: TaskSelection) -> list:
-    """Build every task now (this reads its data) so a missing Hub is reported per task, clearly."""
+def load_tasks(selection: TaskSelection, output_types: dict[str, str] | None = None) -> list:
+    """Build every task now (this reads its data) so a missing Hub is reported per task, clearly.
+    ``output_types``, when given, receives each task's (each group member's) kind of request:
+    ``loglikelihood``, ``multiple_choice``, ``loglikelihood_rolling`` or ``generate_until``."""
     specs: list = []
     for name in selection.names:
         try:
@@ -367,6 +369,8 @@ def _load_tasks(selection: TaskSelection) -> list:
                 f"seems unreachable from here ({type(exc).__name__}: {exc}). Local tasks ({', '.join(LOCAL_TASKS)}) "
                 "work offline: build them into a directory and pass it as task_dir / --task-dir."
             ) from exc
+        if output_types is not None:
+            output_types.update({task: t.OUTPUT_TYPE for task, t in loaded["tasks"].items()})
         if name in loaded["groups"]:
             specs.append(loaded["groups"][name])
         else:
@@ -438,13 +442,20 @@ def evaluate_lm_eval(
     if adapter.kind != "decoder":
         raise ValueError("lm-eval tasks need a causal language model; evaluate encoders with core.evaluation.encoder")
     ensure_pad_token(tokenizer)
-    specs = _load_tasks(selection)
+    specs = load_tasks(selection)
 
-    from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
     model.eval()
     lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size)
+    out = run_harness(lm, selection, specs, num_fewshot, limit, bootstrap_iters, seed)
+    return {**out, "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def run_harness(lm, selection: TaskSelection, specs: list, num_fewshot, limit, bootstrap_iters: int, seed: int) -> dict:
+    """``simple_evaluate`` on a harness model ``lm``: ``{"summary", "raw", "tasks", "seconds"}``."""
+    from lm_eval import simple_evaluate
+
     t0 = time.perf_counter()
     raw = simple_evaluate(
         model=lm,
@@ -463,10 +474,4 @@ def evaluate_lm_eval(
     if raw is None:  # only non-zero ranks of a distributed run get None
         raise RuntimeError("lm-eval returned no results (not the main process of a distributed run?)")
     raw = _jsonable(raw)
-    return {
-        "summary": summarize(raw),
-        "raw": raw,
-        "tasks": selection.names,
-        "seconds": round(seconds, 3),
-        "parameters": sum(p.numel() for p in model.parameters()),
-    }
+    return {"summary": summarize(raw), "raw": raw, "tasks": selection.names, "seconds": round(seconds, 3)}

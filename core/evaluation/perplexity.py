@@ -55,42 +55,20 @@ def perplexity_streamed(
     embeddings, the head, one block and the windows' hidden states are on the device — or, with
     ``activations`` host (auto: when they would not fit), the hidden states wait in host memory
     (``core/models/offload.py``). ``tokenizer`` None: the checkpoint's own."""
-    from core.models.offload import block_working_bytes, choose_offload
-    from core.models.streaming import StreamedModel, block_inputs
+    from core.evaluation.streamed import final_states, open_decoder, output_logits
 
-    sm = StreamedModel.open(directory, dtype, device)
-    dev = sm.device
-    if sm.adapter.kind != "decoder" or sm.adapter.family.final_norm is None:
-        raise ValueError("perplexity needs a causal language model")
-    if tokenizer is None:
-        from transformers import AutoTokenizer
+    sm = open_decoder(directory, dtype, device)
+    try:
+        if tokenizer is None:
+            from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(directory, config=sm.model.config)
-    windows = _windows(sm.model.config, tokenizer, source, seq_len, max_windows)
-    sm.load_outer()
-    batches = [windows[i : i + batch_size].to(dev) for i in range(0, len(windows), batch_size)]
-    itemsize = sm.dtype.itemsize
-    needed = windows.numel() * sm.adapter.hidden * itemsize
-    # the first block is on the meta device: its size, not its values
-    working = block_working_bytes(sm.layers[0], sm.adapter, batch_size * seq_len, itemsize, statistics=False)
-    offload = choose_offload(activations, dev, needed, working)
-    inputs = ({"input_ids": b, "use_cache": False} for b in batches)
-    hidden, extra = block_inputs(sm.model, sm.adapter, inputs, keep=offload.store)
-    for li in tqdm(range(len(sm.layers)), desc="perplexity", unit="layer", disable=not show_progress):
-        layer = sm.load_block(li)
-        for i, per_layer in enumerate(extra):
-            args, kwargs = per_layer[li]
-            out = layer(offload.fetch(hidden[i]), *args, **kwargs)
-            hidden[i] = offload.store(out[0] if isinstance(out, tuple) else out)
-        sm.free_block(li)
-    sm.close()
-    norm, head = sm.model.base_model.get_submodule(sm.adapter.family.final_norm), sm.model.get_output_embeddings()
-    cap = getattr(sm.model.config, "final_logit_softcapping", None)  # Gemma 2
-
-    def logits(h: torch.Tensor) -> torch.Tensor:
-        out = head(norm(h))
-        return out if not cap else torch.tanh(out / cap) * cap
-
+            tokenizer = AutoTokenizer.from_pretrained(directory, config=sm.model.config)
+        windows = _windows(sm.model.config, tokenizer, source, seq_len, max_windows)
+        batches = [windows[i : i + batch_size].to(sm.device) for i in range(0, len(windows), batch_size)]
+        hidden, offload = final_states(sm, batches, activations, show_progress, "perplexity")
+    finally:
+        sm.close()
+    logits = output_logits(sm)
     total_nll = sum(_nll(logits(offload.fetch(h)), b) for h, b in zip(hidden, batches))
     return _summary(total_nll, windows)
 

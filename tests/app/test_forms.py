@@ -37,6 +37,8 @@ def _fields(tmp_path, **over) -> dict:
         damp=0.001,
         calibration=str(text),
         upload=None,
+        text_field="text",
+        label_field="",
         samples=16,
         seq_len=32,
         seed=0,
@@ -106,6 +108,42 @@ def test_upload_wins_over_the_picked_set_and_missing_fields_are_refused(tmp_path
         build_recipe(**_fields(tmp_path, model="  "))
     with pytest.raises(SubmitError, match="choose a calibration set"):
         build_recipe(**_fields(tmp_path, calibration=None))
+
+
+def test_record_fields_of_a_jsonl_calibration(tmp_path):
+    calibration = build_recipe(**_fields(tmp_path))["calibration"]
+    assert "text_field" not in calibration and "label_field" not in calibration  # the defaults stay implicit
+    calibration = build_recipe(**_fields(tmp_path, text_field=" sentence ", label_field=" label"))["calibration"]
+    assert (calibration["text_field"], calibration["label_field"]) == ("sentence", "label")
+    pair = build_recipe(**_fields(tmp_path, text_field="premise, hypothesis"))["calibration"]
+    assert pair["text_field"] == ["premise", "hypothesis"] and "label_field" not in pair
+    with pytest.raises(SubmitError, match="one text field, or two for a sentence pair, not 3"):
+        build_recipe(**_fields(tmp_path, text_field="a, b, c"))
+    with pytest.raises(SubmitError, match="the label field 'label' is also a text field"):
+        build_recipe(**_fields(tmp_path, text_field="label", label_field="label"))
+
+
+def test_a_labelled_encoder_form_makes_the_labelled_default(job_service, bert_dir, tmp_path):
+    """The label field reaches the recipe the job runs: criterion auto resolves to Kwon et al.'s Fisher
+    for a sequence classifier calibrated on labelled records; a text file cannot carry labels."""
+    labelled = tmp_path / "reviews.jsonl"
+    labelled.write_text("".join(json.dumps({"sentence": f"review {i}", "label": i % 2}) + "\n" for i in range(8)))
+    form = _form(
+        tmp_path,
+        bert_dir,
+        criterion="auto",
+        allocation="auto",
+        calibration=str(labelled),
+        text_field="sentence",
+        label_field="label",
+    )
+    message, text, _ = forms.validate_form(job_service, form)
+    assert message == "✓ valid"
+    recipe = Recipe.model_validate(yaml.safe_load(text))
+    assert (recipe.calibration.text_field, recipe.calibration.label_field) == ("sentence", "label")
+    assert recipe.resolved("encoder", True).criterion.name == "kwon"
+    message, _, _ = forms.validate_form(job_service, _form(tmp_path, bert_dir, label_field="label"))
+    assert message.startswith("**⚠") and "label_field needs a .jsonl or .json calibration file" in message
 
 
 def test_evaluations_for():

@@ -182,6 +182,13 @@ def test_eval_tasks_on_saved_pruned_checkpoint(llama_dir, corpus, lm_task_dir, c
     api = evaluate_lm_eval(model, tok, ["rt_sentiment", "wiki_cloze"], task_dir=lm_task_dir, limit=4)
     assert report["tasks"] == api["summary"]
     assert report["parameters"] == api["parameters"]
+    # read block by block (a model bigger than the device): the same scores, the model read once
+    assert main([*args, "--stream", "--json"]) == 0, capsys.readouterr().err
+    streamed = json.loads(capsys.readouterr().out)
+    assert streamed["tasks"].keys() == report["tasks"].keys() and streamed["model_reads"] == 1
+    for task, metrics in report["tasks"].items():
+        assert streamed["tasks"][task] == pytest.approx(metrics)
+    assert streamed["parameters"] == report["parameters"]
     # text output, together with perplexity
     assert main([*args, "--ppl", str(calib_file), "--seq-len", "32", "--quiet"]) == 0
     out = capsys.readouterr().out
@@ -276,8 +283,8 @@ def test_stream_refuses_whole_model_gradient_criteria(llama_dir, calib_file, tmp
     err = capsys.readouterr().err
     assert "needs gradients of the whole model" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
-    assert main(["eval", str(llama_dir), "--stream", "--tasks", "x"]) == 2
-    assert "perplexity only" in capsys.readouterr().err
+    assert main(["eval", str(llama_dir), "--stream", "--tasks", "x"]) == 2  # names checked before reading
+    assert "unknown task 'x'" in capsys.readouterr().err
 
 
 def test_default_recipe_and_the_paper_flag(llama_dir, calib_file, tmp_path, capsys):
