@@ -36,6 +36,22 @@ class SubmitError(ValueError):
     """The submission is invalid; nothing was created."""
 
 
+def _check_tasks(model: str, evaluations: list[dict]) -> None:
+    """lm-eval evaluations name tasks that exist (registry, or the task directory's YAMLs) and a causal
+    language model (when its config is readable here): a typo fails at submission, not after pruning."""
+    tasks = [e for e in evaluations if e.get("type") == "lm_eval"]
+    if not tasks:
+        return
+    from core.evaluation.tasks import select_tasks
+    from core.pipeline.preflight import model_kind
+
+    kind = model_kind(model)
+    if kind is not None and kind[0] != "decoder":
+        raise ValueError(f"lm-eval tasks need a causal language model; {model!r} is an {kind[0]}")
+    for e in tasks:
+        select_tasks(e["tasks"], e.get("task_dir"))
+
+
 class JobService:
     def __init__(self, settings: Settings | None = None, celery_app=None):
         self.settings = settings or Settings.from_env()
@@ -60,7 +76,7 @@ class JobService:
         lie in :meth:`Settings.readable_roots` (checked before anything reads them)."""
         from core.pipeline.preflight import preflight
         from core.spec.errors import validation_message
-        from core.spec.evaluation import JobEvaluation
+        from core.spec.evaluation import job_evaluation
         from core.spec.recipe import Recipe
 
         try:
@@ -73,12 +89,20 @@ class JobService:
                 if confine and isinstance(data, dict):
                     self._check_paths(data, evaluations)
                 parsed = Recipe.model_validate(data)
-            evals = [JobEvaluation.model_validate(e).model_dump(by_alias=True) for e in evaluations or []]
-            # what the model's config can tell before anything is queued (evaluation lengths included)
-            preflight(parsed, [int(e["seq_len"]) for e in evals if e.get("seq_len") is not None])
         except ValidationError as exc:
             raise SubmitError(f"invalid recipe: {validation_message(exc)}") from None
         except (ValueError, FileNotFoundError) as exc:
+            raise SubmitError(f"invalid recipe: {exc}") from None
+        try:
+            evals = [job_evaluation(e) for e in evaluations or []]
+            _check_tasks(parsed.model, evals)
+        except ValidationError as exc:
+            raise SubmitError(f"invalid evaluation: {validation_message(exc)}") from None
+        except (ValueError, FileNotFoundError) as exc:
+            raise SubmitError(f"invalid evaluation: {exc}") from None
+        try:  # what the model's config can tell before anything is queued (evaluation lengths included)
+            preflight(parsed, [int(e["seq_len"]) for e in evals if e.get("seq_len") is not None])
+        except ValueError as exc:
             raise SubmitError(f"invalid recipe: {exc}") from None
         return parsed.model_dump(mode="json", exclude_none=True), evals
 
@@ -89,6 +113,7 @@ class JobService:
         calibration = recipe.get("calibration") if isinstance(recipe.get("calibration"), dict) else {}
         named = [("model", recipe.get("model")), ("calibration.dataset", calibration.get("dataset"))]
         named += [("evaluation dataset", e.get("dataset")) for e in evaluations or [] if isinstance(e, dict)]
+        named += [("task_dir", e.get("task_dir")) for e in evaluations or [] if isinstance(e, dict)]
         roots = self.settings.readable_roots()
         for field, value in named:
             if not isinstance(value, str) or value in NAMED_DATASETS:

@@ -373,7 +373,33 @@ def _evaluate(result, ev: dict[str, Any]) -> dict[str, float]:
         else:
             out = perplexity(result.model, result.tokenizer, ev["dataset"], **kwargs)
         return {"perplexity": out["perplexity"], "eval_tokens": out["tokens"]}
+    if kind == "lm_eval":
+        return _lm_eval(result, ev)
     raise ValueError(f"unknown evaluation type {kind!r}")
+
+
+def _lm_eval(result, ev: dict[str, Any]) -> dict[str, float]:
+    """lm-eval tasks on the pruned model: in memory, or block by block from a streamed run's checkpoint
+    (a model bigger than the device); metrics ``<task>.<metric>`` and their mean accuracy."""
+    from core.evaluation.lmeval import evaluate_lm_eval, task_metrics
+
+    options = dict(limit=ev.get("limit"), num_fewshot=ev.get("num_fewshot"), task_dir=ev.get("task_dir"))
+    options["batch_size"] = int(ev.get("batch_size", 8))
+    if result.streamed:
+        from core.evaluation.lmeval_streamed import evaluate_lm_eval_streamed
+
+        recipe = result.recipe
+        out = evaluate_lm_eval_streamed(
+            result.checkpoint,
+            ev["tasks"],
+            tokenizer=result.tokenizer,
+            device=recipe.device,
+            dtype=recipe.dtype,
+            **options,
+        )
+    else:
+        out = evaluate_lm_eval(result.model, result.tokenizer, ev["tasks"], **options)
+    return task_metrics(out["summary"])
 
 
 def _finish(

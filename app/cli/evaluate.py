@@ -25,7 +25,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.ppl is None and args.tasks is None:
         return fail("nothing to evaluate: pass --ppl FILE_OR_NAMED_SET and/or --tasks NAME[,NAME...]")
     if args.tasks is not None:  # resolve names before loading the model: a typo fails in a second
-        from core.evaluation.lmeval import select_tasks
+        from core.evaluation.tasks import select_tasks
 
         try:
             tasks = select_tasks(args.tasks, args.task_dir)
@@ -134,7 +134,7 @@ def _print_eval(result: dict, seq_len: int) -> None:
         print(f"{task}: {shown}")
 
 
-def _limit(value: str) -> int | float:
+def limit_arg(value: str) -> int | float:
     """``--limit``: a positive count of examples, or a fraction in (0, 1)."""
     try:
         number = float(value)
@@ -165,7 +165,7 @@ def register_eval(sub) -> None:
     e.add_argument(
         "--task-dir", help="directory of local task YAMLs (see core.evaluation.lmeval; bench.assets builds one)"
     )
-    e.add_argument("--limit", type=_limit, help="examples per task: a count, or a fraction below 1")
+    e.add_argument("--limit", type=limit_arg, help="examples per task: a count, or a fraction below 1")
     e.add_argument("--num-fewshot", type=int, help="few-shot examples per prompt (default: the task's, else 0)")
     e.add_argument("--results", help="also write lm-eval's whole results object to this JSON file")
     e.add_argument(

@@ -1,7 +1,8 @@
 """``liar worker`` and ``liar jobs submit|list|show|cancel``: the job runner from the shell.
 
 liar worker [--gpu 0]
-liar jobs submit RECIPE.yaml [--user NAME] [--ppl FILE] [--sweep-ratios 0.2 0.5 --sweep-methods liar ls]
+liar jobs submit RECIPE.yaml [--user NAME] [--ppl FILE] [--tasks piqa,arc_easy]
+                 [--sweep-ratios 0.2 0.5 --sweep-methods liar ls]
 liar jobs submit --model M --ratio 0.3 --calibration calib.txt [--criterion flap ...]   (the flags of liar prune)
 liar jobs list [--status RUNNING]
 liar jobs show ID [--json]      (the checkpoint's files with size and sha256; seconds per stage and layer)
@@ -16,6 +17,7 @@ import os
 from pathlib import Path
 
 from app.cli.common import fail
+from app.cli.evaluate import limit_arg
 from app.cli.prune import add_recipe_flags, recipe_flags_given, recipe_from_args
 
 SHOWN_FIELDS = (
@@ -88,9 +90,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
         recipe = _recipe_source(args)
     except (ValueError, FileNotFoundError) as exc:
         return fail(str(exc))
-    evaluations = None
+    if args.tasks is None and (args.task_dir or args.task_limit or args.num_fewshot is not None):
+        return fail("--task-dir, --task-limit and --num-fewshot need --tasks")
+    evaluations = []
     if args.ppl:
-        evaluations = [{"type": "perplexity", "dataset": args.ppl, "seq_len": _ppl_seq_len(args, recipe)}]
+        evaluations.append({"type": "perplexity", "dataset": args.ppl, "seq_len": _ppl_seq_len(args, recipe)})
+    if args.tasks:
+        task_options = {"task_dir": args.task_dir, "limit": args.task_limit, "num_fewshot": args.num_fewshot}
+        evaluations.append({"type": "lm_eval", "tasks": args.tasks, **task_options})
     user = args.user or os.environ.get("USER")
     try:
         service = _service()
@@ -222,6 +229,13 @@ def register(sub) -> None:
     s.add_argument(
         "--ppl-seq-len", type=int, help="tokens per evaluation window (default: 512, or the model's positions if fewer)"
     )
+    s.add_argument(
+        "--tasks",
+        help="also run these lm-eval tasks after pruning (comma-separated; block by block for a streamed run)",
+    )
+    s.add_argument("--task-dir", help="directory of local task YAMLs for --tasks")
+    s.add_argument("--task-limit", type=limit_arg, help="examples per task: a count, or a fraction below 1")
+    s.add_argument("--num-fewshot", type=int, help="few-shot examples per prompt (default: the task's, else 0)")
     s.add_argument("--sweep-ratios", type=float, nargs="+")
     s.add_argument("--sweep-methods", nargs="+")
     s.add_argument("--sweep-criteria", nargs="+")

@@ -16,13 +16,20 @@ def build(service: JobService) -> None:
     """Register the endpoints on the current ``gr.Blocks``."""
 
     def api_submit(
-        recipe_yaml: str, user: str = "", ppl: str = "", ppl_seq_len: int = 0, request: gr.Request = None
+        recipe_yaml: str,
+        user: str = "",
+        ppl: str = "",
+        ppl_seq_len: int = 0,
+        tasks: str = "",
+        task_dir: str = "",
+        request: gr.Request = None,
     ) -> dict:
         """Submit a recipe given as YAML; returns {"id": N} or raises with the validation message.
         ``ppl``: evaluate perplexity after pruning on this named set or text file (in the server's data
-        folders), over ``ppl_seq_len``-token windows (0: 512, or the model's positions if fewer)."""
+        folders), over ``ppl_seq_len``-token windows (0: 512, or the model's positions if fewer);
+        ``tasks``: lm-eval tasks to run after pruning (comma-separated; local YAMLs in ``task_dir``)."""
         try:
-            evaluations = forms.api_evaluations(recipe_yaml, ppl, ppl_seq_len)
+            evaluations = forms.api_evaluations(recipe_yaml, ppl, ppl_seq_len) + forms.task_evaluation(tasks, task_dir)
             submitter = forms.submitter(user, request)
             return {"id": service.submit(recipe_yaml, submitted_by=submitter, evaluations=evaluations, confine=True)}
         except SubmitError as exc:

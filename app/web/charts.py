@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from core.evaluation.tasks import TASKS_ACC_MEAN
 from jobs.baseline import DENSE
 from jobs.service import JobService
 
@@ -32,6 +33,7 @@ RUN_COLUMNS = [
     "achieved",
     "perplexity",
     "dense",
+    "tasks_acc",
     "params_after",
     "speedup",
     "user",
@@ -42,6 +44,7 @@ METRICS = {
     "achieved": ("achieved ratio (fraction of block parameters removed)", False),
     "params_after": ("parameters after pruning", False),
     "speedup": ("realised speed-up (dense time / pruned time)", False),
+    "tasks_acc": ("mean accuracy over the lm-eval tasks", False),
 }
 # where a run's speed-up comes from: end-to-end prefill when the job measured it, else the blocks' forward
 SPEED_METRICS = (("prefill_speedup", "prefill"), ("block_speedup", "blocks"))
@@ -85,6 +88,7 @@ def run_rows(service: JobService, model="", method="", user="", criterion="") ->
                 "achieved": _round(m.get("achieved_ratio")),
                 "perplexity": _round(m.get("perplexity"), 3),
                 "dense": _round(m.get(DENSE), 3),
+                "tasks_acc": _round(m.get(TASKS_ACC_MEAN)),
                 "params_after": m.get("params_after"),
                 "speedup": _round(speed[0], 3),
                 "user": j["submitted_by"] or "–",

@@ -98,6 +98,17 @@ def evaluations_for(evaluate: str | None, seq_len) -> list[dict[str, Any]]:
     return [{"type": "perplexity", "dataset": str(evaluate), "seq_len": int(seq_len)}]
 
 
+def task_evaluation(tasks, task_dir=None) -> list[dict[str, Any]]:
+    """The lm-eval evaluation the task boxes ask for: none when no task is named; the names are
+    checked by the job service (the registry, and the folder's local YAMLs)."""
+    names, folder = str(tasks or "").strip(), str(task_dir or "").strip()
+    if not names:
+        if folder:
+            raise SubmitError("a task folder needs task names (lm-eval tasks)")
+        return []
+    return [{"type": "lm_eval", "tasks": names, **({"task_dir": folder} if folder else {})}]
+
+
 def describe_model(model: str | None) -> tuple[str | None, str]:
     """("decoder" | "encoder" | None, a one-line description) from a local model's config.json."""
     path = Path(str(model or "")).expanduser() / "config.json"
@@ -282,10 +293,10 @@ def from_form(service: JobService, form) -> FormRun:
     """The form values as a validated :class:`FormRun` (every ratio × method checked against the
     model's config); raises SubmitError.
 
-    ``form``: the :data:`RECIPE_FIELDS` of :func:`build_recipe`, then the "Perplexity on" choice, then the
-    methods.
+    ``form``: the :data:`RECIPE_FIELDS` of :func:`build_recipe`, then the "Perplexity on" choice, the
+    lm-eval tasks and their folder, then the methods.
     """
-    *fields, evaluate, methods = form
+    *fields, evaluate, tasks, task_dir, methods = form
     values = dict(zip(RECIPE_FIELDS, fields, strict=True))
     ratios = parse_ratios(values["ratio"])
     values["upload"] = store_upload(service, values["upload"])  # where submissions may read it
@@ -297,7 +308,7 @@ def from_form(service: JobService, form) -> FormRun:
             f"{len(ratios)} ratios × {len(methods)} methods is {len(ratios) * len(methods)} jobs; the form "
             f"queues at most {MAX_FORM_JOBS} (use `liar sweep` for a bigger grid)"
         )
-    evals = evaluations_for(evaluate, recipe["calibration"]["max_seq_length"])
+    evals = evaluations_for(evaluate, recipe["calibration"]["max_seq_length"]) + task_evaluation(tasks, task_dir)
     for ratio in ratios:
         for m in methods:
             cell = {**recipe, "ratio": ratio, "reconstruction": {**recipe["reconstruction"], "method": m}}
@@ -373,14 +384,16 @@ def api_evaluations(recipe_yaml: str, ppl: str | None, seq_len: int | float | No
     return [{"type": "perplexity", "dataset": str(ppl), "seq_len": length}]
 
 
-def submit_yaml(service: JobService, text: str, evaluate: str | None, user: str | None) -> str:
-    """Submit a recipe pasted or edited as YAML. Returns the status line."""
+def submit_yaml(
+    service: JobService, text: str, evaluate: str | None, user: str | None, tasks=None, task_dir=None
+) -> str:
+    """Submit a recipe pasted or edited as YAML, with the form's evaluations. Returns the status line."""
     if not text or not text.strip():
         return shown("the recipe box is empty: validate the form or paste a recipe")
     try:
         data = Recipe.parse_yaml(text)  # parsed once, here; the service validates the mapping
         calibration = data.get("calibration") if isinstance(data.get("calibration"), dict) else {}
-        evals = evaluations_for(evaluate, calibration.get("max_seq_length", 128))
+        evals = evaluations_for(evaluate, calibration.get("max_seq_length", 128)) + task_evaluation(tasks, task_dir)
         job_id = service.submit(data, submitted_by=user or None, evaluations=evals, confine=True)
     except (SubmitError, RuntimeError) as exc:
         return shown(str(exc))

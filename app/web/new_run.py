@@ -102,6 +102,14 @@ def _data_column(texts: list[str], eval_texts: list[str]) -> dict:
         label="Perplexity on (held-out text)",
         info="evaluated after pruning; decoders only",
     )
+    with gr.Row():
+        c["tasks"] = gr.Textbox(
+            "",
+            label="lm-eval tasks",
+            info="run after pruning, comma-separated (piqa, arc_easy, …: the registry's need the Hub); "
+            "decoders only; block by block for models bigger than the GPU",
+        )
+        c["task_dir"] = gr.Textbox("", label="Task folder", info="local task YAMLs (optional), a server-side folder")
     c["user"] = gr.Textbox(
         label="Your name", value=os.environ.get("USER", ""), info="recorded with the job; with login on, the account is"
     )
@@ -109,7 +117,7 @@ def _data_column(texts: list[str], eval_texts: list[str]) -> dict:
 
 
 # the inputs of forms.from_form, in its order (then the methods; the user comes last)
-FORM_FIELDS = (*forms.RECIPE_FIELDS, "evaluate")
+FORM_FIELDS = (*forms.RECIPE_FIELDS, "evaluate", "tasks", "task_dir")
 
 
 def build(service: JobService, models: list[str], texts: list[str], eval_texts: list[str]) -> None:
@@ -154,25 +162,29 @@ def build(service: JobService, models: list[str], texts: list[str], eval_texts: 
         seq_len,
         seed,
         evaluate,
+        tasks,
+        task_dir,
         methods,
         user,
         request: gr.Request = None,
     ):
         form = (model, modules, ratio, allocation, round_neurons, kv_groups, criterion, damp, calibration, upload)
-        form += (text_field, label_field, samples, seq_len, seed, evaluate, methods)
+        form += (text_field, label_field, samples, seq_len, seed, evaluate, tasks, task_dir, methods)
         return _status(forms.submit_form(service, form, forms.submitter(user, request)))
 
-    def submit_yaml_text(text: str, evaluate, user, request: gr.Request | None = None):
-        return _status(forms.submit_yaml(service, text, evaluate, forms.submitter(user, request)))
+    def submit_yaml_text(text: str, evaluate, tasks, task_dir, user, request: gr.Request | None = None):
+        submitter = forms.submitter(user, request)
+        return _status(forms.submit_yaml(service, text, evaluate, submitter, tasks, task_dir))
 
     def on_model_change(name):
         text, perplexity_applies = forms.model_hint(name)
-        if perplexity_applies:
-            return text, gr.update(interactive=True)
-        return text, gr.update(value=forms.NO_EVALUATION, interactive=False)
+        if perplexity_applies:  # and lm-eval: both need a causal language model
+            return text, gr.update(interactive=True), gr.update(interactive=True)
+        return text, gr.update(value=forms.NO_EVALUATION, interactive=False), gr.update(value="", interactive=False)
 
     inputs = [c[name] for name in FORM_FIELDS] + [c["methods"], c["user"]]
     check.click(validate, inputs, [status, recipe_yaml, recipe_file], api_name=False)
-    submit_yaml.click(submit_yaml_text, [recipe_yaml, c["evaluate"], c["user"]], [status], api_name=False)
-    c["model"].change(on_model_change, [c["model"]], [c["model_info"], c["evaluate"]], api_name=False)
+    yaml_inputs = [recipe_yaml, c["evaluate"], c["tasks"], c["task_dir"], c["user"]]
+    submit_yaml.click(submit_yaml_text, yaml_inputs, [status], api_name=False)
+    c["model"].change(on_model_change, [c["model"]], [c["model_info"], c["evaluate"], c["tasks"]], api_name=False)
     submit.click(submit_form, inputs, [status], api_name=False)

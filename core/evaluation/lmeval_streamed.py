@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from lm_eval.models.huggingface import HFLM
 
-from core.evaluation.lmeval import TaskSelection, load_tasks, run_harness, select_tasks
+from core.evaluation.lmeval import run_harness
 from core.evaluation.streamed import available_host_bytes, final_states, open_decoder, output_logits
+from core.evaluation.tasks import TaskSelection, load_tasks, select_tasks
 from core.models.loading import ensure_pad_token
 from core.models.streaming import StreamedModel
 

@@ -7,6 +7,8 @@
 
       {"type": "perplexity", "dataset": "wikitext2", "seq_len": 512, "max_windows": 40}
 
+  (a job may also run lm-eval tasks: :class:`TasksJobEvaluation`, ``{"type": "lm_eval", "tasks": [...]}``)
+
 - a sweep grid's ``evaluation`` (:class:`EvaluationSpec`)::
 
       evaluation:
@@ -59,6 +61,62 @@ class JobEvaluation(PerplexityEval):
     text: str = Field(
         ..., alias="dataset", description=f"a named set {NAMED_DATASETS} or a local .txt / .jsonl / .json file"
     )
+
+
+class TasksJobEvaluation(_Strict):
+    """lm-eval tasks after pruning (``core.evaluation.lmeval``; block by block after a streamed run):
+    ``{"type": "lm_eval", "tasks": ["piqa", "arc_easy"], "limit": 500}``. Names are checked against
+    the task registry (and ``task_dir``'s local YAMLs) at submission, by the job service."""
+
+    type: Literal["lm_eval"] = "lm_eval"
+    tasks: list[str] = Field(..., min_length=1, description="lm-eval task names (registry, or YAMLs in task_dir)")
+    task_dir: str | None = Field(None, description="a directory of local task YAMLs")
+    limit: int | float | None = Field(None, gt=0, description="examples per task: a count, or a fraction below 1")
+    num_fewshot: int | None = Field(None, ge=0, le=64, description="few-shot examples per prompt")
+    batch_size: int = Field(8, gt=0, le=MAX_BATCH, description="requests per forward pass")
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _names(cls, v: Any) -> Any:
+        names = v.split(",") if isinstance(v, str) else v
+        if not isinstance(names, list):
+            return v
+        out = []
+        for name in (str(n).strip() for n in names):
+            if name and name not in out:
+                out.append(name)
+        return out
+
+    @field_validator("limit")
+    @classmethod
+    def _limit(cls, v: int | float | None) -> int | float | None:
+        if isinstance(v, float) and v >= 1:
+            if not v.is_integer():
+                raise ValueError("a count of examples must be a whole number (or a fraction below 1)")
+            return int(v)
+        return v
+
+    @field_validator("task_dir")
+    @classmethod
+    def _is_dir(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).expanduser().is_dir():
+            raise ValueError(f"task directory {v!r} does not exist")
+        return v
+
+
+JOB_EVALUATION_TYPES = {"perplexity": JobEvaluation, "lm_eval": TasksJobEvaluation}
+
+
+def job_evaluation(data: Any) -> dict[str, Any]:
+    """One entry of a job's ``evaluations``, validated, as stored (raises ``ValueError`` /
+    ``pydantic.ValidationError``); an entry without ``type`` is a perplexity evaluation."""
+    if not isinstance(data, dict):
+        raise ValueError(f"an evaluation is a mapping with a 'type', not {type(data).__name__}")
+    kind = data.get("type", "perplexity")
+    schema = JOB_EVALUATION_TYPES.get(kind)
+    if schema is None:
+        raise ValueError(f"unknown evaluation type {kind!r}: one of {', '.join(JOB_EVALUATION_TYPES)}")
+    return schema.model_validate(data).model_dump(by_alias=True)
 
 
 def resolve_callable(path: str) -> Callable[..., Any]:

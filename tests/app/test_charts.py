@@ -136,6 +136,29 @@ def finished_jobs(job_service):
     return job_service
 
 
+def test_lm_eval_accuracy_is_a_dashboard_metric(finished_jobs):
+    """A job that ran lm-eval tasks records each task's metrics and their mean (jobs.tasks): the mean is
+    a column of the runs table and a metric to plot against the ratio; runs without it are left out."""
+    with finished_jobs.sessions.begin() as s:
+        recipe = {
+            "model": "/m/llama-7b",
+            "ratio": 0.3,
+            "reconstruction": {"method": "ls"},
+            "criterion": {"name": "obs"},
+        }
+        job = Job(recipe=recipe, evaluations=[], status=Status.SUCCEEDED.value, submitted_by="cy")
+        s.add(job)
+        s.flush()
+        metrics = {"achieved_ratio": 0.3, "piqa.acc": 0.61, "arc_easy.acc": 0.47, "tasks_acc_mean": 0.54}
+        s.add_all(Metric(job_id=job.id, name=k, value=v) for k, v in metrics.items())
+    rows = charts.run_rows(finished_jobs)
+    assert [(r["id"], r["tasks_acc"]) for r in rows] == [(5, 0.54), (3, None), (2, None), (1, None)]
+    assert "tasks_acc" in charts.RUN_COLUMNS and "tasks_acc" in charts.DASHBOARD_METRICS
+    spec = charts.metric_vs_ratio(rows, "tasks_acc")
+    assert [(p["job"], p["value"], p["ratio"]) for p in spec["data"]["values"]] == [(5, 0.54, 0.3)]
+    assert "rule" not in {layer["mark"]["type"] for layer in spec["layer"]}  # the dense line is perplexity's
+
+
 def test_run_rows_filter_the_succeeded_jobs(finished_jobs):
     rows = charts.run_rows(finished_jobs)
     assert [r["id"] for r in rows] == [3, 2, 1] and rows[2]["dense"] == 15.0 and rows[2]["model"] == "llama-7b"

@@ -47,9 +47,9 @@ def _fields(tmp_path, **over) -> dict:
     return values
 
 
-def _form(tmp_path, model, methods=("liar",), evaluate="(none)", **over) -> list:
+def _form(tmp_path, model, methods=("liar",), evaluate="(none)", tasks="", task_dir="", **over) -> list:
     """The values of the form's inputs in the order the New-run tab passes them (without the user)."""
-    return [*_fields(tmp_path, model=str(model), **over).values(), evaluate, list(methods)]
+    return [*_fields(tmp_path, model=str(model), **over).values(), evaluate, tasks, task_dir, list(methods)]
 
 
 def _config(tmp_path, name: str, **cfg) -> Path:
@@ -144,6 +144,43 @@ def test_a_labelled_encoder_form_makes_the_labelled_default(job_service, bert_di
     assert recipe.resolved("encoder", True).criterion.name == "kwon"
     message, _, _ = forms.validate_form(job_service, _form(tmp_path, bert_dir, label_field="label"))
     assert message.startswith("**⚠") and "label_field needs a .jsonl or .json calibration file" in message
+
+
+def test_task_evaluation_of_the_form():
+    assert forms.task_evaluation("", "") == [] and forms.task_evaluation(None) == []
+    assert forms.task_evaluation(" piqa, arc_easy ") == [{"type": "lm_eval", "tasks": "piqa, arc_easy"}]
+    assert forms.task_evaluation("wiki_cloze", "/data/tasks") == [
+        {"type": "lm_eval", "tasks": "wiki_cloze", "task_dir": "/data/tasks"}
+    ]
+    with pytest.raises(SubmitError, match="a task folder needs task names"):
+        forms.task_evaluation(" ", "/data/tasks")
+
+
+def test_lm_eval_tasks_from_the_form_reach_the_job(job_service, llama_dir, bert_dir, tmp_path):
+    """Task names are checked at submission (a typo fails now, not after the pruning), the folder must
+    lie where the server reads, and an encoder cannot take them."""
+    from core.evaluation.lmeval import write_rt_sentiment_task
+
+    tasks = job_service.settings.data_dir / "tasks"
+    write_rt_sentiment_task(tasks, [{"text": "fine film", "label": 1}])
+    message = forms.submit_form(
+        job_service, _form(tmp_path, llama_dir, tasks="rt_sentiment, piqa", task_dir=tasks), "a"
+    )
+    assert message == "✓ submitted job 1"
+    stored = job_service.show(1)["evaluations"]
+    assert [(e["type"], e["tasks"], e["task_dir"]) for e in stored] == [
+        ("lm_eval", ["rt_sentiment", "piqa"], str(tasks))
+    ]
+    for form, expected in (
+        (_form(tmp_path, llama_dir, tasks="rt_sentimnt", task_dir=tasks), "unknown task 'rt_sentimnt'"),
+        (_form(tmp_path, llama_dir, tasks="piqa", task_dir="/etc"), "task_dir '/etc' is outside the folders"),
+        (_form(tmp_path, bert_dir, tasks="piqa"), "lm-eval tasks need a causal language model"),
+    ):
+        message = forms.submit_form(job_service, form, "a")
+        assert message.startswith("**⚠") and expected in message, message
+    text = yaml.safe_dump(build_recipe(**_fields(tmp_path, model=str(llama_dir))))
+    assert forms.submit_yaml(job_service, text, "(none)", "a", "piqa") == "✓ submitted job 2"
+    assert job_service.show(2)["evaluations"][0]["tasks"] == ["piqa"]
 
 
 def test_evaluations_for():

@@ -8,15 +8,13 @@ import torch
 
 from core import prune
 from core.evaluation.lmeval import (
-    LOCAL_TASKS,
-    PAPER_TASKS,
     cloze_items,
     evaluate_lm_eval,
-    select_tasks,
     write_cloze_task,
     write_rt_sentiment_task,
     write_wiki_cloze_task,
 )
+from core.evaluation.tasks import LOCAL_TASKS, PAPER_TASKS, select_tasks
 from core.models.loading import load_model
 from tests.conftest import recipe_for
 

@@ -63,6 +63,8 @@ def test_bad_input_is_one_sentence_and_creates_no_job(tmp_path, job_models, monk
         (["jobs", "submit", str(listed)], "must be a YAML mapping of fields, not a list"),
         (["jobs", "submit", str(broken)], "config.json must hold a JSON object"),
         (["jobs", "submit", str(good), "--ppl", str(job_models["calib"]), "--ppl-seq-len", "512"], "exceeds"),
+        (["jobs", "submit", str(good), "--tasks", "piqa,no_such_task_here"], "unknown task 'no_such_task_here'"),
+        (["jobs", "submit", str(good), "--task-limit", "10"], "and --num-fewshot need --tasks"),
         (["prune", str(syntax), "--output", str(tmp_path / "out")], "not valid YAML at line 2"),
         (["prune", str(broken), "--output", str(tmp_path / "out")], "config.json must hold a JSON object"),
     ]
@@ -89,6 +91,12 @@ def test_ppl_length_defaults_to_what_the_model_can_take(tmp_path, job_models, mo
     assert main(["jobs", "show", str(job_id), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert [e["seq_len"] for e in info["evaluations"]] == [256]
+    # lm-eval tasks beside it, names checked and stored as a list
+    flags = ["--ppl", str(job_models["calib"]), "--tasks", "piqa, arc_easy", "--task-limit", "0.5", "--json"]
+    assert main(["jobs", "submit", str(good), *flags]) == 0
+    assert main(["jobs", "show", str(json.loads(capsys.readouterr().out)["id"]), "--json"]) == 0
+    tasks = json.loads(capsys.readouterr().out)["evaluations"][1]
+    assert (tasks["type"], tasks["tasks"], tasks["limit"]) == ("lm_eval", ["piqa", "arc_easy"], 0.5)
 
 
 def test_listing_into_a_closed_pipe_ends_quietly(tmp_path, job_models):

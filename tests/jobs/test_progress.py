@@ -9,7 +9,7 @@ from sqlalchemy import update
 import jobs.tasks
 from jobs.baseline import DENSE
 from jobs.db import Job, Status
-from jobs.service import JobService
+from jobs.service import JobService, SubmitError
 from jobs.settings import Settings
 from jobs.tasks import execute
 from tests.jobs.conftest import recipe
@@ -97,3 +97,40 @@ def test_a_pending_cancel_shows(service, job_models):
     row = service.list()[0]
     assert row["status"] == "RUNNING" and row["cancel_requested"] is True
     assert service.show(job)["cancel_requested"] is True
+
+
+@pytest.mark.parametrize("execution", ["stream", "memory"])
+def test_lm_eval_tasks_as_a_job_evaluation(service, job_models, tmp_path, execution):
+    """A job runs lm-eval tasks on its pruned model — block by block after a streamed run, in memory
+    otherwise — and records each task's metrics and their mean accuracy, the same numbers as an
+    evaluation of the checkpoint it saved."""
+    from core.evaluation.lmeval import evaluate_lm_eval, write_rt_sentiment_task
+    from core.evaluation.tasks import TASKS_ACC_MEAN
+    from core.models.tiny import tiny_corpus
+
+    reviews = [{"text": t, "label": i % 2} for i, t in enumerate(tiny_corpus(6))]
+    write_rt_sentiment_task(tmp_path / "tasks", reviews)
+    evaluation = [{"type": "lm_eval", "tasks": "rt_sentiment", "task_dir": str(tmp_path / "tasks"), "limit": 5}]
+    job = service.submit(recipe(job_models, execution=execution), evaluations=evaluation)
+    assert service.show(job)["evaluations"][0]["tasks"] == ["rt_sentiment"]  # stored as a list
+    assert execute(job, service.settings) == "SUCCEEDED"
+    metrics = service.show(job)["metrics"]
+    checkpoint = service.artifact(job)
+    expected = evaluate_lm_eval(str(checkpoint), None, "rt_sentiment", task_dir=tmp_path / "tasks", limit=5)
+    acc = expected["summary"]["rt_sentiment"]["acc"]
+    assert metrics["rt_sentiment.acc"] == pytest.approx(acc) and metrics[TASKS_ACC_MEAN] == pytest.approx(acc)
+    assert "rt_sentiment.acc_stderr" in metrics and DENSE not in metrics  # no perplexity asked for
+
+
+def test_lm_eval_evaluations_are_checked_at_submission(service, job_models, tmp_path):
+    calib = str(job_models["calib"])
+    for ev, message in (
+        ({"type": "lm_eval", "tasks": "no_such_task_here"}, "invalid evaluation: unknown task 'no_such_task_here'"),
+        ({"type": "lm_eval", "tasks": " , "}, "invalid evaluation: tasks: List should have at least 1 item"),
+        ({"type": "lm_eval", "tasks": "piqa", "limit": 0}, "limit: Input should be greater than 0"),
+        ({"type": "lm_eval", "tasks": "piqa", "task_dir": str(tmp_path / "none")}, "task directory .* does not exist"),
+        ({"type": "lm_eval", "tasks": "piqa", "dataset": calib}, "dataset: unknown key"),
+    ):
+        with pytest.raises(SubmitError, match=message):
+            service.submit(recipe(job_models), evaluations=[ev])
+    assert service.list() == []

@@ -139,7 +139,7 @@ def test_invalid_sweep_creates_no_job(service, job_models):
         ({"criteria": ["magnitude", "nonsense"]}, "unknown criterion 'nonsense'"),
         ({"evaluations": [{"dataset": calib, "seq_len": 1}]}, "seq_len: Input should be greater than or equal to 2"),
         ({"evaluations": [{"dataset": calib + ".missing"}]}, "is neither a named set"),
-        ({"evaluations": [{"dataset": calib, "type": "accuracy"}]}, "type: Input should be 'perplexity'"),
+        ({"evaluations": [{"dataset": calib, "type": "accuracy"}]}, "unknown evaluation type 'accuracy'"),
     ):
         with pytest.raises(SubmitError, match=message):
             service.submit_sweep(recipe(job_models), **{"ratios": [0.2], **kwargs})
