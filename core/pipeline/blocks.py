@@ -227,6 +227,8 @@ def _select_heads(
     candidates = [h for h in range(adapter.n_heads) if h // n_rep in kept_groups] if n_rep > 1 else None
     groups = [h // n_rep for h in range(adapter.n_heads)] if n_rep > 1 else None
     lp.heads = obs_select(w, stats, len(lp.heads), adapter.head_dim, damp, candidates, groups)
+    if n_rep == 1:  # a key/value head per query head (or none apart): they go together
+        lp.kv_heads = list(lp.heads)
     return _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
 
 

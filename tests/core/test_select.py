@@ -162,3 +162,25 @@ def test_released_inverse_equals_the_copied_one_also_when_the_factorisation_fail
     with pytest.warns(RuntimeWarning, match="Cholesky failed"):
         released = damped_inverse_covariance(indefinite(), 1e-3, release=True)
     torch.testing.assert_close(released, copied, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("groups", ["free", "whole"])
+def test_obs_selection_moves_the_key_value_heads_of_multi_head_attention(groups, tmp_path, corpus):
+    """A LLaMA-family model with a key/value head per query head (LLaMA-7B's attention): the heads the
+    selection keeps take their own key/value heads along, so the pruned model runs and reloads."""
+    from core.models.loading import load_pruned
+    from core.models.tiny import tiny_decoder
+
+    model_dir = tiny_decoder(tmp_path / "mha", num_key_value_heads=8)
+    base = recipe_for(model_dir, corpus, ratio=0.4, reconstruction={"method": "ls", "damp": 1e-3}, device="cpu")
+    base.update(head_ratio="same", round_to={"kv_groups": groups})
+    plain = prune(base)
+    obs = prune({**base, "reconstruction": {"method": "ls", "damp": 1e-3, "select": "obs"}})
+    assert [lp.heads for lp in obs.plan.layers] != [lp.heads for lp in plain.plan.layers]  # the selection moved
+    for lp in obs.plan.layers:
+        assert lp.kv_heads == sorted(lp.heads)
+    ids = torch.tensor([[3, 5, 7, 11, 13, 17]])
+    logits = obs.model(input_ids=ids).logits
+    out = obs.save(tmp_path / "pruned")
+    reloaded = load_pruned(out)[0]
+    torch.testing.assert_close(reloaded(input_ids=ids).logits, logits)
