@@ -150,7 +150,7 @@ def test_recipe_refuses_an_unknown_activations_place(llama_dir, corpus):
 def test_streamed_perplexity_with_hidden_states_elsewhere(llama_dir, corpus, tmp_path, monkeypatch):
     """Streamed perplexity keeps every window's hidden states between blocks: through the recording
     home they give the same value as kept in place."""
-    import core.models.offload as offload
+    import core.evaluation.streamed as streamed  # the block-by-block forward chooses the home there
     from core.evaluation.perplexity import perplexity_streamed
 
     result = prune(recipe_for(llama_dir, corpus, device="cpu"), output_dir=tmp_path / "ckpt")
@@ -158,7 +158,7 @@ def test_streamed_perplexity_with_hidden_states_elsewhere(llama_dir, corpus, tmp
     text = " ".join(corpus)
     plain = perplexity_streamed(checkpoint, None, [text], seq_len=16, batch_size=3, device="cpu")
     homes = []
-    monkeypatch.setattr(offload, "choose_offload", lambda *a, **k: homes.append(_RecordingHome("cpu")) or homes[-1])
+    monkeypatch.setattr(streamed, "choose_offload", lambda *a, **k: homes.append(_RecordingHome("cpu")) or homes[-1])
     spilled = perplexity_streamed(checkpoint, None, [text], seq_len=16, batch_size=3, device="cpu")
     assert spilled == plain and plain["windows"] > 3
     assert homes[0].stored == homes[0].fetched > 0  # every window's states stored, each used once
