@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from core.allocation.plan import LayerPlan, Plan, allocate
+from core.allocation.plan import LayerPlan, Plan, allocate, max_ratio
 from core.criteria.base import Scores
 from core.models.adapter import Adapter
 
@@ -94,6 +94,18 @@ def allocate_groups(
         raise ValueError(str(exc).replace("keeps one head", "keeps one whole key/value group")) from None
     plan.layers = [expand(lp, n_rep) for lp in plan.layers]
     return plan
+
+
+def whole_groups_reach(
+    scores: list[Scores], adapter: Adapter, costs: list[dict[str, int]], layer_params: list[int], modules: str
+) -> float:
+    """The largest ratio a plan of whole key/value groups can reach (every layer keeps one group)."""
+    if not has_groups(adapter):
+        return max_ratio(adapter, modules, costs, sum(layer_params), scores)
+    view = replace(adapter, n_heads=adapter.n_kv_heads)
+    n_rep = adapter.n_rep
+    grouped = [group_scores(s, n_rep) for s in scores]
+    return max_ratio(view, modules, [group_costs(c, n_rep) for c in costs], sum(layer_params), grouped)
 
 
 def kv_index_layers(plan: Plan, adapter: Adapter) -> int:

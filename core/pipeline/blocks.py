@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from core import criteria
 from core.allocation import Plan, allocate
-from core.allocation.groups import allocate_groups
+from core.allocation.groups import allocate_groups, whole_groups_reach
 from core.allocation.plan import LayerPlan, auto_multiple, prunable
 from core.allocation.split import SplitState
 from core.criteria import Scores
@@ -424,13 +424,35 @@ def round_to(recipe: Recipe, adapter: Adapter, device: torch.device) -> tuple[in
     return recipe.round_to.heads, int(neurons)
 
 
-def resolved_kv_groups(recipe: Recipe, device: torch.device) -> str:
+def resolved_kv_groups(
+    recipe: Recipe,
+    device: torch.device,
+    model: nn.Module | None = None,
+    adapter: Adapter | None = None,
+    scores: list[Scores] | None = None,
+) -> str:
     """``round_to.kv_groups`` resolved for the device: ``whole`` or ``free`` (``auto``: whole on a GPU,
-    free on a CPU). A model without groups of several query heads is pruned the same either way."""
+    free on a CPU). A model without groups of several query heads is pruned the same either way.
+
+    Given the model, ``auto`` also stays ``free`` on a GPU where whole groups would not serve: a
+    single key/value head (multi-query attention) is shared by every kept query head anyway, so free
+    pruning keeps a stock attention while whole groups could drop no head at all; and a ratio that
+    whole groups cannot reach (each layer keeps one group) is pruned with free heads rather than
+    refused."""
     choice = recipe.round_to.kv_groups
-    if choice == "auto":
-        return "whole" if device.type == "cuda" else "free"
-    return choice
+    if choice != "auto":
+        return choice
+    if device.type != "cuda":
+        return "free"
+    if adapter is not None and adapter.family.gqa and adapter.n_kv_heads < 2:
+        return "free"
+    if model is not None and adapter is not None and scores is not None:
+        layers = adapter.layers(model)
+        costs = [unit_costs(layer, adapter) for layer in layers]
+        sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+        if recipe.ratio > whole_groups_reach(scores, adapter, costs, sizes, recipe.modules):
+            return "free"
+    return "whole"
 
 
 def make_plan(

@@ -210,7 +210,7 @@ def _run(
         scores = source.score(recipe, batches, lambda i: report("scoring", i, n_layers), offload)
     elif len(scores) != n_layers:
         raise ValueError(f"scores cover {len(scores)} layers but the model has {n_layers}")
-    rounding, groups = round_to(recipe, adapter, device), resolved_kv_groups(recipe, device)
+    rounding, groups = round_to(recipe, adapter, device), resolved_kv_groups(recipe, device, model, adapter, scores)
     plan = make_plan(model, adapter, recipe, scores, rounding, groups)
     split = obs_split(model, adapter, recipe, scores, rounding, groups)
     report("scoring", n_layers, n_layers)

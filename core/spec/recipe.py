@@ -199,7 +199,8 @@ class RoundTo(_Strict):
         "groups, so each layer is a stock GQA attention (equal groups, no key/value gather; a uniform prune "
         "exports as the stock architecture), the budget they cost rebalanced in neurons; free — query heads "
         "go one at a time and a layer whose groups end up unequal gathers its key/value heads by index; "
-        "auto — whole on a GPU, free on a CPU. No effect without grouped-query attention",
+        "auto — whole on a GPU (free there for a single key/value head, or a ratio whole groups cannot "
+        "reach), free on a CPU. No effect without grouped-query attention",
     )
 
     @field_validator("neurons")

@@ -6,13 +6,14 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from core import prune
+from core import criteria, prune
 from core.allocation import allocate
-from core.allocation.groups import allocate_groups
+from core.allocation.groups import allocate_groups, whole_groups_reach
+from core.allocation.plan import max_ratio
 from core.criteria import Scores
-from core.models.adapter import Adapter
+from core.models.adapter import Adapter, adapter_for, unit_costs
 from core.models.liar_families import FAMILIES
-from core.pipeline.blocks import resolved_kv_groups
+from core.pipeline.blocks import make_plan, resolved_kv_groups
 from core.spec.recipe import Recipe
 from tests.conftest import recipe_for
 from tests.core.test_pipeline import _logits, slow_reference
@@ -108,6 +109,40 @@ def test_recipe_option_validates_and_auto_follows_the_device(llama_dir, corpus):
     auto = Recipe.model_validate(recipe_for(llama_dir, corpus, round_to={"kv_groups": "auto"}))
     assert resolved_kv_groups(auto, torch.device("cpu")) == "free"
     assert resolved_kv_groups(auto, torch.device("cuda")) == "whole"
+
+
+def test_auto_stays_free_on_a_gpu_where_whole_groups_do_not_serve(tmp_path, corpus):
+    """Multi-query attention (one key/value head): whole groups could drop no query head, free pruning
+    keeps a stock attention anyway. A ratio whole groups cannot reach: free heads instead of a refusal."""
+    from core.models.loading import load_model
+    from core.models.tiny import tiny_decoder
+
+    cuda = torch.device("cuda")  # resolution only: nothing runs on it
+    for kv, ratio, expected in ((1, 0.2, "free"), (4, 0.2, "whole"), (4, 0.45, "whole")):
+        model_dir = tiny_decoder(tmp_path / f"kv{kv}", num_key_value_heads=kv)
+        recipe = Recipe.model_validate(recipe_for(model_dir, corpus, ratio=ratio, round_to={"kv_groups": "auto"}))
+        model, _, _ = load_model(str(model_dir), "float32", "cpu")
+        adapter = adapter_for(model)
+        magnitude = criteria.get("magnitude")
+        scores = [magnitude.score(layer, adapter, i, None) for i, layer in enumerate(adapter.layers(model))]
+        assert resolved_kv_groups(recipe, cuda, model, adapter, scores) == expected, (kv, ratio)
+    # 8 query heads over 4 groups: keeping one group of two heads caps what heads can give
+    layers = adapter.layers(model)
+    costs = [unit_costs(layer, adapter) for layer in layers]
+    sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    reach = whole_groups_reach(scores, adapter, costs, sizes, "heads")
+    free_reach = max_ratio(adapter, "heads", costs, sum(sizes), scores)
+    assert reach < free_reach
+    between = round((reach + free_reach) / 2, 4)
+    beyond = Recipe.model_validate(
+        recipe_for(
+            model_dir, corpus, ratio=between, modules="heads", allocation="uniform", round_to={"kv_groups": "auto"}
+        )
+    )
+    assert resolved_kv_groups(beyond, cuda, model, adapter, scores) == "free"
+    with pytest.raises(ValueError, match="keeps one whole key/value group"):  # what whole would have said
+        make_plan(model, adapter, beyond, scores, (1, 1), "whole")
+    make_plan(model, adapter, beyond, scores, (1, 1), "free")  # reachable with free heads
 
 
 def _stock_attention(result) -> bool:
