@@ -75,6 +75,11 @@ def main() -> None:
     p.add_argument("--ratio", type=float, default=0.2)
     p.add_argument("--method", default="liar")
     p.add_argument(
+        "--criterion",
+        default="magnitude",
+        help="magnitude (the paper's timing, this table's rows) or auto (today's default: obs counts, global)",
+    )
+    p.add_argument(
         "--select",
         default="criterion",
         choices=["criterion", "obs", "auto"],
@@ -107,6 +112,7 @@ def main() -> None:
             "ratio": args.ratio,
             "dtype": args.dtype,
             "device": args.device,
+            "criterion": {"name": args.criterion},
             "reconstruction": {"method": args.method, "select": args.select},
             "stats_dtype": args.stats_dtype,
             "activations": args.activations,
@@ -135,6 +141,7 @@ def main() -> None:
             "peak_memory_mb": result.peak_memory_mb,
             "achieved_ratio": result.achieved_ratio,
             "activations": result.metrics["activations"],
+            "criterion": result.metrics["criterion"],
             "paper_a100_minutes": paper,
             "speedup_vs_paper": (paper * 60 / seconds) if paper else None,
         }
@@ -148,7 +155,7 @@ def main() -> None:
         f"# LIAR reconstruction time: LLaMA-{args.shape.upper()}-shaped random model, {args.dtype}",
         "",
         f"Measured {dt.date.today().isoformat()} on {device_name}, torch {torch.__version__}; "
-        f"`python bench/gpu_liar.py --shape {args.shape}`. Ratio {args.ratio} (heads + neurons, magnitude), "
+        f"`python bench/gpu_liar.py --shape {args.shape}`. Ratio {args.ratio} (heads + neurons, {args.criterion}), "
         f"{args.seq_len}-token samples, method `{args.method}`; time of `core.prune` with the model on the device.",
         "",
         "| samples | seconds | peak memory MB | paper (A100) | speed-up |",

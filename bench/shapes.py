@@ -39,6 +39,15 @@ LLAMA_SHAPES: dict[str, dict] = {
         vocab_size=32000,
         tie_word_embeddings=False,
     ),
+    "30b": dict(  # LLaMA-30B (33B)
+        hidden_size=6656,
+        intermediate_size=17920,
+        num_hidden_layers=60,
+        num_attention_heads=52,
+        num_key_value_heads=52,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+    ),
     "70b": dict(
         hidden_size=8192,
         intermediate_size=28672,
