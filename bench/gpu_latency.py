@@ -8,14 +8,16 @@ heads and neurons leaves (dense; 20/30/50% removed with exact widths and with FF
 - prefill tokens/s: one forward over batch × prompt tokens (batch 8 × 512 and batch 1 × 512);
 - decode ms/token, batch 1, 64 new tokens after a 128-token prompt: ``model.generate`` eager (dynamic
   KV cache); greedy decoding with a static KV cache whose one-token step is captured once as a CUDA
-  graph and replayed (:func:`graph_decode`: no Python or kernel-launch cost per layer, the tokens are
-  checked against the same loop run eagerly); with ``--compile`` also ``generate`` with a static
-  cache, which compiles the forward itself (``torch.compile``; slow to compile, and it skipped CUDA
-  graphs here because the cache mutates its inputs).
+  graph and replayed (:class:`GraphDecode`: no Python or kernel-launch cost per layer; its tokens are
+  checked against the same loop run eagerly); with ``--compiled-graph`` also a graph of the
+  ``torch.compile``'d step (fused element-wise kernels).
 
-Median of repeats after warm-up, CUDA events. Writes docs/results/gpu_latency.md (+ .json).
+Every model is built first and the measurements go in rounds over all of them (``--rounds``, median
+per cell; the JSON keeps every sample), so a slow stretch of the machine falls on every model alike.
+CUDA events time each call. Writes docs/results/gpu_latency.md (+ .json).
 
-    python bench/gpu_latency.py [--ratios 0.2 0.5] [--exact] [--compile] [--out FILE]
+    python bench/gpu_latency.py [--ratios 0.2 0.5] [--exact] [--compiled-graph] [--rounds 5] [--out FILE]
+    python bench/gpu_latency.py --shape smoke --device cpu --rounds 2 --out /tmp/lat.md   # code paths, CPU
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import datetime as dt
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -32,85 +35,125 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-HIDDEN, FFN, HEADS, LAYERS, VOCAB = 4096, 11008, 32, 32, 32000
+SHAPES = {  # hidden, FFN, heads, layers, vocab
+    "7b": (4096, 11008, 32, 32, 32000),
+    "smoke": (64, 176, 4, 2, 512),  # a CPU run of the code paths (no graphs there)
+}
 WARMUPS = 3  # forwards of the captured step before capture (compiling it when asked)
+PREFILL = ((8, 512), (1, 512))
+PROMPT, NEW = 128, 64  # decode: new greedy tokens after a prompt of this length
 
 
-def widths(ratio: float, multiple: int) -> tuple[int, int]:
+def widths(ratio: float, multiple: int, shape: str = "7b") -> tuple[int, int]:
     """Kept heads and FFN width after removing ``ratio`` of each (uniform pruning of both modules)."""
-    heads = max(1, round(HEADS * (1 - ratio)))
-    neurons = round(FFN * (1 - ratio))
+    _, ffn, n_heads, _, _ = SHAPES[shape]
+    heads = max(1, round(n_heads * (1 - ratio)))
+    neurons = round(ffn * (1 - ratio))
     if multiple > 1:
         neurons = max(multiple, round(neurons / multiple) * multiple)
     return heads, neurons
 
 
-def build(heads: int, neurons: int):
+def build(heads: int, neurons: int, shape: str = "7b", device: str = "cuda"):
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    hidden, _, n_heads, layers, vocab = SHAPES[shape]
     cfg = LlamaConfig(
-        hidden_size=HIDDEN,
+        hidden_size=hidden,
         intermediate_size=neurons,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=HEADS,
-        head_dim=HIDDEN // HEADS,
-        vocab_size=VOCAB,
+        num_hidden_layers=layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_heads,
+        head_dim=hidden // n_heads,
+        vocab_size=vocab,
         max_position_embeddings=2048,
     )
     # transformers refuses a stock config whose head count does not divide the hidden size (26 of
     # 4096): set the pruned count after validation, as a liar_ checkpoint's layers end up
     cfg.num_attention_heads = cfg.num_key_value_heads = heads
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(dtype).eval()
     return model
 
 
-def _time(fn, repeats: int = 5, warmup: int = 2) -> float:
-    for _ in range(warmup):
+def _seconds(fn, device: torch.device) -> float:
+    """Wall time of one call (CUDA events on a GPU)."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
         fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1000)
-    return statistics.median(times)
+        return time.perf_counter() - t0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1000
 
 
-@torch.no_grad()
-def measure(model, compile_decode: bool, compiled_graph: bool = False, decode_only: bool = False) -> dict:
-    out = {"params": sum(p.numel() for p in model.parameters())}
-    prompt = torch.randint(0, VOCAB, (1, 128), device="cuda")
-    new = 64
-    if compiled_graph:
-        try:
-            out.update(graph_decode(model, prompt, new, compiled=True))
-        except Exception as exc:  # record why, keep the other numbers
-            out["decode_graph_compiled_error"] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
-    if decode_only:
-        return out
-    for batch, length in ((8, 512), (1, 512)):
-        ids = torch.randint(0, VOCAB, (batch, length), device="cuda")
-        out[f"prefill_b{batch}x{length}_tok_s"] = batch * length / _time(lambda ids=ids: model(ids, use_cache=False))
+class Subject:
+    """One model under measurement: its inputs, its captured decode graphs, and one sample of every
+    metric per :meth:`measure` call (the rounds interleave the models, so a slow stretch of the
+    machine falls on all of them alike)."""
 
-    def gen():
-        model.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+    def __init__(self, label: str, heads: int, neurons: int, args):
+        self.label, self.heads, self.neurons = label, heads, neurons
+        self.model = build(heads, neurons, args.shape, args.device)
+        self.device = torch.device(args.device)
+        vocab = SHAPES[args.shape][4]
+        gen = torch.Generator().manual_seed(0)  # the same inputs for every model
+        self.prefill = {(b, n): torch.randint(0, vocab, (b, n), generator=gen).to(self.device) for b, n in PREFILL}
+        self.prompt = torch.randint(0, vocab, (1, PROMPT), generator=gen).to(self.device)
+        self.info: dict = {"params": sum(p.numel() for p in self.model.parameters())}
+        self.graphs: dict[str, GraphDecode] = {}
+        if self.device.type == "cuda":
+            for key, compiled in (("graph", False), ("graph_compiled", True)):
+                if compiled and not args.compiled_graph:
+                    continue
+                try:
+                    self.graphs[key] = g = GraphDecode(self.model, self.prompt, NEW, compiled)
+                    self.info[f"decode_{key}_same_tokens"] = g.same_tokens
+                    if compiled:
+                        self.info["compile_s"] = round(g.compile_s, 1)
+                except Exception as exc:  # record why, keep the other numbers
+                    self.info[f"decode_{key}_error"] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+        self.samples: dict[str, list[float]] = {}
 
-    out["decode_eager_ms"] = 1000 * _time(gen, repeats=3, warmup=1) / new
-    try:
-        out.update(graph_decode(model, prompt, new))
-    except Exception as exc:  # record why, keep the other numbers
-        out["decode_graph_error"] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
-    if compile_decode:
-        try:  # generate() compiles the forward itself once the KV cache is static (CompileConfig)
-            model.generation_config.cache_implementation = "static"
-            out["decode_compiled_ms"] = 1000 * _time(gen, repeats=3, warmup=3) / new
-        except Exception as exc:  # record why, keep the eager numbers
-            out["decode_compiled_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-    return out
+    def _add(self, key: str, value: float) -> None:
+        self.samples.setdefault(key, []).append(value)
+
+    @torch.no_grad()
+    def measure(self, decode_only: bool, warm_up: bool) -> None:
+        """One sample of each metric (prefill: the median of three forwards); ``warm_up`` runs each
+        once untimed first."""
+        model = self.model
+        if not decode_only:
+            for (b, n), ids in self.prefill.items():
+
+                def prefill(ids=ids):
+                    model(ids, use_cache=False)
+
+                if warm_up:
+                    prefill()
+                seconds = statistics.median(_seconds(prefill, self.device) for _ in range(3))
+                self._add(f"prefill_b{b}x{n}_tok_s", b * n / seconds)
+
+            def generate():
+                model.generate(self.prompt, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0)
+
+            if warm_up:
+                generate()
+            self._add("decode_eager_ms", 1000 * _seconds(generate, self.device) / NEW)
+        for key, graph in self.graphs.items():
+            if decode_only and key == "graph":
+                continue
+            self._add(f"decode_{key}_ms", 1000 * _seconds(graph.run, self.device) / NEW)
+
+    def row(self) -> dict:
+        medians = {k: statistics.median(v) for k, v in self.samples.items()}
+        every = {f"{k}_all": [round(x, 4) for x in v] for k, v in self.samples.items()}
+        return {"model": self.label, "heads": self.heads, "ffn": self.neurons, **self.info, **medians, **every}
 
 
 def _static_loop(model, cache, prompt, new: int, step) -> list[int]:
@@ -134,73 +177,63 @@ def _static_loop(model, cache, prompt, new: int, step) -> list[int]:
     return torch.cat(tokens, 1)[0].tolist()
 
 
-@torch.no_grad()
-def graph_decode(model, prompt, new: int, repeats: int = 3, compiled: bool = False) -> dict:
-    """ms/token of greedy batch-1 decoding whose step is one CUDA graph replay, and whether its tokens
-    equal the same static-cache loop run eagerly.
+class GraphDecode:
+    """Greedy batch-1 decoding whose step is one CUDA graph replay; ``same_tokens``: whether its tokens
+    equal those of the same static-cache loop run eagerly.
 
     The step (``model.forward`` on one token with a static KV cache) is captured once: its input ids,
     position and logits live in fixed buffers, the cache's tensors have fixed addresses, and the
     cache advances its own fill counter on the device, so a replay does one whole step with no host
     work per layer. ``compiled``: the step is ``torch.compile``'d first (fused element-wise kernels,
-    fewer of them in the graph); keys get a ``_compiled`` suffix and ``compile_s`` says what it cost."""
-    import time
+    fewer of them in the graph); ``compile_s`` says what that cost."""
 
-    from transformers import StaticCache
+    @torch.no_grad()
+    def __init__(self, model, prompt, new: int, compiled: bool = False):
+        from transformers import StaticCache
 
-    length = prompt.shape[1]
-    # room for the warm-up steps after a full loop (each advances the counter; an index past the end
-    # is a device-side assert)
-    cache = StaticCache(config=model.config, max_cache_len=length + new + WARMUPS + 1)
-    ids = torch.zeros((prompt.shape[0], 1), dtype=torch.long, device=prompt.device)
-    pos = torch.zeros((1,), dtype=torch.long, device=prompt.device)
+        self.model, self.prompt, self.new = model, prompt, new
+        length = prompt.shape[1]
+        # room for the warm-up steps after a full loop (each advances the counter; an index past the
+        # end is a device-side assert)
+        self.cache = cache = StaticCache(config=model.config, max_cache_len=length + new + WARMUPS + 1)
+        ids = torch.zeros((prompt.shape[0], 1), dtype=torch.long, device=prompt.device)
+        pos = torch.zeros((1,), dtype=torch.long, device=prompt.device)
+        step = torch.compile(model.forward, dynamic=False) if compiled else model.forward
 
-    step = torch.compile(model.forward, dynamic=False) if compiled else model.forward
+        def forward():
+            return step(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=pos).logits
 
-    def forward():
-        return step(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=pos).logits
+        def eager(nxt, position):
+            ids.copy_(nxt)
+            pos.fill_(position)
+            return model(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=pos).logits
 
-    def eager(nxt, position):
-        ids.copy_(nxt)
-        pos.fill_(position)
-        return model(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=pos).logits
-
-    reference = _static_loop(model, cache, prompt, new, eager)  # also initialises the cache's buffers
-    t0 = time.perf_counter()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # capture needs warmed-up (and compiled) kernels and workspaces
-        for _ in range(WARMUPS if compiled else 1):
-            forward()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    compile_s = time.perf_counter() - t0
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        logits = forward()
-
-    def replay(nxt, position):
-        ids.copy_(nxt)
-        pos.fill_(position)
-        graph.replay()
-        return logits
-
-    tokens = _static_loop(model, cache, prompt, new, replay)
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        reference = _static_loop(model, cache, prompt, new, eager)  # also initialises the cache's buffers
+        t0 = time.perf_counter()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # capture needs warmed-up (and compiled) kernels and workspaces
+            for _ in range(WARMUPS if compiled else 1):
+                forward()
+        torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        start.record()
-        _static_loop(model, cache, prompt, new, replay)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / new)
-    suffix = "_compiled" if compiled else ""
-    out = {
-        f"decode_graph{suffix}_ms": statistics.median(times),
-        f"decode_graph{suffix}_same_tokens": tokens == reference,
-    }
-    return {**out, "compile_s": compile_s} if compiled else out
+        self.compile_s = time.perf_counter() - t0
+        self.graph = graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = forward()
+
+        def replay(nxt, position):
+            ids.copy_(nxt)
+            pos.fill_(position)
+            graph.replay()
+            return logits
+
+        self.replay = replay
+        self.same_tokens = self.run() == reference
+
+    @torch.no_grad()
+    def run(self) -> list[int]:
+        return _static_loop(self.model, self.cache, self.prompt, self.new, self.replay)
 
 
 def _cell(row: dict, dense: dict, key: str, higher_better: bool = True) -> str:
@@ -211,19 +244,21 @@ def _cell(row: dict, dense: dict, key: str, higher_better: bool = True) -> str:
     return f"{row[key]:.2f} ({dense[key] / row[key]:.2f}×)"
 
 
-def write_table(rows: list[dict], out: str) -> None:
+def write_table(rows: list[dict], out: str, rounds: int, device: str) -> None:
     dense = rows[0]
+    where = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
     lines = [
         "# Realised speed of uniformly pruned LLaMA-7B-shaped models (bfloat16)",
         "",
-        f"Measured {dt.date.today().isoformat()} on {torch.cuda.get_device_name()}, torch {torch.__version__}; "
-        "`python bench/gpu_latency.py`. Speed-ups against the dense model in brackets. Decode: batch 1, "
-        "64 new tokens after a 128-token prompt; *graph* = static KV cache, one CUDA graph per step "
-        "(tokens equal to the eager static-cache loop unless marked).",
+        f"Measured {dt.date.today().isoformat()} on {where}, torch {torch.__version__}; "
+        "`python bench/gpu_latency.py`. Speed-ups against the dense model in brackets; each cell the "
+        f"median of {rounds} rounds that interleave the models (the JSON has every sample). Decode: batch "
+        f"1, {NEW} new tokens after a {PROMPT}-token prompt; *graph* = static KV cache, one CUDA graph per "
+        "step (tokens equal to the eager static-cache loop unless marked).",
         "",
         "| model | heads | FFN | params (B) | prefill 8×512 tok/s | prefill 1×512 tok/s "
-        "| decode eager ms/tok | decode graph ms/tok | decode compiled + graph ms/tok | decode compiled ms/tok |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| decode eager ms/tok | decode graph ms/tok | decode compiled + graph ms/tok |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         graph = _cell(r, dense, "decode_graph_ms", False)
@@ -239,8 +274,7 @@ def write_table(rows: list[dict], out: str) -> None:
         lines.append(
             f"| {r['model']} | {r['heads']} | {r['ffn']} | {r['params'] / 1e9:.2f} | "
             f"{_cell(r, dense, 'prefill_b8x512_tok_s')} | {_cell(r, dense, 'prefill_b1x512_tok_s')} | "
-            f"{_cell(r, dense, 'decode_eager_ms', False)} | {graph} | {cgraph} | "
-            f"{_cell(r, dense, 'decode_compiled_ms', False)} |"
+            f"{_cell(r, dense, 'decode_eager_ms', False)} | {graph} | {cgraph} |"
         )
     Path(out).write_text("\n".join(lines) + "\n")
 
@@ -250,34 +284,31 @@ def main() -> None:
     p.add_argument("--ratios", type=float, nargs="+", default=[0.2, 0.3, 0.5])
     p.add_argument("--multiple", type=int, default=128)
     p.add_argument("--exact", action="store_true", help="also the exact (unrounded) widths")
-    p.add_argument("--compile", action="store_true", help="also generate() with a compiled static cache (slow)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds over all models; cells are the medians")
     p.add_argument("--compiled-graph", action="store_true", help="also the CUDA-graph decode of a compiled step")
     p.add_argument("--decode-only", action="store_true", help="only the compiled CUDA-graph decode (with it)")
+    p.add_argument("--shape", default="7b", choices=sorted(SHAPES))
+    p.add_argument("--device", default="cuda")
     p.add_argument("--out", default=str(ROOT / "docs" / "results" / "gpu_latency.md"))
     args = p.parse_args()
-    rows = []
     tags = ((("exact", 1),) if args.exact else ()) + ((f"÷{args.multiple}", args.multiple),)
     configs = [("dense", 0.0, 1)] + [(f"{int(r * 100)}% {tag}", r, m) for r in args.ratios for tag, m in tags]
-    seen = set()
-    for label, ratio, multiple in configs:
-        heads, neurons = (HEADS, FFN) if ratio == 0 else widths(ratio, multiple)
+    subjects, seen = [], set()
+    _, ffn, n_heads, _, _ = SHAPES[args.shape]
+    for label, ratio, multiple in configs:  # every model built first: the rounds interleave them
+        heads, neurons = (n_heads, ffn) if ratio == 0 else widths(ratio, multiple, args.shape)
         if (heads, neurons) in seen:  # rounding changed nothing (e.g. 50%: 5504 = 43 × 128)
             continue
         seen.add((heads, neurons))
-        model = build(heads, neurons)
-        row = {
-            "model": label,
-            "heads": heads,
-            "ffn": neurons,
-            **measure(model, args.compile, args.compiled_graph, args.decode_only),
-        }
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        subjects.append(Subject(label, heads, neurons, args))
+        print(json.dumps({"built": label, **subjects[-1].info}), flush=True)
+    for r in range(args.rounds):
+        for subject in subjects:
+            subject.measure(args.decode_only, warm_up=r == 0)
+        rows = [s.row() for s in subjects]
         Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
-        write_table(rows, args.out)
-        del model
-        torch._dynamo.reset()
-        torch.cuda.empty_cache()
+        write_table(rows, args.out, r + 1, args.device)
+        print(f"round {r + 1} done", flush=True)
     print(f"wrote {args.out}")
 
 
