@@ -51,6 +51,22 @@ def marginal_scores(curve: Curve, n_units: int, scale: float = 1.0) -> torch.Ten
     return out
 
 
+AUTO_STEP, AUTO_MAX_ROUNDS = 32, 64  # ``step: auto``: 32 neurons a round, at most 64 rounds a path
+
+
+def path_step(step: int | str, n_neurons: int) -> int:
+    """Neurons a round of an FFN's path removes: ``step``, or for ``auto`` 32 — the step every
+    measured default ran with (SmolLM2's 1,536 and Gemma 3 270M's 2,048 neurons: 48 and 64 rounds) —
+    raised for wider FFNs so that a path takes at most 64 rounds (LLaMA-7B's 11,008 neurons: 172 a
+    round, not 344 rounds of 32). Each round is a handful of small GPU operations and reads of the
+    device; coarser rounds cost little quality: SmolLM2 with 12-round paths (step 128) was within 1% of
+    48-round paths at 20% and 50% (31.42 vs 31.13 and 101.96 vs 101.32 on Wikipedia, 103.98 vs 104.67
+    and 320.77 vs 323.92 on Rotten Tomatoes; 2026-11-26)."""
+    if step != "auto":
+        return int(step)
+    return max(AUTO_STEP, math.ceil(n_neurons / AUTO_MAX_ROUNDS))
+
+
 def path_length(n_units: int, cap: float | None) -> int:
     """Units a layer's path removes: all but one, or at most ``cap`` of them."""
     return n_units - 1 if cap is None else min(n_units - 1, math.floor(cap * n_units))
@@ -94,7 +110,7 @@ class Obs(Criterion):
             path_length(adapter.n_neurons, walk),
             1,
             DAMP,
-            step=opts.step,
+            step=path_step(opts.step, adapter.n_neurons),
             release=True,
         )
         return Scores(

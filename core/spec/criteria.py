@@ -195,7 +195,9 @@ class ObsOptions(CriterionOptions):
     # units within every layer's cap cannot reach the ratio (the default's cap: any model can be pruned)
     over_cap: str = "never"
     normalize: str = "residual"  # errors over the residual stream's energy entering the block | "none"
-    step: Any = 32  # neurons removed per round of a layer's greedy path
+    # neurons removed per round of a layer's greedy path; auto: 32, more for an FFN wider than
+    # 64 × 32 = 2,048 neurons, so that no path takes more than 64 rounds (core/criteria/obs.path_step)
+    step: Any = "auto"
 
     @model_validator(mode="after")
     def _values(self) -> ObsOptions:
@@ -204,8 +206,8 @@ class ObsOptions(CriterionOptions):
             raise ValueError(f"obs: max_layer_ratio must be a fraction in (0, 1] or null, got {cap!r}")
         _choice(self.normalize, OBS_NORMALIZE, "obs normalize")
         _choice(self.over_cap, OBS_OVER_CAP, "obs over_cap")
-        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 1:
-            raise ValueError(f"obs: step must be a positive integer, got {self.step!r}")
+        if self.step != "auto" and (isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 1):
+            raise ValueError(f"obs: step must be 'auto' or a positive integer, got {self.step!r}")
         return self
 
     def allocation(self) -> str:

@@ -181,6 +181,7 @@ def test_obs_options_and_recipe_fit_are_checked():
         ({"max_layer_ratio": True}, "fraction"),
         ({"normalize": "layer"}, "obs normalize"),
         ({"step": 0}, "positive integer"),
+        ({"step": "fine"}, "'auto' or a positive integer"),
         ({"over_cap": "sometimes"}, "obs over_cap"),
         ({"cap": 0.5}, "no option"),
     ):
@@ -204,3 +205,16 @@ def test_scoring_block_by_block_reports_each_block(llama_dir, corpus, tmp_path, 
     )
     n = len(result.plan.layers)  # the stage's opening (0, n) and closing (n, n) besides one per block
     assert n > 1 and seen == [(0, n)] + [(i, n) for i in range(1, n + 1)] + [(n, n)]
+
+
+def test_auto_step_keeps_32_up_to_2048_neurons_and_at_most_64_rounds():
+    from core.criteria.obs import path_step
+
+    assert parse_options("obs", {}).step == "auto"
+    # every model the default was measured on keeps its step, so its results stand
+    assert path_step("auto", 1536) == path_step("auto", 2048) == 32  # SmolLM2, Gemma 3 270M
+    assert path_step("auto", 48) == 32
+    for n in (2049, 5632, 11008, 28672):  # wider: at most 64 rounds, never fewer than 32 a round
+        step = path_step("auto", n)
+        assert math.ceil(n / step) <= 64 and math.ceil(n / (step - 1)) > 64
+    assert path_step(7, 11008) == 7
