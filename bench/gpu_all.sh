@@ -47,4 +47,9 @@ step 200 $PY bench/gpu_stream.py --device "$DEVICE" --runs "$MID:1024:stream:dis
 step 80 $PY bench/gpu_liar.py --device "$DEVICE" --shape "$SMALL" --samples 1024 --activations host --out "$OUT/gpu_liar_host.md"
 step 70 $PY bench/gpu_liar.py --device "$DEVICE" --shape "$SMALL" --samples 1024 --activations device --out "$OUT/gpu_liar_device.md"
 if [ "$LATENCY" = 1 ]; then step 150 $PY bench/gpu_latency.py --out "$OUT/gpu_latency.md"; fi
+# the real path end to end: a 7B checkpoint written to disk, `liar prune` in memory and streamed
+if [ "$DEVICE" = cuda ]; then
+  cp docs/results/streaming.json "$OUT/streaming.json" 2>/dev/null
+  step 400 $PY bench/streaming.py --cuda-only --cuda-shapes "$SMALL" --out "$OUT/streaming.md" --timeout 300
+fi
 echo "== done at $(elapsed)s"

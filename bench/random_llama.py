@@ -62,10 +62,8 @@ def generated_weights(shape: str, seed: int = 0, dtype: str = "float32", device:
 
     Each tensor has its own ``torch.Generator`` seeded from (seed, name): norms are ones, every matrix is
     normal(0, 0.02) like a fresh LLaMA init. Values depend on the generator's device (CPU and CUDA
-    streams differ). :func:`write_random_llama` writes checkpoints from this; it is also the hook for a
-    source of weights generated in place (70b, which does not fit the disk).
-    TODO(streaming): once the engine accepts a weight source other than a checkpoint directory (a
-    ``name -> tensor`` callable), pass this one for the 70b run in :func:`run_cuda_section`.
+    streams differ). :func:`write_random_llama` writes checkpoints from this. (A shape too big for the
+    disk, 70b, is measured by ``bench/gpu_stream.py`` from a pool of random weights in host memory.)
     """
     import torch
 
