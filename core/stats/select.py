@@ -209,9 +209,8 @@ def obs_select(
         raise ValueError(f"cannot keep {n_keep} of {n_cand} candidate units")
     to_remove = n_cand - n_keep
     per_round = max(1, math.ceil(to_remove / rounds)) if group == 1 else 1
-    gone: set[int] = set()
-    for drop, _ in _greedy(weight, stats, to_remove, group, damp, candidates, groups_of, per_round):
-        gone.update(drop.tolist())
+    drops = [drop for drop, _ in _greedy(weight, stats, to_remove, group, damp, candidates, groups_of, per_round)]
+    gone = set(torch.cat(drops).tolist()) if drops else set()  # one read of the device, not one per round
     return [u for u in (range(n_units) if candidates is None else sorted(candidates)) if u not in gone]
 
 
@@ -259,12 +258,13 @@ def obs_curve(
     joint error of its units given the compensation of the rounds before; one read of the device).
     ``release``: ``stats`` are not needed after this call; they are freed as soon as the inverse is
     built, so the path runs beside one C_in × C_in matrix rather than two."""
-    order, rises, removed = [], [], [0]
+    drops, rises, removed = [], [], [0]
     for drop, error in _greedy(
         weight, stats, n_remove, group, damp, candidates, groups_of, step, with_error=True, release=release
     ):
-        order += drop.tolist()
+        drops.append(drop)  # kept on the device: the path is read once at the end, not once per round
         rises.append(error)
-        removed.append(len(order))
+        removed.append(removed[-1] + len(drop))
+    order = torch.cat(drops).tolist() if drops else []
     errors = [0.0] + (torch.stack(rises).cumsum(0).tolist() if rises else [])
     return Curve(order, removed, errors)
