@@ -118,13 +118,12 @@ class _Work:
         self.removed += len(s)
         return rise
 
-    def compact(self, alive: torch.Tensor) -> None:
+    def compact(self, units: torch.Tensor) -> None:
         """Drop the removed channels' rows and columns once they are more than ``1 - COMPACT_BELOW``
-        of the working size (``alive``: the live units' mask)."""
+        of the working size (``units``: the live units, increasing)."""
         size = len(self.hinv)
         if size - self.removed >= COMPACT_BELOW * size:
             return
-        units = alive.nonzero().squeeze(1)
         keep = self.channels(units)
         n = len(keep)
         _gather_rows(self.wt, keep)
@@ -160,17 +159,15 @@ def _greedy(
     dev = hinv.device
     wt = torch.empty(weight.shape[1], weight.shape[0], dtype=SELECT_PRECISION, device=dev)
     work = _Work(hinv, wt.copy_(weight.detach().T), group)
-    alive = torch.zeros(n_units, dtype=torch.bool, device=dev)
-    alive[cand] = True
-    gone = (~alive).nonzero().squeeze(1)
-    if len(gone):
-        work.remove(gone)
-        work.compact(alive)
+    units = torch.tensor(cand, dtype=torch.long, device=dev)  # the live units, increasing
+    gone = sorted(set(range(n_units)) - set(cand))
+    if gone:
+        work.remove(torch.tensor(gone, dtype=torch.long, device=dev))
+        work.compact(units)
     groups = None if groups_of is None else torch.tensor(groups_of, device=dev)
     if groups is not None:
         per_round = 1
     while n_remove > 0:
-        units = alive.nonzero().squeeze(1)
         errors = work.errors(units)
         if groups is not None:  # the last kept unit of a group may not go
             g = groups[units]
@@ -179,10 +176,13 @@ def _greedy(
             if not torch.isfinite(errors).any():
                 raise ValueError(f"cannot remove {n_remove} more units: every group is down to one")
         k = min(per_round, n_remove)
-        drop = units[torch.topk(errors, k, largest=False).indices]
+        picked = torch.topk(errors, k, largest=False).indices
+        drop = units[picked]
         rise = work.remove(drop, with_error)
-        alive[drop] = False
-        work.compact(alive)
+        # the live units without the dropped ones, in order, sized on the host: no read of the device
+        live = torch.ones(len(units), dtype=torch.int8, device=dev).index_fill_(0, picked, 0)
+        units = units[torch.argsort(live, descending=True, stable=True)[: len(units) - k]]
+        work.compact(units)
         n_remove -= k
         yield drop, rise
 
