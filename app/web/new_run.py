@@ -48,7 +48,8 @@ def _pruning_column(models: list[str]) -> dict:
             value=forms.KV_GROUP_CHOICES[0],
             label="Key/value groups",
             info="whole: drop query heads only in whole key/value groups (stock GQA layers, no gather); "
-            "free: one at a time; auto = whole on a GPU worker, free on a CPU",
+            "free: one at a time; auto = whole on a GPU worker (free for one key/value head, or a ratio "
+            "whole groups cannot reach), free on a CPU",
         )
     c["ratio"] = gr.Textbox(
         "0.2",
