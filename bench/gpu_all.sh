@@ -6,9 +6,11 @@
 # run still returns what it measured. Order = priority (what the last GPU session left unmeasured
 # first). Smoke test without a GPU:
 #   SMALL=small BIG=small MID=small DEVICE=cpu LATENCY=0 bash bench/gpu_all.sh /tmp/gpu-smoke 300
-# It writes about a dozen files; a transport that returns few files wants OUT_DIR tarred after it.
+# The results go to OUT_DIR/r/ and, after every step, into OUT_DIR/results.tar (one file to fetch
+# from a machine that returns few); the step log is the script's output.
 set -u
-OUT=${1:?output directory}
+TOP=${1:?output directory}
+OUT="$TOP/r"
 BUDGET=${2:-540}
 SMALL=${SMALL:-7b} BIG=${BIG:-70b} MID=${MID:-30b} DEVICE=${DEVICE:-cuda} LATENCY=${LATENCY:-1}
 PY=${PYTHON:-python3}
@@ -24,6 +26,7 @@ step() {  # step LIMIT_SECONDS command...: run it with at most LIMIT (and what i
   echo "== $(elapsed)s: $* (limit ${limit}s)"
   timeout -k 10 "$limit" "$@"
   echo "== rc=$? at $(elapsed)s"
+  tar -C "$TOP" -cf "$TOP/results.tar.part" r && mv "$TOP/results.tar.part" "$TOP/results.tar"
 }
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
