@@ -312,9 +312,10 @@ def _add_reconstruction_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--damp", type=float, help="ridge damping as a fraction of mean(diag G)")
     p.add_argument(
         "--select",
-        choices=["criterion", "obs"],
-        help="which units a layer drops: the criterion's lowest-scored (default), or obs — those the "
-        "least-squares refit compensates best, chosen on the calibration statistics",
+        choices=["auto", "criterion", "obs"],
+        help="which units a layer drops: obs — those the least-squares refit compensates best, chosen on the "
+        "calibration statistics; criterion — the criterion's lowest-scored (the paper); auto (the default) — "
+        "obs when a least-squares refit follows (ls, liar), else criterion",
     )
     p.add_argument(
         "--target",

@@ -69,6 +69,20 @@ def test_prune_from_recipe_file_with_override(llama_dir, calib_file, tmp_path, c
     assert all(w % 8 == 0 for w in widths)
 
 
+def test_select_auto_flag_overrides_a_recipe_and_resolves(llama_dir, calib_file, tmp_path, capsys):
+    """--select auto (the default, offered as a flag too) undoes a recipe's select and resolves to obs
+    before a least-squares refit."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"model: {llama_dir}\nratio: 0.3\nreconstruction: {{method: ls, select: criterion}}\n"
+        f"calibration: {{dataset: {calib_file}, num_calibration_samples: 8, max_seq_length: 32}}\n"
+    )
+    out = tmp_path / "pruned"
+    assert main(["prune", str(recipe), "--select", "auto", "--output", str(out), "--quiet", "--json"]) == 0
+    capsys.readouterr()
+    assert Recipe.load(out / "recipe.yaml").reconstruction.select == "obs"
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
