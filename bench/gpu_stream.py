@@ -68,7 +68,7 @@ class PoolReader:
 
         from core.models.safetensors_io import _Entry
 
-        specs = [(name, dims) for _, name, dims in tensor_specs_any(shape)]
+        specs = [(name, dims) for _, name, dims in tensor_specs(shape)]
         largest = max(math.prod(d) for _, d in specs)
         gen = torch.Generator().manual_seed(seed)
         self.pool = torch.randn(largest + 65_537, generator=gen).mul_(INIT_STD).to(dtype)
@@ -102,22 +102,6 @@ class PoolReader:
         return place(self.read_host(name, pinned=device.type == "cuda"), device, dtype)
 
 
-def tensor_specs_any(shape: str):
-    """``tensor_specs`` for every shape of ``LLAMA_SHAPES`` (random_llama leaves out the smoke shape)."""
-    import bench.random_llama as rl
-
-    if shape in rl.SHAPES:
-        yield from tensor_specs(shape)
-        return
-    saved = dict(rl.SHAPES)
-    rl.SHAPES[shape] = LLAMA_SHAPES[shape]
-    try:
-        yield from tensor_specs(shape)
-    finally:
-        rl.SHAPES.clear()
-        rl.SHAPES.update(saved)
-
-
 def discard_shard(path, tensors) -> str:
     """Stand-in for ``write_shard`` that moves each tensor to the host (as writing does) and drops it."""
     from core.models.safetensors_io import LazyTensor
@@ -131,15 +115,7 @@ def discard_shard(path, tensors) -> str:
 
 def fake_checkpoint(directory: Path, shape: str, reader: PoolReader) -> None:
     """config.json, the tiny tokenizer and an index naming every tensor (the reader supplies them)."""
-    import bench.random_llama as rl
-
-    saved = dict(rl.SHAPES)
-    rl.SHAPES[shape] = LLAMA_SHAPES[shape]
-    try:
-        write_config_and_tokenizer(directory, shape, "bfloat16")
-    finally:
-        rl.SHAPES.clear()
-        rl.SHAPES.update(saved)
+    write_config_and_tokenizer(directory, shape, "bfloat16")
     index = {"metadata": {"total_size": 0}, "weight_map": {n: "generated.safetensors" for n in reader.entries}}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))
 

@@ -27,7 +27,7 @@ def dtype_of(name: str):
 
 def tensor_specs(shape: str) -> Iterator[tuple[int | None, str, tuple[int, ...]]]:
     """``(block or None, name, shape)`` of every tensor of a LlamaForCausalLM of this shape, in file order."""
-    s = SHAPES[shape]
+    s = LLAMA_SHAPES[shape]
     d, f, heads, kv = s["hidden_size"], s["intermediate_size"], s["num_attention_heads"], s["num_key_value_heads"]
     hd = d // heads
     yield None, "model.embed_tokens.weight", (s["vocab_size"], d)
@@ -85,7 +85,7 @@ def llama_config(shape: str, dtype: str, tokenizer):
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        **SHAPES[shape],
+        **LLAMA_SHAPES[shape],
         max_position_embeddings=2048,
         initializer_range=INIT_STD,
         pad_token_id=tokenizer.pad_token_id,
