@@ -107,10 +107,9 @@ class Subject:
         self.prompt = torch.randint(0, vocab, (1, PROMPT), generator=gen).to(self.device)
         self.info: dict = {"params": sum(p.numel() for p in self.model.parameters())}
         self.graphs: dict[str, GraphDecode] = {}
+        wanted = [("graph", False)] * (not args.decode_only) + [("graph_compiled", True)] * args.compiled_graph
         if self.device.type == "cuda":
-            for key, compiled in (("graph", False), ("graph_compiled", True)):
-                if compiled and not args.compiled_graph:
-                    continue
+            for key, compiled in wanted:
                 try:
                     self.graphs[key] = g = GraphDecode(self.model, self.prompt, NEW, compiled)
                     self.info[f"decode_{key}_same_tokens"] = g.same_tokens
@@ -146,8 +145,6 @@ class Subject:
                 generate()
             self._add("decode_eager_ms", 1000 * _seconds(generate, self.device) / NEW)
         for key, graph in self.graphs.items():
-            if decode_only and key == "graph":
-                continue
             self._add(f"decode_{key}_ms", 1000 * _seconds(graph.run, self.device) / NEW)
 
     def row(self) -> dict:

@@ -186,7 +186,7 @@ def child(args) -> None:
         load_s = 0.0
         t0 = time.perf_counter()
         if mode == "memory":
-            model = load_in_memory(src, reader, args.device, dtype)
+            model = load_in_memory(src, args.device, dtype)
             if cuda:
                 torch.cuda.synchronize()
             load_s = time.perf_counter() - t0
@@ -227,22 +227,16 @@ def child(args) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def load_in_memory(directory: Path, reader: PoolReader, device: str, dtype):
-    """The whole model on the device, every tensor read from the pool (what loading a checkpoint does)."""
-    from torch import nn
+def load_in_memory(directory: Path, device: str, dtype):
+    """The whole model on the device, read block by block through the engine's streamed model (whose
+    checkpoint reader is the pool while the child's patches are active)."""
+    from core.models.streaming import StreamedModel
 
-    from core.models.streaming import _set_param, _skeleton
-
-    model = _skeleton(directory, dtype)
-    for name, _ in list(model.named_parameters()):
-        t = reader.read(name, device, dtype)
-        _set_param(model, name, nn.Parameter(t, requires_grad=False))
-    model.tie_weights()
-    for module in model.modules():  # buffers (rotary frequencies) were built on the host
-        for key, buf in module._buffers.items():
-            if buf is not None:
-                module._buffers[key] = buf.to(device)
-    return model.eval()
+    sm = StreamedModel(directory, dtype, device, prefetch=False)
+    sm.load_outer()
+    for i in range(len(sm.layers)):
+        sm.load_block(i)
+    return sm.model
 
 
 def passthrough(args) -> list[str]:

@@ -70,7 +70,8 @@ class Plan:
         return (self.removed - self.target_removed) / self.block_params
 
 
-def _kv_of(heads: list[int], adapter: Adapter) -> list[int]:
+def kv_heads_of(heads: list[int], adapter: Adapter) -> list[int]:
+    """The key/value heads the kept query ``heads`` read (sorted; the heads themselves without GQA)."""
     if not adapter.family.gqa:
         return list(heads)
     return sorted({h // adapter.n_rep for h in heads})
@@ -80,7 +81,7 @@ def _layer_plan(
     adapter: Adapter, costs: dict[str, int], drop_heads: set[int], n_drop_neurons: int, neuron_order: torch.Tensor
 ) -> LayerPlan:
     heads = [h for h in range(adapter.n_heads) if h not in drop_heads]
-    kv = _kv_of(heads, adapter)
+    kv = kv_heads_of(heads, adapter)
     n_kv_dropped = (adapter.n_kv_heads - len(kv)) if adapter.family.gqa else 0
     neurons = neuron_order[n_drop_neurons:].sort().values
     removed = len(drop_heads) * costs["head"] + n_kv_dropped * costs["kv"] + n_drop_neurons * costs["neuron"]
@@ -362,8 +363,8 @@ def _rearrange(lp: LayerPlan, s: Scores, adapter: Adapter, c: dict[str, int]) ->
         keep = torch.zeros(adapter.n_heads, dtype=torch.bool)
         keep[heads] = True
         new = greedy_rearrange(keep, s.head_samples).nonzero().squeeze(1).tolist()
-        if len(_kv_of(new, adapter)) == len(kv):  # same parameter count (GQA groups unchanged)
-            heads, kv = new, _kv_of(new, adapter)
+        if len(kv_heads_of(new, adapter)) == len(kv):  # same parameter count (GQA groups unchanged)
+            heads, kv = new, kv_heads_of(new, adapter)
     if s.neuron_samples is not None and len(neurons) < adapter.n_neurons:
         keep = torch.zeros(adapter.n_neurons, dtype=torch.bool)
         keep[neurons] = True

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.allocation.plan import LayerPlan, multiples_near
+from core.allocation.plan import LayerPlan, kv_heads_of, multiples_near
 from core.models.adapter import Adapter
 from core.stats.select import Curve
 
@@ -120,7 +120,7 @@ class SplitState:
             lp.heads = [g * adapter.n_rep + r for g in lp.kv_heads for r in range(adapter.n_rep)]
         else:
             lp.heads = heads.kept(adapter.n_heads, choice.heads_removed)
-            lp.kv_heads = sorted({h // adapter.n_rep for h in lp.heads}) if adapter.family.gqa else list(lp.heads)
+            lp.kv_heads = kv_heads_of(lp.heads, adapter)
         lp.neurons = torch.tensor(neurons.kept(adapter.n_neurons, choice.neurons_removed), dtype=torch.long)
         self.carry = share - choice.removed
         lp.removed = choice.removed

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from core import criteria
 from core.allocation import Plan, allocate
 from core.allocation.groups import allocate_groups, whole_groups_reach
-from core.allocation.plan import LayerPlan, auto_multiple, prunable
+from core.allocation.plan import LayerPlan, auto_multiple, kv_heads_of, prunable
 from core.allocation.split import SplitState
 from core.criteria import Scores
 from core.data.calibration import CalibrationBatch
@@ -227,8 +227,7 @@ def _select_heads(
     candidates = [h for h in range(adapter.n_heads) if h // n_rep in kept_groups] if n_rep > 1 else None
     groups = [h // n_rep for h in range(adapter.n_heads)] if n_rep > 1 else None
     lp.heads = obs_select(w, stats, len(lp.heads), adapter.head_dim, damp, candidates, groups)
-    if n_rep == 1:  # a key/value head per query head (or none apart): they go together
-        lp.kv_heads = list(lp.heads)
+    lp.kv_heads = kv_heads_of(lp.heads, adapter)  # with a key/value head per query head, they move together
     return _keep_mask(lp.heads, adapter.n_heads, adapter.head_dim)
 
 
@@ -447,12 +446,17 @@ def resolved_kv_groups(
     if adapter is not None and adapter.family.gqa and adapter.n_kv_heads < 2:
         return "free"
     if model is not None and adapter is not None and scores is not None:
-        layers = adapter.layers(model)
-        costs = [unit_costs(layer, adapter) for layer in layers]
-        sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
-        if recipe.ratio > whole_groups_reach(scores, adapter, costs, sizes, recipe.modules):
+        if recipe.ratio > whole_groups_reach(scores, adapter, *layer_budget(model, adapter), recipe.modules):
             return "free"
     return "whole"
+
+
+def layer_budget(model: nn.Module, adapter: Adapter) -> tuple[list[dict[str, int]], list[int]]:
+    """Each layer's unit costs and parameter count, as the allocation takes them."""
+    layers = adapter.layers(model)
+    return [unit_costs(layer, adapter) for layer in layers], [
+        sum(p.numel() for p in layer.parameters()) for layer in layers
+    ]
 
 
 def make_plan(
@@ -464,12 +468,10 @@ def make_plan(
     groups: str = "free",
 ) -> Plan:
     """The plan of ``recipe`` for these scores; ``groups``: the resolved ``round_to.kv_groups``."""
-    layers = adapter.layers(model)
     return (allocate_groups if groups == "whole" else allocate)(
         scores,
         adapter,
-        [unit_costs(layer, adapter) for layer in layers],
-        [sum(p.numel() for p in layer.parameters()) for layer in layers],
+        *layer_budget(model, adapter),
         recipe.ratio,
         recipe.modules,
         recipe.allocation,
