@@ -2,12 +2,14 @@
 reconstructed, written to the output checkpoint and freed.
 
 Device memory holds the parameters outside the blocks (embeddings, final norm, head), one block, the
-calibration hidden states entering it and one projection's statistics; host memory holds one
-tensor in flight. The output is a sharded safetensors checkpoint — one shard for the parameters
-outside the blocks, one per block, and one of zero biases when the stock config needs them — with
-each shard hashed while it is written. Its config, tokenizer and recipe are written when the last
-block is done, so the checkpoint loads (and can be evaluated) before :meth:`PruneResult.save`
-finishes it with the metrics, the model card and ``SHA256SUMS``.
+calibration hidden states entering it and one projection's statistics. The output is a sharded
+safetensors checkpoint — one shard for the parameters outside the blocks, one per block, and one of
+zero biases when the stock config needs them — with each shard hashed while it is written. Shards are
+written in background threads (:class:`ShardWriter`): hashing, writing and syncing block i's shard
+overlap block i + 1's work, and host memory holds the blocks whose shards are in flight (one on a
+CPU). Its config, tokenizer and recipe are written when the last block is done, so the checkpoint
+loads (and can be evaluated) before :meth:`PruneResult.save` finishes it with the metrics, the model
+card and ``SHA256SUMS``.
 
 Criteria that need gradients of the whole model (SNIP, Taylor, Kwon et al.) cannot be computed one
 block at a time; ``execution: auto`` runs them in memory and ``execution: stream`` refuses them.
@@ -18,6 +20,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -27,7 +31,7 @@ from core import criteria
 from core.data.calibration import CalibrationBatch
 from core.models.export import check_output_dir, write_config
 from core.models.loading import ensure_pad_token
-from core.models.safetensors_io import INDEX, write_shard
+from core.models.safetensors_io import INDEX, LazyTensor, write_shard
 from core.models.streaming import StreamedModel
 from core.pipeline.blocks import BlockIO
 from core.pipeline.runner import BlockRunner
@@ -50,6 +54,58 @@ def shard_name(k: int, n: int) -> str:
     return f"model-{k:05d}-of-{n:05d}.safetensors"
 
 
+class ShardWriter:
+    """Writes shards into ``directory`` in background threads, at most ``in_flight`` at a time (each
+    holds one block's tensors in host memory until written), recording which shard holds each tensor
+    and each shard's sha256. Hashing (``hashlib``), file writes and ``fsync`` release the GIL, so
+    shards are written while the caller goes on computing; with more than one in flight their hashing
+    runs on as many cores. A failed write (a full disk) is raised by a later :meth:`submit` or by
+    :meth:`wait`; :meth:`close` waits for the writes in flight before the caller removes the directory."""
+
+    def __init__(self, directory: Path, in_flight: int = 1):
+        if in_flight < 1:
+            raise ValueError(f"in_flight must be at least 1, not {in_flight}")
+        self.directory, self.in_flight = directory, in_flight
+        self.weight_map: dict[str, str] = {}
+        self.digests: dict[str, str] = {}
+        self._threads = ThreadPoolExecutor(in_flight, thread_name_prefix="liar-write")
+        self._pending: deque[tuple[str, Future]] = deque()
+
+    def submit(self, file: str, tensors: list[tuple[str, torch.Tensor | LazyTensor]]) -> None:
+        """Write ``tensors`` (host tensors, or :class:`LazyTensor` read when written) as ``file`` once
+        fewer than ``in_flight`` shards are being written."""
+        while len(self._pending) >= self.in_flight:
+            self._finish_oldest()
+        self.weight_map.update({name: file for name, _ in tensors})
+        # ``write_shard`` looked up now: what the module holds at submission is what runs
+        self._pending.append((file, self._threads.submit(write_shard, self.directory / file, tensors)))
+
+    def _finish_oldest(self) -> None:
+        file, future = self._pending.popleft()
+        self.digests[file] = future.result()
+
+    def wait(self) -> None:
+        """Wait for every shard in flight; raise the first error of the ones that failed."""
+        while self._pending:
+            self._finish_oldest()
+
+    def close(self) -> None:
+        """Wait for the writes in flight (their errors dropped: the caller is giving up) and stop the threads."""
+        for _, future in self._pending:
+            future.exception()
+        self._pending.clear()
+        self._threads.shutdown(wait=True)
+
+
+def writes_in_flight(device: torch.device) -> int:
+    """Shards written at once: one on a CPU, whose cores run the pruning (and whose run is sized to
+    hold one block more at most); on a GPU worker the host's cores are free, and a shard written per
+    core-pair up to 4 keeps hashing (≈ 1.4 GB/s per core) from falling behind the device."""
+    if device.type == "cpu":
+        return 1
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
 class StreamSource:
     """The streamed model with the checkpoint being written beside it."""
 
@@ -65,14 +121,15 @@ class StreamSource:
             shutil.rmtree(self.tmp)
         self.tmp.mkdir()
         self.n_shards = self.adapter.n_layers + 1
-        self.weight_map: dict[str, str] = {}
-        self.digests: dict[str, str] = {}
-        self._write(shard_name(1, self.n_shards), self.sm.outer_tensors())  # copied one tensor at a time
-        self.sm.load_outer(inputs_only=True)  # released once the block inputs are computed
-
-    def _write(self, file: str, tensors: list) -> None:
-        self.digests[file] = write_shard(self.tmp / file, tensors)
-        self.weight_map.update({name: file for name, _ in tensors})
+        self.writer = ShardWriter(self.tmp, writes_in_flight(self.device))
+        try:
+            # copied one tensor at a time, and finished before the same tensors are loaded to run
+            self.writer.submit(shard_name(1, self.n_shards), self.sm.outer_tensors())
+            self.writer.wait()
+            self.sm.load_outer(inputs_only=True)  # released once the block inputs are computed
+        except BaseException:
+            self.abort()
+            raise
 
     def score(self, recipe: Recipe, batches: list[CalibrationBatch], progress=None, offload=None) -> list:
         """Every layer's scores, each block read once (and run on the calibration data when the
@@ -108,34 +165,38 @@ class StreamSource:
 
     @property
     def io(self) -> BlockIO:
-        return _WriteBlocks(self)
+        return WriteBlocks(self)
 
     def finish(self, recipe: Recipe, layout: list[dict]) -> tuple[Path, bool, dict[str, str]]:
         """Write what follows the blocks: zero biases the stock config implies, the index, config,
         bundled code, tokenizer and recipe. Returns ``(directory, stock, digests)``."""
         self.sm.close()
         stock = write_config(self.model, self.adapter.name, layout, self.tmp)
-        missing = [(n, p) for n, p in self.model.named_parameters() if n not in self.weight_map]
+        writer = self.writer
+        missing = [(n, p) for n, p in self.model.named_parameters() if n not in writer.weight_map]
         if any(not n.endswith(".bias") for n, _ in missing):
             raise AssertionError(f"parameters not written: {[n for n, _ in missing]}")
         if missing:  # biases added by the stock form to projections that had none: zeros
-            self._write(
+            writer.submit(
                 "model-zero-biases.safetensors", [(n, torch.zeros(p.shape, dtype=self.sm.dtype)) for n, p in missing]
             )
-        total = sum((self.tmp / f).stat().st_size for f in set(self.weight_map.values()))
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(self.weight_map.items()))}
+        writer.wait()
+        writer.close()
+        total = sum((self.tmp / f).stat().st_size for f in set(writer.weight_map.values()))
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(writer.weight_map.items()))}
         (self.tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(self.tmp)
         (self.tmp / "recipe.yaml").write_text(recipe.to_yaml())
-        return self.tmp, stock, self.digests
+        return self.tmp, stock, writer.digests
 
     def abort(self) -> None:
         self.sm.close()
+        self.writer.close()  # no write may land in the directory after it is removed
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-class _WriteBlocks(BlockIO):
+class WriteBlocks(BlockIO):
     def __init__(self, source: StreamSource):
         self.source = source
 
@@ -151,8 +212,11 @@ class _WriteBlocks(BlockIO):
     def done(self, index: int, layer: nn.Module) -> None:
         s = self.source
         prefix = s.sm.layer_prefix(index)
-        s._write(shard_name(index + 2, s.n_shards), [(prefix + n, p) for n, p in layer.named_parameters()])
+        # on the host before the block is freed: a GPU copies here, in stream order, and the device
+        # memory is released at once; on a CPU these are the block's own tensors, kept alive until written
+        tensors = [(prefix + n, p.detach().to("cpu")) for n, p in layer.named_parameters()]
         s.sm.free_block(index)
+        s.writer.submit(shard_name(index + 2, s.n_shards), tensors)
 
 
 def _check_free_space(sm: StreamedModel, ratio: float, out: Path) -> None:

@@ -16,6 +16,7 @@ from core.models import safetensors_io
 from core.models.manifest import read_manifest
 from core.models.safetensors_io import CheckpointError, CheckpointReader, write_shard
 from core.models.streaming import StreamedModel, params_on_meta
+from core.pipeline.streamed import ShardWriter, WriteBlocks
 from tests.conftest import recipe_for
 
 
@@ -298,6 +299,117 @@ def test_disk_full_while_writing_leaves_no_checkpoint(llama_dir, corpus, tmp_pat
     with pytest.raises(OSError, match="disk full while writing"):
         prune(recipe_for(llama_dir, corpus, device="cpu"), output_dir=tmp_path / "out")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_block_is_written_while_the_next_one_is_pruned(llama_dir, corpus, tmp_path, monkeypatch):
+    """The first block's shard is held back until the run has loaded the second block: a writer that
+    blocked the block loop would never get there. The checkpoint still matches its digests."""
+    real = safetensors_io.write_shard
+    second_block = threading.Event()
+    overlapped = []
+
+    def slow(path, tensors):
+        if path.name.startswith("model-00002-"):  # block 0's shard
+            overlapped.append(second_block.wait(timeout=30))
+        return real(path, tensors)
+
+    real_load = WriteBlocks.load
+
+    def load(self, i):  # the pruning pass's loads (the scoring pass reads every block before)
+        if i == 1:
+            second_block.set()
+        return real_load(self, i)
+
+    monkeypatch.setattr("core.pipeline.streamed.write_shard", slow)
+    monkeypatch.setattr(WriteBlocks, "load", load)
+    result = prune(recipe_for(llama_dir, corpus, device="cpu"), output_dir=tmp_path / "out")
+    out = result.save(tmp_path / "out")
+    assert overlapped == [True]
+    entries = read_manifest(out)
+    assert sum(e.name.endswith(".safetensors") for e in entries) == result.adapter.n_layers + 1
+    for e in entries:
+        assert hashlib.sha256((out / e.name).read_bytes()).hexdigest() == e.sha256, e.name
+    model, _ = load_pruned(out)
+    assert sum(p.numel() for p in model.parameters()) == result.params_after
+
+
+def test_a_failed_run_waits_for_the_shard_in_flight_before_removing_its_files(llama_dir, corpus, tmp_path, monkeypatch):
+    """A run failing while a shard is being written leaves nothing behind, not even that shard."""
+    real = safetensors_io.write_shard
+    writing = threading.Event()
+
+    def slow(path, tensors):
+        if path.name.startswith("model-00002-"):
+            writing.set()
+            threading.Event().wait(0.5)  # still writing when the run fails
+        return real(path, tensors)
+
+    real_load = WriteBlocks.load
+
+    def load(self, i):
+        if i == 1:
+            assert writing.wait(timeout=30)
+            raise RuntimeError("block 1 could not be read")
+        return real_load(self, i)
+
+    monkeypatch.setattr("core.pipeline.streamed.write_shard", slow)
+    monkeypatch.setattr(WriteBlocks, "load", load)
+    with pytest.raises(RuntimeError, match="block 1 could not be read"):
+        prune(recipe_for(llama_dir, corpus, device="cpu"), output_dir=tmp_path / "out")
+    assert not list(tmp_path.iterdir())
+
+
+def test_shard_writer_writes_in_flight_shards_at_once_and_never_more(tmp_path, monkeypatch):
+    real = safetensors_io.write_shard
+    lock, running, most = threading.Lock(), [0], [0]
+    both = threading.Barrier(2, timeout=30)  # the first two writes must run side by side
+
+    def tracked(path, tensors):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            if path.name in ("a.safetensors", "b.safetensors"):
+                both.wait()
+            threading.Event().wait(0.05)
+            return real(path, tensors)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr("core.pipeline.streamed.write_shard", tracked)
+    writer = ShardWriter(tmp_path, in_flight=2)
+    shards = {name: [(f"{name}.w", torch.randn(8, 8))] for name in "abcde"}
+    for name, tensors in shards.items():
+        writer.submit(f"{name}.safetensors", tensors)
+    writer.wait()
+    writer.close()
+    assert most[0] == 2
+    assert writer.weight_map == {f"{n}.w": f"{n}.safetensors" for n in shards}
+    for name, tensors in shards.items():
+        path = tmp_path / f"{name}.safetensors"
+        assert writer.digests[path.name] == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert torch.equal(load_file(path)[f"{name}.w"], tensors[0][1])
+
+
+def test_shard_writer_raises_a_failed_write_at_the_next_wait(tmp_path, monkeypatch):
+    real = safetensors_io.write_shard
+
+    def failing(path, tensors):
+        if path.name == "b.safetensors":
+            raise OSError(errno.ENOSPC, f"disk full while writing {str(path)!r}")
+        return real(path, tensors)
+
+    monkeypatch.setattr("core.pipeline.streamed.write_shard", failing)
+    writer = ShardWriter(tmp_path, in_flight=2)
+    for name in "abc":
+        writer.submit(f"{name}.safetensors", [("x", torch.ones(3))])
+    with pytest.raises(OSError, match="disk full while writing .*b.safetensors"):
+        writer.wait()
+    writer.close()  # after a failure: returns, the writes in flight done
+    assert "a.safetensors" in writer.digests and "b.safetensors" not in writer.digests
+    with pytest.raises(ValueError, match="in_flight must be at least 1"):
+        ShardWriter(tmp_path, in_flight=0)
 
 
 def test_reader_and_writer_round_trip_against_safetensors(tmp_path):
