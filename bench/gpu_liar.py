@@ -94,8 +94,9 @@ def main() -> None:
     p.add_argument(
         "--activations",
         default="auto",
-        choices=["auto", "device", "host"],
-        help="the recipe's activations: host keeps the calibration activations in pinned host memory",
+        choices=["auto", "device", "recompute", "host"],
+        help="the recipe's activations: recompute keeps them on the device but computes the FFN's kept inputs "
+        "again instead of keeping them; host keeps them in pinned host memory",
     )
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)

@@ -291,7 +291,7 @@ def main() -> None:
     p.add_argument("--criterion", default="magnitude", help="magnitude (as bench/gpu_liar.py) or auto (the default)")
     p.add_argument("--method", default="liar")
     p.add_argument("--select", default="criterion", choices=["criterion", "obs", "auto"])
-    p.add_argument("--activations", default="auto", choices=["auto", "device", "host"])
+    p.add_argument("--activations", default="auto", choices=["auto", "device", "recompute", "host"])
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--holdout", type=int, default=8)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")

@@ -117,9 +117,10 @@ def _out_paths(args: argparse.Namespace, name: str) -> Path:
     return RESULTS / f"{name}.md"
 
 
-def _recipe(samples: int, seq_len: int, ratio: float, batch_size: int) -> dict[str, Any]:
+def _recipe(samples: int, seq_len: int, ratio: float, batch_size: int, activations: str = "auto") -> dict[str, Any]:
     calib, _ = wikipedia_split()
     return {
+        "activations": activations,
         "model": str(smollm2_dir()),
         "ratio": ratio,
         "modules": "both",
@@ -151,7 +152,7 @@ def time_one(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     _quiet_transformers()
-    recipe = _recipe(args.one, args.seq_len, args.ratio, args.batch_size)
+    recipe = _recipe(args.one, args.seq_len, args.ratio, args.batch_size, args.activations)
     t0 = time.perf_counter()
     model, tok, _ = load_model(recipe["model"], "float32", "cpu")
     load_s = time.perf_counter() - t0
@@ -191,6 +192,7 @@ def time_one(args: argparse.Namespace) -> dict[str, Any]:
         "page_faults": faults,  # minor faults during the prune: fresh pages the allocator asked for
         "load_average": os.getloadavg()[0],  # the machine's 1-minute load when the point ended
         "mean_error_after": sum(r.error_after for r in result.report) / len(result.report),
+        "activations": result.metrics["activations"],
     }
 
 
@@ -239,7 +241,12 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
         f"chooses the units, `select: criterion`), ratio {args.ratio}, heads +",
         f"neurons, uniform allocation; calibration windows of {args.seq_len} tokens from the Wikipedia calibration",
         f"articles, batches of {args.batch_size}, plus 8 held-aside windows for the error report. Each point runs in",
-        "its own process with the model loaded before the clock starts.",
+        "its own process with the model loaded before the clock starts"
+        + (
+            "."
+            if getattr(args, "activations", "auto") == "auto"
+            else f"; `activations: {args.activations}` (`--activations {args.activations}`)."
+        ),
         "",
         "- `prune`: wall time of `core.prune` — calibration tokenisation, scoring, and for every one of the 30",
         "  layers: streaming the o_proj / down_proj input statistics, solving, surgery, and the pass that feeds",
@@ -303,7 +310,7 @@ def cmd_time(args: argparse.Namespace) -> None:
         return
     if args.report_only:  # rewrite the page from the last run's JSON (e.g. after a GPU run)
         saved = json.loads(_out_paths(args, "time").with_suffix(".json").read_text())
-        for key in ("seq_len", "ratio", "batch_size", "quick"):
+        for key in ("seq_len", "ratio", "batch_size", "quick", "activations"):
             setattr(args, key, saved["args"].get(key, getattr(args, key)))
         print(f"wrote {write_time(saved['rows'], args, saved['machine'], saved.get('date', ''))}")
         return
@@ -316,6 +323,7 @@ def cmd_time(args: argparse.Namespace) -> None:
     rows = []
     for n in args.samples:
         extra = ["--one", str(n), "--seq-len", str(args.seq_len), "--ratio", str(args.ratio)]
+        extra += ["--activations", args.activations]
         row = _child(args, extra + ["--batch-size", str(args.batch_size)])
         rows.append(row)
         print(
@@ -668,6 +676,12 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument("--ratio", type=float, default=0.2)
             p.add_argument("--batch-size", type=int, default=16, help="calibration samples per forward pass")
             p.add_argument("--report-only", action="store_true", help="rewrite time.md from time.json, run nothing")
+            p.add_argument(
+                "--activations",
+                default="auto",
+                choices=["auto", "device", "recompute", "host"],
+                help="the recipe's activations (recompute: the FFN's kept inputs computed again, not kept)",
+            )
             p.add_argument("--one", type=int, help=argparse.SUPPRESS)
         else:
             p.add_argument("--ratios", type=float, nargs="+", default=[0.2, 0.5])

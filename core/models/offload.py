@@ -6,11 +6,22 @@ feedback the dense model's states. They grow with the calibration set: 128 windo
 through a 70B-shaped model (hidden 8192, FFN 28672, bfloat16) are ~1 GB, 128 windows of 2048 tokens
 ~17 GB — beside a block's weights and its float64 statistics, more than a 24 GB card holds.
 
-``activations: host`` keeps them in pinned host memory instead: each tensor is copied to the device
-when a block uses it and back when it is stored (asynchronous copies on the device's stream, so the
-order of the work is kept without waiting on the host). ``auto`` picks host on a CUDA device when
-:func:`activation_bytes` would not fit in the free device memory beside :func:`block_working_bytes`,
-the device otherwise; on a CPU the host *is* the device.
+The FFN's kept inputs are the widest of them (kept neurons per token, against the hidden size for
+the rest: 2.3 GB of a 7B model's 1024 samples). ``activations: recompute`` does not keep them: the
+FFN's pass over the fit batches streams them into statistics only, and the block's output pass runs
+the pruned FFN (norm, the kept rows of gate / up, the refitted down projection) instead of replaying
+them. That costs the kept gate / up products once more (≈ 18% of a block's work, ≈ 40 ms per 7B
+layer at 1024 × 128 tokens on an H100) and saves their memory.
+
+``activations: host`` keeps the rest in pinned host memory instead: each tensor is copied to the
+device when a block uses it and back when it is stored (asynchronous copies on the device's stream,
+so the order of the work is kept without waiting on the host). It recomputes the FFN's inputs too:
+copying them out and back (2 × 2.3 GB per 7B layer, ≥ 90 ms at PCIe 5's peak) costs more than
+computing them again.
+
+``auto`` on a CUDA device picks the first of device, recompute, host whose activations
+(:func:`activation_bytes`) fit in the free device memory beside :func:`block_working_bytes`; on a
+CPU the host *is* the device, and auto keeps everything.
 """
 
 from __future__ import annotations
@@ -23,11 +34,18 @@ from core.models.adapter import Adapter
 
 class Offload:
     """Stores per-batch activations at home (the device, or pinned host memory) and fetches them to
-    the device for use. With home on the device both are the identity."""
+    the device for use. With home on the device both are the identity. ``recompute``: the block loop
+    recomputes the FFN's kept inputs instead of keeping them (``activations: recompute`` and host)."""
 
-    def __init__(self, device: torch.device | str, host: bool = False):
+    def __init__(self, device: torch.device | str, host: bool = False, recompute: bool = False):
         self.device = torch.device(device)
         self.host = host and self.device.type != "cpu"
+        self.recompute = recompute
+
+    @property
+    def name(self) -> str:
+        """What the run did, as its metrics report it: device, recompute or host."""
+        return "host" if self.host else "recompute" if self.recompute else "device"
 
     def store(self, t: torch.Tensor) -> torch.Tensor:
         if not self.host:
@@ -39,14 +57,19 @@ class Offload:
         return t.to(self.device, non_blocking=True) if self.host else t
 
 
-def activation_bytes(adapter: Adapter, tokens: int, itemsize: int, dense: bool = False) -> int:
+def activation_bytes(
+    adapter: Adapter, tokens: int, itemsize: int, dense: bool = False, ffn_tokens: int | None = None
+) -> int:
     """An upper bound of the activations the block loop keeps for ``tokens`` calibration tokens:
-    block inputs, the FFN's kept inputs (at most all its channels), the replayed attention and FFN
-    outputs, and with ``dense`` (error feedback) the dense model's states and the dense inputs of
-    both reconstructed projections (``tests/core/test_offload.py`` checks the bound on real runs)."""
+    block inputs, the replayed attention and FFN outputs, the FFN's kept inputs (at most all its
+    channels) for ``ffn_tokens`` of them (all by default; with the FFN recomputed, the held-aside
+    ones, whose error report reads them), and with ``dense`` (error feedback) the dense model's
+    states and the dense inputs of both reconstructed projections (``tests/core/test_offload.py``
+    checks the bound on real runs)."""
     d, f = adapter.hidden, adapter.n_neurons
-    per_token = 3 * d + f + (2 * d + f if dense else 0)
-    return tokens * per_token * itemsize
+    ffn_tokens = tokens if ffn_tokens is None else ffn_tokens
+    per_token = 3 * d + (2 * d + f if dense else 0)
+    return (tokens * per_token + ffn_tokens * f) * itemsize
 
 
 def block_working_bytes(
@@ -67,25 +90,48 @@ def free_device_bytes(device: torch.device) -> int:
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
-def choose_offload(choice: str, device: torch.device, needed: int, working: int, free: int | None = None) -> Offload:
-    """The recipe's ``activations`` (auto | device | host) for this run: auto keeps them on the device
-    when ``needed`` fits in the free memory beside ``working``, in host memory otherwise."""
+def choose_offload(
+    choice: str,
+    device: torch.device,
+    needed: int,
+    working: int,
+    free: int | None = None,
+    lean: int | None = None,
+) -> Offload:
+    """The recipe's ``activations`` (auto | device | recompute | host) for this run. ``needed``: the
+    activations kept on the device; ``lean``: the same with the FFN's inputs recomputed (None where
+    nothing is recomputed: an evaluation). Auto keeps them on the device when ``needed`` fits in the
+    free memory beside ``working``, recomputes when ``lean`` does, and spills to the host otherwise;
+    a CPU computes where it stores (host is the device there)."""
     device = torch.device(device)
-    if device.type != "cuda" or choice == "device":
-        return Offload(device)
+    if choice in ("device", "recompute") or device.type != "cuda":
+        return Offload(device, recompute=choice in ("recompute", "host") and lean is not None)
     if choice == "host":
-        return Offload(device, host=True)
+        return Offload(device, host=True, recompute=lean is not None)
     free = free_device_bytes(device) if free is None else free
-    return Offload(device, host=needed + working > free)
+    if needed + working <= free:
+        return Offload(device)
+    if lean is not None and lean + working <= free:
+        return Offload(device, recompute=True)
+    return Offload(device, host=True, recompute=lean is not None)
 
 
 def offload_for(
-    choice: str, model: nn.Module, adapter: Adapter, device, tokens: int, batch_tokens: int, dense: bool = False
+    choice: str,
+    model: nn.Module,
+    adapter: Adapter,
+    device,
+    tokens: int,
+    batch_tokens: int,
+    dense: bool = False,
+    held_tokens: int = 0,
 ) -> Offload:
-    """The run's :class:`Offload` for ``tokens`` calibration tokens in batches of ``batch_tokens``
-    (``choice``: the recipe's ``activations``); sized from the model's first block, whose weights may
-    still be on the meta device (a streamed run)."""
+    """The run's :class:`Offload` for ``tokens`` calibration tokens (``held_tokens`` of them held
+    aside) in batches of ``batch_tokens`` (``choice``: the recipe's ``activations``); sized from the
+    model's first block, whose weights may still be on the meta device (a streamed run)."""
     layer = adapter.layers(model)[0]
     itemsize = next(layer.parameters()).element_size()
     needed = activation_bytes(adapter, tokens, itemsize, dense)
-    return choose_offload(choice, device, needed, block_working_bytes(layer, adapter, batch_tokens, itemsize))
+    lean = activation_bytes(adapter, tokens, itemsize, dense, ffn_tokens=held_tokens)
+    working = block_working_bytes(layer, adapter, batch_tokens, itemsize)
+    return choose_offload(choice, device, needed, working, lean=lean)

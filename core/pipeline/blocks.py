@@ -1,5 +1,5 @@
 """The block loop shared by in-memory and streamed runs: prune and reconstruct each block on the
-pruned model's own inputs, and the plan (keep-sets per layer) it follows."""
+pruned model's own inputs, following the plan (keep-sets per layer) of ``core/pipeline/planning.py``."""
 
 from __future__ import annotations
 
@@ -13,14 +13,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from core import criteria
-from core.allocation import Plan, allocate
-from core.allocation.groups import allocate_groups, whole_groups_reach
-from core.allocation.plan import LayerPlan, auto_multiple, kv_heads_of, prunable
+from core.allocation import Plan
+from core.allocation.plan import LayerPlan, kv_heads_of
 from core.allocation.split import SplitState
-from core.criteria import Scores
 from core.data.calibration import CalibrationBatch
-from core.models.adapter import Adapter, unit_costs
+from core.models.adapter import Adapter
 from core.models.modeling_liar import ensure_bias, prune_heads_, prune_neurons_
 from core.models.offload import Offload
 from core.pipeline.measure import BlockSpeed, peak_memory_mb
@@ -105,6 +102,11 @@ class _LayerFitter:
         self._pending = []
         return self.reports
 
+    def recomputes(self, unit: _Unit) -> bool:
+        """Whether the block's output pass recomputes ``unit``'s inputs instead of replaying kept ones
+        (the FFN, with ``activations: recompute`` or host)."""
+        return unit.module == "ffn" and self.runner.offload.recompute
+
     def stats_of(self, layer: nn.Module, path: str) -> InputStats:
         """The calibration statistics of ``layer.<path>``'s inputs (held-aside batches left out)."""
         stats = InputStats(layer.get_submodule(path).in_features, self.stats_dtype, self.device)
@@ -123,9 +125,13 @@ class _LayerFitter:
             fit_stats = TargetStats(lin.in_features, self.stats_dtype, self.device, dense_gram=not self.has_held)
             fetch = self.runner.offload.fetch
             sinks = [_Paired(fit_stats, fetch, x) for x in dense_inputs[: self.n_fit]] + [_NO_STATS] * n_held
-        # the replay keeps only the kept channels, unless they are chosen from the statistics below
+        # the replay keeps only the kept channels, unless they are chosen from the statistics below;
+        # an FFN recomputed in the output pass keeps only the held-aside inputs (its error report's)
         channels = None if unit.select else unit.keep.nonzero().squeeze(1).to(self.device)
-        self.runner.collect(layer, unit.path, sinks, keep_inputs=True, keep_channels=channels, full_from=self.n_fit)
+        keep_from = self.n_fit if self.recomputes(unit) else 0
+        self.runner.collect(
+            layer, unit.path, sinks, keep_inputs=True, keep_channels=channels, full_from=self.n_fit, keep_from=keep_from
+        )
         w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
         if unit.select is not None:
             unit.keep = unit.select(w, fit_stats if dense_inputs is None else fit_stats.pruned)
@@ -338,8 +344,9 @@ def _prune_block(
             dense.get(fam.ffn_out),
         )
         fitter.fit(layer, li, unit, added)
-        skip = (fam.ffn_input_norm, fam.ffn_inline_act)
-        runner.replay(layer, fam.ffn_block, fam.ffn_out, unit.keep, returns_tuple=False, bypass=skip)
+        if not fitter.recomputes(unit):  # else the output pass runs the pruned FFN
+            skip = (fam.ffn_input_norm, fam.ffn_inline_act)
+            runner.replay(layer, fam.ffn_block, fam.ffn_out, unit.keep, returns_tuple=False, bypass=skip)
     return added
 
 
@@ -413,84 +420,3 @@ def reconstruct_blocks(
     runner.hidden, runner.extra = [], []  # free the stored activations
     report("reconstruct", len(layers), len(layers))
     return fitter.finish(), layout
-
-
-def round_to(recipe: Recipe, adapter: Adapter, device: torch.device) -> tuple[int, int]:
-    """``(heads, neurons)`` multiples of the kept widths, ``auto`` resolved for this model and device."""
-    neurons = recipe.round_to.neurons
-    if neurons == "auto":
-        neurons = auto_multiple(adapter.n_neurons, device.type)
-    return recipe.round_to.heads, int(neurons)
-
-
-def resolved_kv_groups(
-    recipe: Recipe,
-    device: torch.device,
-    model: nn.Module | None = None,
-    adapter: Adapter | None = None,
-    scores: list[Scores] | None = None,
-) -> str:
-    """``round_to.kv_groups`` resolved for the device: ``whole`` or ``free`` (``auto``: whole on a GPU,
-    free on a CPU). A model without groups of several query heads is pruned the same either way.
-
-    Given the model, ``auto`` also stays ``free`` on a GPU where whole groups would not serve: a
-    single key/value head (multi-query attention) is shared by every kept query head anyway, so free
-    pruning keeps a stock attention while whole groups could drop no head at all; and a ratio that
-    whole groups cannot reach (each layer keeps one group) is pruned with free heads rather than
-    refused."""
-    choice = recipe.round_to.kv_groups
-    if choice != "auto":
-        return choice
-    if device.type != "cuda":
-        return "free"
-    if adapter is not None and adapter.family.gqa and adapter.n_kv_heads < 2:
-        return "free"
-    if model is not None and adapter is not None and scores is not None:
-        if recipe.ratio > whole_groups_reach(scores, adapter, *layer_budget(model, adapter), recipe.modules):
-            return "free"
-    return "whole"
-
-
-def layer_budget(model: nn.Module, adapter: Adapter) -> tuple[list[dict[str, int]], list[int]]:
-    """Each layer's unit costs and parameter count, as the allocation takes them."""
-    layers = adapter.layers(model)
-    return [unit_costs(layer, adapter) for layer in layers], [
-        sum(p.numel() for p in layer.parameters()) for layer in layers
-    ]
-
-
-def make_plan(
-    model: nn.Module,
-    adapter: Adapter,
-    recipe: Recipe,
-    scores: list[Scores],
-    rounding: tuple[int, int],
-    groups: str = "free",
-) -> Plan:
-    """The plan of ``recipe`` for these scores; ``groups``: the resolved ``round_to.kv_groups``."""
-    return (allocate_groups if groups == "whole" else allocate)(
-        scores,
-        adapter,
-        *layer_budget(model, adapter),
-        recipe.ratio,
-        recipe.modules,
-        recipe.allocation,
-        round_to=rounding,
-        global_search=criteria.get(recipe.criterion.name).global_search,
-        head_ratio=recipe.head_ratio,
-    )
-
-
-def obs_split(
-    model: nn.Module, adapter: Adapter, recipe: Recipe, scores: list[Scores], rounding: tuple[int, int], groups: str
-) -> SplitState | None:
-    """``head_ratio: obs``'s state for the block loop, or None when the recipe has no per-layer split
-    to choose (another head_ratio, global allocation, or only heads or only neurons pruned)."""
-    if recipe.head_ratio != "obs" or recipe.allocation != "uniform" or recipe.modules != "both":
-        return None
-    return SplitState(
-        costs=[unit_costs(layer, adapter) for layer in adapter.layers(model)],
-        multiple=rounding[1],
-        whole=groups == "whole",
-        prunable=[all(prunable(s, recipe.modules)) for s in scores],
-    )

@@ -71,6 +71,7 @@ class BlockRunner:
         keep_inputs: bool = False,
         keep_channels: torch.Tensor | None = None,
         full_from: int = 0,
+        keep_from: int = 0,
     ) -> None:
         """Stream the inputs of ``layer.<path>`` into ``sinks[i]`` for each batch i, then stop the block.
 
@@ -78,9 +79,11 @@ class BlockRunner:
         for the module computing them instead of recomputing it. ``keep_channels`` (an index tensor)
         stores only those channels of batches before ``full_from`` — all a replay needs — and whole
         inputs from ``full_from`` on (the held-aside batches, whose error report needs every channel).
+        Batches before ``keep_from`` are not kept (None in their place): a block that recomputes the
+        module instead of replaying it keeps only what its error report reads.
         """
         current: list[int] = [0]
-        kept: list[torch.Tensor] = []
+        kept: list[torch.Tensor | None] = []
 
         def hook(_mod, args):
             i = current[0]
@@ -88,7 +91,7 @@ class BlockRunner:
             if keep_inputs:
                 x = args[0].detach()
                 x = x if keep_channels is None or i >= full_from else select_channels(x, keep_channels)
-                kept.append(self.offload.store(x))
+                kept.append(self.offload.store(x) if i >= keep_from else None)
             raise _Stop
 
         handle = layer.get_submodule(path).register_forward_pre_hook(hook)

@@ -33,16 +33,9 @@ from core.models.loading import ensure_pad_token, load_model
 from core.models.offload import Offload, offload_for
 from core.models.safetensors_io import INDEX, SINGLE
 from core.models.streaming import checkpoint_directory
-from core.pipeline.blocks import (
-    BlockIO,
-    Progress,
-    make_plan,
-    obs_split,
-    reconstruct_blocks,
-    resolved_kv_groups,
-    round_to,
-)
+from core.pipeline.blocks import BlockIO, Progress, reconstruct_blocks
 from core.pipeline.measure import BlockSpeed, peak_memory_mb
+from core.pipeline.planning import make_plan, obs_split, resolved_kv_groups, round_to
 from core.pipeline.preflight import as_recipe, check_model_fit
 from core.pipeline.result import PruneResult
 from core.pipeline.scoring import score_layers, split_batches
@@ -163,7 +156,8 @@ def _offload(recipe: Recipe, model, adapter, device, fit: CalibrationBatch, held
     tokens = fit.input_ids.numel() + held.input_ids.numel()
     batch_tokens = recipe.calibration.batch_size * fit.input_ids.shape[1]
     dense = recipe.reconstruction.target == "dense"
-    return offload_for(recipe.activations, model, adapter, device, tokens, batch_tokens, dense)
+    held_tokens = held.input_ids.numel()
+    return offload_for(recipe.activations, model, adapter, device, tokens, batch_tokens, dense, held_tokens)
 
 
 def _metrics(recipe: Recipe, adapter, plan, rounding, groups: str, offload: Offload, speed) -> dict[str, Any]:
@@ -175,7 +169,7 @@ def _metrics(recipe: Recipe, adapter, plan, rounding, groups: str, offload: Offl
         "round_to_heads": rounding[0],
         "round_to_neurons": rounding[1],
         "round_to_kv_groups": groups,
-        "activations": "host" if offload.host else "device",
+        "activations": offload.name,
         "kv_index_layers": kv_index_layers(plan, adapter),
         # the split the allocation chose (head_ratio), as numbers the job record keeps
         "kept_heads_mean": round(sum(len(lp.heads) for lp in plan.layers) / len(plan.layers), 3),

@@ -247,11 +247,13 @@ class Recipe(_Strict):
         "(auto picks it when the model is read from a directory or the hub and the result is saved); "
         "memory: the whole model on the device",
     )
-    activations: Literal["auto", "device", "host"] = Field(
+    activations: Literal["auto", "device", "recompute", "host"] = Field(
         "auto",
-        description="where the calibration activations live between blocks on a GPU: device, host (pinned "
-        "host memory, copied in as each block uses them), or auto: host when they would not fit in the free "
-        "device memory beside a block's work (a CPU run keeps them where it computes)",
+        description="where the calibration activations live between blocks on a GPU: device; recompute (on the "
+        "device, but the FFN's kept inputs, the widest of them, are computed again in each block's output pass "
+        "instead of kept); host (pinned host memory, copied in as each block uses them; the FFN's inputs "
+        "recomputed); or auto: the first of device, recompute, host that fits in the free device memory beside "
+        "a block's work (a CPU run keeps them where it computes)",
     )
 
     @model_validator(mode="after")

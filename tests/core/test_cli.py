@@ -83,6 +83,17 @@ def test_select_auto_flag_overrides_a_recipe_and_resolves(llama_dir, calib_file,
     assert Recipe.load(out / "recipe.yaml").reconstruction.select == "obs"
 
 
+def test_activations_recompute_flag_is_recorded(llama_dir, calib_file, tmp_path, capsys):
+    """--activations recompute reaches the recipe, and the run reports that it recomputed the FFN."""
+    out = tmp_path / "pruned"
+    args = ["prune", "--model", str(llama_dir), "--ratio", "0.3", "--calibration", str(calib_file)]
+    args += ["--samples", "8", "--seq-len", "32", "--activations", "recompute", "--output", str(out), "--json"]
+    assert main([*args, "--quiet"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert Recipe.load(out / "recipe.yaml").activations == "recompute"
+    assert printed["activations"] == "recompute"
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -13,7 +13,7 @@ from core.allocation.plan import max_ratio
 from core.criteria import Scores
 from core.models.adapter import Adapter, adapter_for, unit_costs
 from core.models.liar_families import FAMILIES
-from core.pipeline.blocks import make_plan, resolved_kv_groups
+from core.pipeline.planning import make_plan, resolved_kv_groups
 from core.spec.recipe import Recipe
 from tests.conftest import recipe_for
 from tests.core.test_pipeline import _logits, slow_reference

@@ -162,3 +162,94 @@ def test_streamed_perplexity_with_hidden_states_elsewhere(llama_dir, corpus, tmp
     spilled = perplexity_streamed(checkpoint, None, [text], seq_len=16, batch_size=3, device="cpu")
     assert spilled == plain and plain["windows"] > 3
     assert homes[0].stored == homes[0].fetched > 0  # every window's states stored, each used once
+
+
+def _assert_same_function(a, b, tol=1e-4):
+    """The same shapes, and the same outputs up to float32 rounding: ‖a(x) − b(x)‖ ≤ tol ‖a(x)‖ on
+    random tokens (a wrong FFN output — a skipped norm, the wrong neurons — is off by tens of percent).
+    The weights themselves are not compared tightly: a tiny model's later solves can amplify a 1e-8
+    difference in their inputs to 1e-3 along directions its calibration data hardly excite."""
+    sa, sb = a.state_dict(), b.state_dict()
+    assert {k: v.shape for k, v in sa.items()} == {k: v.shape for k, v in sb.items()}
+    ids = torch.randint(0, a.config.vocab_size, (3, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ya, yb = a(input_ids=ids)[0], b(input_ids=ids)[0]
+    assert (ya - yb).norm() <= tol * ya.norm(), ((ya - yb).norm(), ya.norm())
+
+
+@pytest.mark.parametrize(
+    ("family", "kw"),
+    [
+        ("llama", {}),  # paper-exact LIAR, held-aside error report
+        ("llama", {"criterion": {"name": "auto"}, "reconstruction": {"method": "ls", "select": "auto"}}),  # default
+        ("llama", {"reconstruction": {"method": "ls", "target": "dense"}}),  # error feedback
+        ("llama", {"head_ratio": "obs", "reconstruction": {"method": "ls", "select": "obs"}}),
+        ("llama", {"calibration": {"holdout_samples": 0}}),  # error report on the fit statistics
+        ("qwen2", {"criterion": {"name": "flap"}, "reconstruction": {"method": "bias"}}),
+        ("gemma2", {"reconstruction": {"method": "ls"}}),  # sandwich norms around the FFN
+        ("phi3", {}),  # gate and up fused in one projection
+        ("opt", {}),  # the FFN inline in the block, its activation a module of its own
+        ("bert", {"reconstruction": {"method": "ls"}}),  # padded batches, post-norm
+    ],
+)
+def test_a_recomputed_ffn_gives_the_replayed_model(family, kw, request, corpus):
+    """activations: recompute runs the pruned FFN in each block's output pass instead of replaying its
+    kept inputs: the same units are kept and the weights agree to float32 rounding (the kept rows of
+    gate / up multiply the same inputs as the dense ones did)."""
+    model_dir = request.getfixturevalue(f"{family}_dir")
+    replayed = prune(recipe_for(model_dir, corpus, device="cpu", **kw))
+    recomputed = prune(recipe_for(model_dir, corpus, device="cpu", activations="recompute", **kw))
+    for a, b in zip(replayed.plan.layers, recomputed.plan.layers, strict=True):
+        assert (a.heads, a.kv_heads, list(map(int, a.neurons))) == (b.heads, b.kv_heads, list(map(int, b.neurons)))
+    _assert_same_function(replayed.model, recomputed.model)
+    for a, b in zip(replayed.report, recomputed.report, strict=True):
+        assert a.error_after == pytest.approx(b.error_after, rel=1e-3, abs=1e-7)
+    assert recomputed.metrics["activations"] == "recompute" and replayed.metrics["activations"] == "device"
+
+
+class _RecomputingHome(_RecordingHome):
+    def __init__(self, device):
+        super().__init__(device)
+        self.recompute = True
+
+
+@pytest.mark.parametrize("holdout", [4, 0])
+def test_a_recomputed_ffn_keeps_none_of_its_fit_inputs(llama_dir, corpus, monkeypatch, holdout):
+    """Through the recording home: the run that recomputes the FFN stores less by at least the fit
+    batches' kept FFN inputs, stays under the estimate that decides auto's recompute tier, and writes
+    the same model (the spilled and in-place recomputing runs agree exactly)."""
+    recipe = recipe_for(llama_dir, corpus, device="cpu", calibration={"holdout_samples": holdout})
+    homes = {}
+    results = {}
+    for name, home in (("replay", _RecordingHome), ("recompute", _RecomputingHome)):
+        record = lambda *a, home=home, name=name, **k: homes.setdefault(name, home("cpu"))  # noqa: E731
+        monkeypatch.setattr(sequential, "offload_for", record)
+        results[name] = prune(recipe)
+    monkeypatch.undo()
+    in_place = prune({**recipe, "activations": "recompute"})
+    _assert_same_model(results["recompute"].model, in_place.model)
+
+    cal = recipe["calibration"]
+    fit_tokens, held_tokens = cal["num_calibration_samples"] * cal["max_seq_length"], holdout * cal["max_seq_length"]
+    kept_neurons = min(len(lp.neurons) for lp in results["replay"].plan.layers)
+    ffn_inputs = fit_tokens * kept_neurons * 4
+    saved = homes["replay"].peak - homes["recompute"].peak
+    assert saved >= ffn_inputs * 0.9, (saved, ffn_inputs)
+    adapter = adapter_for(in_place.model)
+    lean = activation_bytes(adapter, fit_tokens + held_tokens, 4, ffn_tokens=held_tokens)
+    assert 0 < homes["recompute"].peak <= lean < activation_bytes(adapter, fit_tokens + held_tokens, 4)
+
+
+def test_auto_recomputes_the_ffn_before_it_spills_to_the_host():
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    pick = lambda free, **kw: choose_offload("auto", gpu, needed=80, working=30, free=free, lean=50, **kw).name  # noqa: E731
+    assert [pick(110), pick(100), pick(79)] == ["device", "recompute", "host"]
+    assert choose_offload("host", gpu, needed=1, working=1, free=100, lean=1).recompute  # copies cost more
+    assert choose_offload("recompute", gpu, needed=1, working=1, free=100, lean=1).name == "recompute"
+    # an evaluation has no FFN to recompute (no lean size): device or host only
+    assert choose_offload("auto", gpu, needed=80, working=30, free=100).name == "host"
+    assert not choose_offload("recompute", gpu, needed=1, working=1, free=100).recompute
+    # a CPU keeps everything in place unless asked to recompute (host: the least memory there too)
+    assert choose_offload("auto", cpu, needed=10**12, working=1, free=1, lean=1).name == "device"
+    on_cpu = [choose_offload(c, cpu, needed=1, working=1, lean=1).name for c in ("recompute", "host")]
+    assert on_cpu == ["recompute", "recompute"]
