@@ -20,7 +20,12 @@ Each row runs in a fresh child process (``os.wait4``'s peak RSS of that child al
   pruned, written and freed one at a time), then ``PruneResult.save``.
 
 Peak device memory is ``torch.cuda.max_memory_allocated`` over the whole run (read at every progress
-report, since the engine resets the counter before its reconstruction pass).
+report, since the engine resets the counter before its reconstruction pass). ``prune s`` splits into
+``scoring s`` (the criterion's pass: a streamed run's first read of every block) and ``blocks s``
+(the prune pass, up to the last shard handed to the writer), from the engine's progress reports.
+``--profile FILE`` profiles the streamed runs with torch.profiler: operators by device time, and
+the engine's ``liar.*`` ranges by host time (waits for a block's read, copies to and from the
+device, waits for the shard writer), to tell where a streamed run loses time against one in memory.
 
     python bench/gpu_stream.py --runs 7b:128:memory 7b:128:stream 70b:128:stream:discard 30b:1024:stream:discard
     python bench/gpu_stream.py --runs small:16:memory small:16:stream --device cpu   # smoke test anywhere
@@ -32,6 +37,7 @@ docs/results/gpu_stream.json, replaced per run key) and the table is written bes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import math
@@ -168,10 +174,12 @@ def child(args) -> None:
         extra = torch.randint(0, vocab, (args.holdout, args.seq_len), generator=gen)
         calibration = (CalibrationBatch(ids, torch.ones_like(ids)), CalibrationBatch(extra, torch.ones_like(extra)))
         peak = [0.0]
+        first_report: dict[str, float] = {}  # when each stage was first reported (host clock)
 
         def progress(stage, i, n) -> None:  # the engine resets the peak before reconstruction: read it first
             if cuda:
                 peak[0] = max(peak[0], torch.cuda.max_memory_allocated() / 1e6)
+            first_report.setdefault(stage, time.perf_counter())
 
         recipe = recipe_for(args, shape, samples, mode, src)
         out = work / "out"
@@ -192,11 +200,14 @@ def child(args) -> None:
             load_s = time.perf_counter() - t0
             result = prune(recipe, model=model, calibration=calibration, progress=progress)
         else:
-            result = prune(recipe, calibration=calibration, progress=progress, output_dir=out, overwrite=True)
+            with profiled(args.profile, cuda):
+                result = prune(recipe, calibration=calibration, progress=progress, output_dir=out, overwrite=True)
         if cuda:
             torch.cuda.synchronize()
         prune_s = time.perf_counter() - t0 - load_s
         progress("done", 1, 1)
+        stages = ("load", "scoring", "reconstruct", "done")  # scoring: a streamed run's first read
+        at = [first_report.get(k) for k in stages]
         t1 = time.perf_counter()
         if not discard:
             result.save(out, overwrite=True)
@@ -219,12 +230,39 @@ def child(args) -> None:
             "prune_s": round(prune_s, 1),
             "save_s": round(save_s, 1),
             "total_s": round(load_s + prune_s + save_s, 1),
+            "score_s": round(at[2] - at[1], 1) if all(at[1:3]) else None,
+            "reconstruct_s": round(at[3] - at[2], 1) if all(at[2:]) else None,
             "peak_device_mb": round(peak[0]),
             "weights_gb": round(sum(e.nbytes for e in reader.entries.values()) / 1e9, 1),
         }
         print(json.dumps(row), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def profiled(path: str | None, cuda: bool):
+    """Profile the block inside with torch.profiler when ``path`` is given and write two tables there:
+    operators by device time, and the engine's host-side ranges (``liar.*``: waits for a block's read,
+    its copies to and from the device, waits for the shard writer) by host time."""
+    if not path:
+        yield
+        return
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        yield
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    by_device = events.table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=30)
+    ranges = [e for e in events if e.key.startswith("liar.")]
+    lines = ["| range | calls | host s (total) |", "|---|---|---|"]
+    lines += [f"| {e.key} | {e.count} | {e.cpu_time_total / 1e6:.2f} |" for e in sorted(ranges, key=lambda e: e.key)]
+    Path(path).write_text(by_device + "\n\nEngine ranges (host time, including waits):\n\n" + "\n".join(lines) + "\n")
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def load_in_memory(directory: Path, device: str, dtype):
@@ -243,6 +281,7 @@ def passthrough(args) -> list[str]:
     out = ["--device", args.device, "--ratio", str(args.ratio), "--criterion", args.criterion]
     out += ["--method", args.method, "--select", args.select, "--activations", args.activations]
     out += ["--seq-len", str(args.seq_len), "--holdout", str(args.holdout)]
+    out += ["--profile", args.profile] if args.profile else []
     return out + (["--workdir", args.workdir] if args.workdir else [])
 
 
@@ -254,19 +293,23 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} (CPU)"
 
 
+def _cell(value) -> str:
+    return "–" if value is None else str(value)
+
+
 def write_report(path: Path, rows: list[dict], header: str) -> None:
     lines = [
         "# Streamed against in-memory pruning on a GPU: device memory and time",
         "",
         header,
         "",
-        "| shape | samples | mode | output | criterion | activations | load s | prune s | save s | total s "
-        "| peak device GB | bf16 weights GB | peak RSS GB | target | status |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | samples | mode | output | criterion | activations | load s | prune s | scoring s | blocks s "
+        "| save s | total s | peak device GB | bf16 weights GB | peak RSS GB | target | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"| {r['run']} | | | | | | | | | | | | | | {r.get('status')} |")
+            lines.append(f"| {r['run']} | | | | | | | | | | | | | | | | {r.get('status')} |")
             continue
         target = TARGETS.get((r["shape"], r["samples"])) if r["mode"] == "stream" else None
         met = (
@@ -276,7 +319,8 @@ def write_report(path: Path, rows: list[dict], header: str) -> None:
         )
         lines.append(
             f"| {r['shape']} | {r['samples']} | {r['mode']} | {'discarded' if r['discard'] else 'written'} | "
-            f"{r['criterion']} | {r['activations']} | {r['load_s']} | {r['prune_s']} | {r['save_s']} | "
+            f"{r['criterion']} | {r['activations']} | {r['load_s']} | {r['prune_s']} | "
+            f"{_cell(r.get('score_s'))} | {_cell(r.get('reconstruct_s'))} | {r['save_s']} | "
             f"{r['total_s']} | "
             f"{r['peak_device_mb'] / 1e3:.1f} | {r['weights_gb']} | {r.get('peak_rss_mb', 0) / 1e3:.1f} | {met} | ok |"
         )
@@ -297,6 +341,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     p.add_argument("--workdir", default=None, help="where checkpoints are written (default: the system temp)")
     p.add_argument("--json", default=str(ROOT / "docs" / "results" / "gpu_stream.json"))
+    p.add_argument("--profile", help="profile each streamed run with torch.profiler; the tables are written here")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from core.models.adapter import Adapter, adapter_for
 from core.models.config_file import read_config
@@ -174,10 +175,12 @@ class StreamedModel:
         reading them); on a GPU, start reading block i + 1."""
         layer, prefix = self.layers[i], self.layer_prefix(i)
         pending = self._pending.pop(i, None)
-        host = pending.result() if pending is not None else self._read_block(i)
-        for name, tensor in host.items():
-            _, dtype = self._source(prefix + name)
-            _set_param(layer, name, nn.Parameter(place(tensor, self.device, dtype), requires_grad=False))
+        with record_function("liar.read_block"):  # a prefetched block: the wait for its read
+            host = pending.result() if pending is not None else self._read_block(i)
+        with record_function("liar.to_device"):
+            for name, tensor in host.items():
+                _, dtype = self._source(prefix + name)
+                _set_param(layer, name, nn.Parameter(place(tensor, self.device, dtype), requires_grad=False))
         del host
         if self.prefetch_at_load:
             self.prefetch(i + 1)

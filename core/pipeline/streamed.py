@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from core import criteria
 from core.data.calibration import CalibrationBatch
@@ -74,8 +75,9 @@ class ShardWriter:
     def submit(self, file: str, tensors: list[tuple[str, torch.Tensor | LazyTensor]]) -> None:
         """Write ``tensors`` (host tensors, or :class:`LazyTensor` read when written) as ``file`` once
         fewer than ``in_flight`` shards are being written."""
-        while len(self._pending) >= self.in_flight:
-            self._finish_oldest()
+        with record_function("liar.write_wait"):
+            while len(self._pending) >= self.in_flight:
+                self._finish_oldest()
         self.weight_map.update({name: file for name, _ in tensors})
         # ``write_shard`` looked up now: what the module holds at submission is what runs
         self._pending.append((file, self._threads.submit(write_shard, self.directory / file, tensors)))
@@ -214,7 +216,8 @@ class WriteBlocks(BlockIO):
         prefix = s.sm.layer_prefix(index)
         # on the host before the block is freed: a GPU copies here, in stream order, and the device
         # memory is released at once; on a CPU these are the block's own tensors, kept alive until written
-        tensors = [(prefix + n, p.detach().to("cpu")) for n, p in layer.named_parameters()]
+        with record_function("liar.to_host"):  # on a GPU, also the wait for the block's last kernels
+            tensors = [(prefix + n, p.detach().to("cpu")) for n, p in layer.named_parameters()]
         s.sm.free_block(index)
         s.writer.submit(shard_name(index + 2, s.n_shards), tensors)
 
