@@ -31,6 +31,8 @@ step() {  # step LIMIT_SECONDS command...: run it with at most LIMIT (and what i
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 J="$OUT/gpu_stream.json"
+# first: the GPU paths no CPU test reaches (asynchronous copies, background shard writes) give the CPU's results
+step 90 $PY bench/gpu_check.py --device "$DEVICE" --out "$OUT/gpu_check.md"
 # big-model issue: streamed vs in-memory at 7B, both paying for their output (the +20% target)
 step 150 $PY bench/gpu_stream.py --device "$DEVICE" --runs "$SMALL:128:memory:discard" "$SMALL:128:stream:discard" \
   --json "$J" --timeout 70
