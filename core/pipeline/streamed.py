@@ -33,7 +33,7 @@ from core.data.calibration import CalibrationBatch
 from core.models.export import check_output_dir, write_config
 from core.models.loading import ensure_pad_token
 from core.models.safetensors_io import INDEX, LazyTensor, write_shard
-from core.models.streaming import StreamedModel
+from core.models.streaming import StreamedModel, host_io_threads
 from core.pipeline.blocks import BlockIO
 from core.pipeline.runner import BlockRunner
 from core.pipeline.scoring import score_by_blocks
@@ -99,15 +99,6 @@ class ShardWriter:
         self._threads.shutdown(wait=True)
 
 
-def writes_in_flight(device: torch.device) -> int:
-    """Shards written at once: one on a CPU, whose cores run the pruning (and whose run is sized to
-    hold one block more at most); on a GPU worker the host's cores are free, and a shard written per
-    core-pair up to 4 keeps hashing (≈ 1.4 GB/s per core) from falling behind the device."""
-    if device.type == "cpu":
-        return 1
-    return max(1, min(4, (os.cpu_count() or 2) // 2))
-
-
 class StreamSource:
     """The streamed model with the checkpoint being written beside it."""
 
@@ -123,7 +114,7 @@ class StreamSource:
             shutil.rmtree(self.tmp)
         self.tmp.mkdir()
         self.n_shards = self.adapter.n_layers + 1
-        self.writer = ShardWriter(self.tmp, writes_in_flight(self.device))
+        self.writer = ShardWriter(self.tmp, host_io_threads(self.device))
         try:
             # copied one tensor at a time, and finished before the same tensors are loaded to run
             self.writer.submit(shard_name(1, self.n_shards), self.sm.outer_tensors())

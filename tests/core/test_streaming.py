@@ -190,6 +190,49 @@ def test_prefetched_blocks_equal_synchronous_reads_and_are_read_in_the_backgroun
     assert not ahead._pending
 
 
+def test_a_block_read_by_several_threads_equals_one_read_by_one(llama_dir, monkeypatch):
+    """With read threads (a GPU worker's default), a block's tensors are read at once — the first two
+    reads meet at a barrier, which one thread reading them in turn would never reach — and the
+    block equals the one read by a single thread."""
+    one = StreamedModel(llama_dir, torch.float32, torch.device("cpu"), prefetch=False, read_threads=1)
+    many = StreamedModel(llama_dir, torch.float32, torch.device("cpu"), prefetch=False, read_threads=3)
+    barrier, threads = threading.Barrier(2, timeout=10), []
+    read_host = many.reader.read_host
+
+    def meet(name, pinned=False):
+        threads.append(threading.current_thread().name)
+        if len(threads) <= 2:
+            barrier.wait()  # raises BrokenBarrierError when the second read does not start meanwhile
+        return read_host(name, pinned)
+
+    monkeypatch.setattr(many.reader, "read_host", meet)
+    for i in range(len(one.layers)):
+        want, got = dict(one.load_block(i).named_parameters()), dict(many.load_block(i).named_parameters())
+        assert want.keys() == got.keys() and all(torch.equal(got[n], want[n]) for n in want), i
+        one.free_block(i)
+        many.free_block(i)
+    assert len(threads) == sum(len(list(layer.parameters())) for layer in many.layers)
+    assert all(name.startswith("liar-read") for name in threads)
+    many.close()
+    assert many._tensor_reads is None
+
+
+def test_a_streamed_run_with_several_io_threads_writes_the_same_checkpoint(llama_dir, corpus, tmp_path, monkeypatch):
+    from core.models import streaming
+    from core.pipeline import streamed
+
+    recipe = recipe_for(llama_dir, corpus, device="cpu", execution="stream")
+    a = prune(recipe, output_dir=tmp_path / "a").save(tmp_path / "a")
+    for module in (streaming, streamed):  # as on a GPU worker: blocks read and shards written 3 at a time
+        monkeypatch.setattr(module, "host_io_threads", lambda device: 3)
+    b = prune(recipe, output_dir=tmp_path / "b").save(tmp_path / "b")
+    for shard in sorted(a.glob("*.safetensors")):
+        ta, tb = load_file(shard), load_file(b / shard.name)
+        assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta), shard.name
+    digests = [[x for x in (d / "SHA256SUMS").read_text().splitlines() if ".safetensors" in x] for d in (a, b)]
+    assert digests[0] == digests[1] and len(digests[0]) > 2  # the model card and metrics hold timings
+
+
 def test_a_cpu_run_reads_the_next_block_only_after_the_solves_of_this_one(llama_dir, corpus, tmp_path, monkeypatch):
     from core.pipeline import blocks
 
