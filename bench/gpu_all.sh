@@ -48,6 +48,8 @@ fi
 # its own table: profiling slows the run
 step 100 $PY bench/gpu_stream.py --device "$DEVICE" --runs "$SMALL:128:stream:discard" --json "$OUT/gpu_stream_profiled.json" \
   --timeout 90 --profile "$OUT/gpu_stream_profile.txt"
+# how a GPU worker's host reads a block (pinned buffers) with 1 / 2 / 4 threads, from the page cache and cold
+step 90 $PY bench/block_reads.py --device "$DEVICE" --shape "$SMALL" --out "$OUT/block_reads.md" --workdir "$TOP/reads"
 step 130 $PY bench/gpu_stream.py --device "$DEVICE" --criterion auto --runs "$SMALL:128:memory:discard" \
   "$SMALL:128:stream:discard" --json "$J" --timeout 60
 # GPU-engine issue: where the default recipe's time goes (torch.profiler table)
