@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -63,7 +64,8 @@ def _unit_errors(wt: torch.Tensor, hinv: torch.Tensor, first: torch.Tensor, grou
     # H⁻¹_uu is a principal block of an SPD matrix: Cholesky. (A batched LU solve, torch.linalg.solve,
     # failed on 2 CPU threads with torch 2.13's MKL for SmolLM2's 192-channel key/value groups: "Pivots
     # given to lu_solve must all be greater or equal to 1", DLASWP parameter errors.)
-    solved = torch.cholesky_solve(w_u, torch.linalg.cholesky(h_uu))  # (units, group, C_out)
+    # cholesky_ex: no check of the factorisation's info, which would read the device once per round
+    solved = torch.cholesky_solve(w_u, torch.linalg.cholesky_ex(h_uu).L)  # (units, group, C_out)
     return (w_u * solved).sum((1, 2))
 
 
@@ -106,7 +108,9 @@ class _Work:
         rows = hinv[s]  # (|S|, live)
         w_s = wt[s]  # (|S|, C_out)
         rhs = torch.cat([rows, w_s], 1) if error else rows
-        coef = torch.linalg.solve(h_ss, rhs)  # (H⁻¹_SS)⁻¹ H⁻¹_S,:  [| (H⁻¹_SS)⁻¹ W_Sᵀ]
+        # solve_ex: H⁻¹_SS is a principal block of an SPD matrix, and solve's singularity check would
+        # read the device once per round; a breakdown shows as non-finite values, checked at the end
+        coef = torch.linalg.solve_ex(h_ss, rhs).result  # (H⁻¹_SS)⁻¹ H⁻¹_S,:  [| (H⁻¹_SS)⁻¹ W_Sᵀ]
         rise = (w_s * coef[:, rows.shape[1] :]).sum() if error else None
         coef = coef[:, : rows.shape[1]]
         wt.addmm_(coef.T, w_s, alpha=-1)  # in place, as below: no product beside the operands
@@ -167,14 +171,18 @@ def _greedy(
     groups = None if groups_of is None else torch.tensor(groups_of, device=dev)
     if groups is not None:
         per_round = 1
-    while n_remove > 0:
+        sizes = Counter(groups_of[u] for u in cand)  # each group keeps one: decided here, not per round
+        if n_remove > sum(n - 1 for n in sizes.values()):
+            raise ValueError(
+                f"cannot remove {n_remove} units: every group is down to one after {sum(sizes.values()) - len(sizes)}"
+            )
+        n_groups = max(groups_of) + 1
+    while n_remove > 0:  # no read of the device in a round: the path is read by the caller at the end
         errors = work.errors(units)
         if groups is not None:  # the last kept unit of a group may not go
             g = groups[units]
-            left = torch.zeros(int(groups.max()) + 1, dtype=torch.long, device=dev).index_add_(0, g, torch.ones_like(g))
+            left = torch.zeros(n_groups, dtype=torch.long, device=dev).index_add_(0, g, torch.ones_like(g))
             errors = torch.where(left[g] <= 1, torch.full_like(errors, math.inf), errors)
-            if not torch.isfinite(errors).any():
-                raise ValueError(f"cannot remove {n_remove} more units: every group is down to one")
         k = min(per_round, n_remove)
         picked = torch.topk(errors, k, largest=False).indices
         drop = units[picked]
@@ -185,6 +193,11 @@ def _greedy(
         work.compact(units)
         n_remove -= k
         yield drop, rise
+    if not bool(torch.isfinite(work.hinv.diagonal()).all()):  # one read for the whole path
+        raise ValueError(
+            "the OBS selection's inverse covariance broke down (non-finite values); raise "
+            "reconstruction.damp or the number of calibration samples"
+        )
 
 
 def obs_select(

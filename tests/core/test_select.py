@@ -205,3 +205,23 @@ def test_default_recipe_on_multi_head_attention_streams_as_in_memory(tmp_path, c
     assert memory.recipe.criterion.name == "obs" and memory.recipe.reconstruction.select == "obs"
     assert [lp.heads for lp in streamed.plan.layers] == [lp.heads for lp in memory.plan.layers]
     _assert_same_checkpoint(memory_dir, stream_dir)
+
+
+def test_a_breakdown_inside_the_rounds_is_reported_once_at_the_end(monkeypatch):
+    """The rounds never read the device (no singularity check per solve, on a GPU a synchronisation
+    each); a path whose solves went non-finite is refused once it ends, with a sentence, not kept."""
+    import core.stats.select as select
+
+    x, w, _ = _data()
+    real = torch.linalg.solve_ex
+    calls = []
+
+    def broken(a, b):
+        calls.append(1)
+        out = real(a, b)
+        return type(out)((out.result * (float("nan") if len(calls) == 2 else 1.0), out.info))
+
+    monkeypatch.setattr(select.torch.linalg, "solve_ex", broken)
+    with pytest.raises(ValueError, match="broke down.*raise reconstruction.damp"):
+        obs_select(torch.from_numpy(w), _stats(x), 6, 1, 1e-3, rounds=4)
+    assert len(calls) >= 3  # the rounds after the breakdown ran on: nothing was read meanwhile
