@@ -21,7 +21,9 @@ import json
 import os
 import shutil
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -55,6 +57,36 @@ def shard_name(k: int, n: int) -> str:
     return f"model-{k:05d}-of-{n:05d}.safetensors"
 
 
+def _write_when_ready(write, path: Path, tensors, ready: Callable[[], None] | None) -> str:
+    if ready is not None:
+        ready()
+    return write(path, tensors)
+
+
+class HostCopy:
+    """A block's tensors on their way to host memory. From a GPU each is copied into pinned memory
+    without the host waiting (in the device's stream order, so the device memory may be freed at
+    once: whatever reuses it is ordered after the copy), and an event marks the end of the copies;
+    :meth:`wait` blocks until they have landed — the shard writer's thread calls it before reading
+    them. A tensor already on the host is taken as it is (a CPU run: the block's own tensors)."""
+
+    def __init__(self, tensors: list[tuple[str, torch.Tensor]]):
+        self.tensors: list[tuple[str, torch.Tensor]] = []
+        self._event = None
+        for name, t in tensors:
+            if t.device.type == "cuda":
+                t = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+                if self._event is None:
+                    self._event = torch.cuda.Event()
+            self.tensors.append((name, t))
+        if self._event is not None:
+            self._event.record()  # on the current stream, after every copy above
+
+    def wait(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+
+
 class ShardWriter:
     """Writes shards into ``directory`` in background threads, at most ``in_flight`` at a time (each
     holds one block's tensors in host memory until written), recording which shard holds each tensor
@@ -72,15 +104,22 @@ class ShardWriter:
         self._threads = ThreadPoolExecutor(in_flight, thread_name_prefix="liar-write")
         self._pending: deque[tuple[str, Future]] = deque()
 
-    def submit(self, file: str, tensors: list[tuple[str, torch.Tensor | LazyTensor]]) -> None:
+    def submit(
+        self,
+        file: str,
+        tensors: list[tuple[str, torch.Tensor | LazyTensor]],
+        ready: Callable[[], None] | None = None,
+    ) -> None:
         """Write ``tensors`` (host tensors, or :class:`LazyTensor` read when written) as ``file`` once
-        fewer than ``in_flight`` shards are being written."""
+        fewer than ``in_flight`` shards are being written; ``ready`` (a :class:`HostCopy`'s wait) is
+        called by the writer thread before it reads them."""
         with record_function("liar.write_wait"):
             while len(self._pending) >= self.in_flight:
                 self._finish_oldest()
         self.weight_map.update({name: file for name, _ in tensors})
         # ``write_shard`` looked up now: what the module holds at submission is what runs
-        self._pending.append((file, self._threads.submit(write_shard, self.directory / file, tensors)))
+        job = partial(_write_when_ready, write_shard, self.directory / file, tensors, ready)
+        self._pending.append((file, self._threads.submit(job)))
 
     def _finish_oldest(self) -> None:
         file, future = self._pending.popleft()
@@ -205,12 +244,13 @@ class WriteBlocks(BlockIO):
     def done(self, index: int, layer: nn.Module) -> None:
         s = self.source
         prefix = s.sm.layer_prefix(index)
-        # on the host before the block is freed: a GPU copies here, in stream order, and the device
-        # memory is released at once; on a CPU these are the block's own tensors, kept alive until written
-        with record_function("liar.to_host"):  # on a GPU, also the wait for the block's last kernels
-            tensors = [(prefix + n, p.detach().to("cpu")) for n, p in layer.named_parameters()]
+        # on their way to the host before the block is freed: a GPU queues the copies in stream order and
+        # the device memory is released at once (the writer waits for them); on a CPU these are the
+        # block's own tensors, kept alive until written
+        with record_function("liar.to_host"):  # on a GPU the copies are queued, not waited for
+            copy = HostCopy([(prefix + n, p.detach()) for n, p in layer.named_parameters()])
         s.sm.free_block(index)
-        s.writer.submit(shard_name(index + 2, s.n_shards), tensors)
+        s.writer.submit(shard_name(index + 2, s.n_shards), copy.tensors, ready=copy.wait)
 
 
 def _check_free_space(sm: StreamedModel, ratio: float, out: Path) -> None:

@@ -402,6 +402,46 @@ def test_a_failed_run_waits_for_the_shard_in_flight_before_removing_its_files(ll
     assert not list(tmp_path.iterdir())
 
 
+def test_the_writer_thread_waits_for_the_copies_to_the_host_before_it_reads_them(tmp_path, monkeypatch):
+    """On a GPU a block's copies to pinned memory are queued, not waited for by the main thread: the
+    writer thread must wait for them (``ready``) before it hashes a byte. Here ``ready`` blocks until
+    the main thread has moved on, and the write must come after it, in the writer's thread."""
+    real = safetensors_io.write_shard
+    events, released = [], threading.Event()
+
+    def ready():
+        events.append(("ready", threading.current_thread().name))
+        assert released.wait(timeout=30)  # the copies land only after submit has returned
+
+    def write(path, tensors):
+        events.append(("write", threading.current_thread().name))
+        return real(path, tensors)
+
+    monkeypatch.setattr("core.pipeline.streamed.write_shard", write)
+    writer = ShardWriter(tmp_path, in_flight=1)
+    writer.submit("a.safetensors", [("w", torch.ones(3))], ready=ready)
+    events.append(("submitted", threading.current_thread().name))  # submit did not wait for ready
+    released.set()
+    writer.wait()
+    writer.close()
+    kinds = [e for e, _ in events]
+    assert sorted(kinds) == ["ready", "submitted", "write"]
+    assert kinds.index("ready") < kinds.index("write") and kinds.index("submitted") < kinds.index("write")
+    assert events[-1][1].startswith("liar-write") and dict(events)["ready"].startswith("liar-write")
+    assert torch.equal(load_file(tmp_path / "a.safetensors")["w"], torch.ones(3))
+
+
+def test_a_cpu_block_goes_to_the_writer_as_its_own_tensors():
+    """HostCopy copies only what is on a GPU; a CPU run's block is handed over as it is, and waiting
+    for it is immediate."""
+    from core.pipeline.streamed import HostCopy
+
+    t = torch.randn(4, 3)
+    copy = HostCopy([("w", t)])
+    copy.wait()
+    assert copy.tensors[0][0] == "w" and copy.tensors[0][1] is t
+
+
 def test_shard_writer_writes_in_flight_shards_at_once_and_never_more(tmp_path, monkeypatch):
     real = safetensors_io.write_shard
     lock, running, most = threading.Lock(), [0], [0]
