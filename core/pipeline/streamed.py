@@ -72,15 +72,15 @@ class HostCopy:
 
     def __init__(self, tensors: list[tuple[str, torch.Tensor]]):
         self.tensors: list[tuple[str, torch.Tensor]] = []
-        self._event = None
+        self._event, device = None, None
         for name, t in tensors:
             if t.device.type == "cuda":
+                device = t.device
                 t = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-                if self._event is None:
-                    self._event = torch.cuda.Event()
             self.tensors.append((name, t))
-        if self._event is not None:
-            self._event.record()  # on the current stream, after every copy above
+        if device is not None:  # after every copy above, on the stream they ran on (cuda:N's, not cuda:0's)
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(device))
 
     def wait(self) -> None:
         if self._event is not None:
