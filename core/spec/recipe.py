@@ -253,7 +253,7 @@ class Recipe(_Strict):
         "device, but the FFN's kept inputs, the widest of them, are computed again in each block's output pass "
         "instead of kept); host (pinned host memory, copied in as each block uses them; the FFN's inputs "
         "recomputed); or auto: the first of device, recompute, host that fits in the free device memory beside "
-        "a block's work (a CPU run keeps them where it computes)",
+        "a block's work (a CPU run keeps them where it computes: auto is device there, host is recompute)",
     )
 
     @model_validator(mode="after")
