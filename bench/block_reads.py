@@ -5,7 +5,7 @@ weight criterion the first pass does nothing but read. ``StreamedModel`` reads a
 ``read_threads`` threads (``host_io_threads``: one on a CPU, up to 4 on a GPU worker). This times
 ``StreamedModel._read_block`` — the engine's own read — over every block of a LLaMA-shaped random
 checkpoint with only a few blocks (their size is the real model's), from the page cache (warm) and
-after the files were evicted from it (cold, ``posix_fadvise(DONTNEED)``).
+after the files were synced and evicted from it (cold, ``bench/streaming.py``'s ``evict``).
 
     python bench/block_reads.py                              # 7B-shaped blocks, bf16, 1 / 2 / 4 threads
     python bench/block_reads.py --shape 1.1b --threads 1 2   # smaller blocks
@@ -31,17 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench.random_llama import write_random_llama  # noqa: E402
 from bench.shapes import LLAMA_SHAPES  # noqa: E402
-
-
-def evict(directory: Path) -> None:
-    """Drop the checkpoint's files from the page cache (clean pages; no privileges needed)."""
-    for f in directory.glob("*.safetensors"):
-        with open(f, "rb") as fh:
-            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+from bench.speed import machine  # noqa: E402
+from bench.streaming import evict, weight_files  # noqa: E402
 
 
 def warm(directory: Path) -> None:
-    for f in directory.glob("*.safetensors"):
+    for f in weight_files(directory):
         with open(f, "rb", buffering=0) as fh:
             while fh.read(64 << 20):
                 pass
@@ -61,13 +56,6 @@ def time_blocks(directory: Path, threads: int, dtype, device: str) -> tuple[floa
         return time.perf_counter() - t0, total
     finally:
         sm.close()
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "this machine"
 
 
 def main() -> None:
@@ -106,11 +94,12 @@ def main() -> None:
     lines = [
         "# Reading a block's tensors: one thread against several",
         "",
-        f"Measured {dt.date.today().isoformat()} on {_cpu()}, {os.cpu_count()} cores, torch {torch.__version__}; "
+        f"Measured {dt.date.today().isoformat()} on {machine(1)['cpu']}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}; "
         f"`python bench/block_reads.py --shape {args.shape} --layers {args.layers} --dtype {args.dtype}`: "
         f"`StreamedModel._read_block` over {args.layers} {args.shape}-shaped blocks of {rows[0]['block_mb']} MB "
         f"({args.dtype}) into {'pinned' if args.device.startswith('cuda') else 'fresh anonymous'} host memory, "
-        f"median of {args.repeats}; cold = after `posix_fadvise(DONTNEED)` on the files.",
+        f"median of {args.repeats}; cold = after the files were synced and dropped from the page cache.",
         "",
         "| threads | page cache | GB/s | × one thread |",
         "|---|---|---|---|",

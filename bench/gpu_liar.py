@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 from bench.shapes import LLAMA_SHAPES  # noqa: E402
 from core import prune  # noqa: E402
 from core.data.calibration import CalibrationBatch  # noqa: E402
+from core.spec.recipe import ACTIVATIONS  # noqa: E402
 
 SHAPES = {k: LLAMA_SHAPES[k] for k in ("7b", "13b", "30b", "small")}
 PAPER_MINUTES = {  # the paper's A100 times (its time-consumption table)
@@ -101,7 +102,7 @@ def main() -> None:
     p.add_argument(
         "--activations",
         default="auto",
-        choices=["auto", "device", "recompute", "host"],
+        choices=ACTIVATIONS,
         help="the recipe's activations: recompute keeps them on the device but computes the FFN's kept inputs "
         "again instead of keeping them; host keeps them in pinned host memory",
     )

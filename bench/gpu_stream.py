@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.random_llama import INIT_STD, tensor_specs, write_config_and_tokenizer  # noqa: E402
 from bench.shapes import LLAMA_SHAPES  # noqa: E402
+from core.spec.recipe import ACTIVATIONS  # noqa: E402
 
 TARGETS = {  # the big-model issue's device-memory targets (GB) for streamed runs
     ("70b", 128): 24.0,
@@ -335,7 +336,7 @@ def main() -> None:
     p.add_argument("--criterion", default="magnitude", help="magnitude (as bench/gpu_liar.py) or auto (the default)")
     p.add_argument("--method", default="liar")
     p.add_argument("--select", default="criterion", choices=["criterion", "obs", "auto"])
-    p.add_argument("--activations", default="auto", choices=["auto", "device", "recompute", "host"])
+    p.add_argument("--activations", default="auto", choices=ACTIVATIONS)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--holdout", type=int, default=8)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")

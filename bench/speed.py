@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
+from core.spec.recipe import ACTIVATIONS  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 SAMPLES = (128, 256, 512, 1024)
@@ -679,7 +680,7 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument(
                 "--activations",
                 default="auto",
-                choices=["auto", "device", "recompute", "host"],
+                choices=ACTIVATIONS,
                 help="the recipe's activations (recompute: the FFN's kept inputs computed again, not kept)",
             )
             p.add_argument("--one", type=int, help=argparse.SUPPRESS)

@@ -88,10 +88,12 @@ class BlockRunner:
         def hook(_mod, args):
             i = current[0]
             sinks[i].add_batch(args[0], self.masks[i])
-            if keep_inputs:
+            if keep_inputs and i < keep_from:
+                kept.append(None)
+            elif keep_inputs:
                 x = args[0].detach()
                 x = x if keep_channels is None or i >= full_from else select_channels(x, keep_channels)
-                kept.append(self.offload.store(x) if i >= keep_from else None)
+                kept.append(self.offload.store(x))
             raise _Stop
 
         handle = layer.get_submodule(path).register_forward_pre_hook(hook)

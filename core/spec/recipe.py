@@ -25,7 +25,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -384,3 +384,7 @@ class Recipe(_Strict):
         if not path.is_file():
             raise FileNotFoundError(f"recipe file {str(path)!r} does not exist")
         return cls.from_yaml(path.read_text(encoding="utf-8"))
+
+
+# the places ``activations`` may name (auto | device | recompute | host), for the scripts' choices
+ACTIVATIONS: tuple[str, ...] = get_args(Recipe.model_fields["activations"].annotation)
