@@ -1,11 +1,13 @@
 """How fast a streamed run reads a block's tensors from a checkpoint, with one or several threads.
 
 A streamed run reads every block twice (the criterion's scoring pass, then the prune pass); with a
-weight criterion the first pass does nothing but read. ``StreamedModel`` reads a block's tensors with
+weight criterion the first pass does nothing but read, and reads only the tensors the criterion
+scores (magnitude: o_proj and down_proj, ``Criterion.reads``). ``StreamedModel`` reads a block's tensors with
 ``read_threads`` threads (``host_io_threads``: one on a CPU, up to 4 on a GPU worker). This times
 ``StreamedModel._read_block`` — the engine's own read — over every block of a LLaMA-shaped random
 checkpoint with only a few blocks (their size is the real model's), from the page cache (warm) and
-after the files were synced and evicted from it (cold, ``bench/streaming.py``'s ``evict``).
+after the files were synced and evicted from it (cold, ``bench/streaming.py``'s ``evict``): whole
+blocks (the prune pass) and magnitude's part of them (its scoring pass).
 
     python bench/block_reads.py                              # 7B-shaped blocks, bf16, 1 / 2 / 4 threads
     python bench/block_reads.py --shape 1.1b --threads 1 2   # smaller blocks
@@ -42,15 +44,19 @@ def warm(directory: Path) -> None:
                 pass
 
 
-def time_blocks(directory: Path, threads: int, dtype, device: str) -> tuple[float, int]:
-    """Seconds to read every block once into host memory (pinned for a CUDA device), and the bytes read."""
+def time_blocks(directory: Path, threads: int, dtype, device: str, part: str) -> tuple[float, int]:
+    """Seconds to read every block (``part``: "block", whole, or "magnitude", the tensors that
+    criterion scores) once into host memory (pinned for a CUDA device), and the bytes read."""
+    from core import criteria
     from core.models.streaming import StreamedModel
+    from core.pipeline.streamed import scored_parameters
 
     sm = StreamedModel(directory, dtype, device, prefetch=False, read_threads=threads)
+    names = None if part == "block" else scored_parameters(criteria.get(part), sm.adapter, sm.layers[0])
     try:
         total, t0 = 0, time.perf_counter()
         for i in range(len(sm.layers)):
-            block = sm._read_block(i)
+            block = sm._read_block(i, names)
             total += sum(t.numel() * t.element_size() for t in block.values())
             del block
         return time.perf_counter() - t0, total
@@ -80,30 +86,40 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     rows = []
     for threads in args.threads:
-        for label in ("cold", "warm"):
-            rates = []
-            for _ in range(args.repeats):
-                evict(directory) if label == "cold" else warm(directory)
-                seconds, total = time_blocks(directory, threads, dtype, args.device)
-                rates.append(total / seconds / 1e9)
-            row = {"threads": threads, "cache": label, "gb_s": round(statistics.median(rates), 2), "runs": rates}
-            row["block_mb"] = round(total / args.layers / 1e6)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    base = {r["cache"]: r["gb_s"] for r in rows if r["threads"] == rows[0]["threads"]}
+        for part in ("block", "magnitude"):
+            for label in ("cold", "warm"):
+                times = []
+                for _ in range(args.repeats):
+                    evict(directory) if label == "cold" else warm(directory)
+                    seconds, total = time_blocks(directory, threads, dtype, args.device, part)
+                    times.append(seconds / args.layers)
+                s = statistics.median(times)
+                row = {"threads": threads, "read": part, "cache": label, "ms_per_block": round(s * 1e3)}
+                row.update(gb_s=round(total / args.layers / s / 1e9, 2), mb=round(total / args.layers / 1e6))
+                rows.append({**row, "runs_s": times})
+                print(json.dumps(row), flush=True)
+    base = {(r["read"], r["cache"]): r["gb_s"] for r in rows if r["threads"] == rows[0]["threads"]}
+    whole = {(r["threads"], r["cache"]): r["ms_per_block"] for r in rows if r["read"] == "block"}
     lines = [
         "# Reading a block's tensors: one thread against several",
         "",
         f"Measured {dt.date.today().isoformat()} on {machine(1)['cpu']}, {os.cpu_count()} cores, "
         f"torch {torch.__version__}; "
         f"`python bench/block_reads.py --shape {args.shape} --layers {args.layers} --dtype {args.dtype}`: "
-        f"`StreamedModel._read_block` over {args.layers} {args.shape}-shaped blocks of {rows[0]['block_mb']} MB "
+        f"`StreamedModel._read_block` over {args.layers} {args.shape}-shaped blocks of {rows[0]['mb']} MB "
         f"({args.dtype}) into {'pinned' if args.device.startswith('cuda') else 'fresh anonymous'} host memory, "
-        f"median of {args.repeats}; cold = after the files were synced and dropped from the page cache.",
+        f"median of {args.repeats}; cold = after the files were synced and dropped from the page cache. "
+        "*block*: every tensor (the prune pass); *magnitude*: the tensors that criterion scores (its "
+        "scoring pass).",
         "",
-        "| threads | page cache | GB/s | × one thread |",
-        "|---|---|---|---|",
-        *[f"| {r['threads']} | {r['cache']} | {r['gb_s']} | {r['gb_s'] / base[r['cache']]:.2f} |" for r in rows],
+        "| threads | read | MB | page cache | ms per block | GB/s | × one thread | × the whole block's time |",
+        "|---|---|---|---|---|---|---|---|",
+        *[
+            f"| {r['threads']} | {r['read']} | {r['mb']} | {r['cache']} | {r['ms_per_block']} | {r['gb_s']} | "
+            f"{r['gb_s'] / base[r['read'], r['cache']]:.2f} | "
+            f"{r['ms_per_block'] / whole[r['threads'], r['cache']]:.2f} |"
+            for r in rows
+        ],
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")

@@ -66,6 +66,10 @@ class Criterion:
 
     name: ClassVar[str]
     needs: ClassVar[str] = "weights"  # "weights" | "inputs" | "gradients"
+    # with needs == "weights": the projections whose parameters score() reads, as attribute names of
+    # the family (``"o"``, ``"ffn_out"``); None: any of the block's. A streamed run's scoring pass reads
+    # only these from the checkpoint (the others are left on the meta device, where reading one fails)
+    reads: ClassVar[tuple[str, ...] | None] = None
     gradients: ClassVar[str | None] = None  # "mask" | "weight" when needs == "gradients"
     # how ``allocation: global`` spends the budget: one threshold over all units, or (Kwon et al.)
     # a search maximising the kept Fisher importance

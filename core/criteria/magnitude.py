@@ -14,6 +14,7 @@ from core.models.adapter import Adapter
 @register
 class Magnitude(Criterion):
     name = "magnitude"
+    reads = ("o", "ffn_out")
 
     @torch.no_grad()
     def score(self, layer: nn.Module, adapter: Adapter, layer_idx: int, opts, data=None) -> Scores:

@@ -12,6 +12,7 @@ from core.models.adapter import Adapter
 @register
 class Random(Criterion):
     name = "random"
+    reads = ()  # shapes only: nothing is read
 
     def score(self, layer: nn.Module, adapter: Adapter, layer_idx: int, opts, data=None) -> Scores:
         gen = torch.Generator().manual_seed(int(opts.seed) * 100_003 + layer_idx)

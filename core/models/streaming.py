@@ -101,7 +101,7 @@ class StreamedModel:
         self._reads = ThreadPoolExecutor(1, thread_name_prefix="liar-prefetch") if prefetch else None
         threads = host_io_threads(self.device) if read_threads is None else read_threads
         self._tensor_reads = ThreadPoolExecutor(threads, thread_name_prefix="liar-read") if threads > 1 else None
-        self._pending: dict[int, Future] = {}
+        self._pending: dict[int, tuple[frozenset[str] | None, Future]] = {}  # block: (names, read)
         self.prefetch_at_load = self.device.type != "cpu"
         release_freed_memory()  # memory first: see core/models/host_memory.py
         self.reader = CheckpointReader(self.directory)  # checks every shard first
@@ -194,42 +194,51 @@ class StreamedModel:
                 if buf is not None and buf.device != self.device:
                     module._buffers[key] = buf.to(self.device)
 
-    def load_block(self, i: int) -> nn.Module:
+    def load_block(self, i: int, names: frozenset[str] | None = None) -> nn.Module:
         """Materialise block i on the device (from its prefetched tensors when block i - 1 started
-        reading them); on a GPU, start reading block i + 1."""
+        reading them); on a GPU, start reading block i + 1. ``names``: only these of the block's
+        parameters (names within the block), the others stay on the meta device — what a weight
+        criterion's scoring pass reads."""
         layer, prefix = self.layers[i], self.layer_prefix(i)
         pending = self._pending.pop(i, None)
         with record_function("liar.read_block"):  # a prefetched block: the wait for its read
-            host = pending.result() if pending is not None else self._read_block(i)
+            if pending is not None and pending[0] == names:
+                host = pending[1].result()
+            else:  # not prefetched, or another part of it (that read's result is dropped)
+                host = self._read_block(i, names)
         with record_function("liar.to_device"):
             for name, tensor in host.items():
                 _, dtype = self._source(prefix + name)
                 _set_param(layer, name, nn.Parameter(place(tensor, self.device, dtype), requires_grad=False))
         del host
         if self.prefetch_at_load:
-            self.prefetch(i + 1)
+            self.prefetch(i + 1, names)
         return layer
 
-    def _read_block(self, i: int) -> dict[str, torch.Tensor]:
-        """Block i's parameters as stored, in host memory (pinned for a GPU); with several read
-        threads, the largest tensors are started first."""
+    def _read_block(self, i: int, names: frozenset[str] | None = None) -> dict[str, torch.Tensor]:
+        """Block i's parameters (``names`` of them, or all) as stored, in host memory (pinned for a
+        GPU); with several read threads, the largest tensors are started first."""
         prefix, pinned = self.layer_prefix(i), self.device.type == "cuda"
-        sources = {name: self._source(prefix + name)[0] for name, _ in self.layers[i].named_parameters()}
+        sources = {
+            name: self._source(prefix + name)[0]
+            for name, _ in self.layers[i].named_parameters()
+            if names is None or name in names
+        }
         if self._tensor_reads is None:
             return {name: self.reader.read_host(source, pinned) for name, source in sources.items()}
         order = sorted(sources, key=lambda n: -self.reader.entries[sources[n]].nbytes)
         reads = {name: self._tensor_reads.submit(self.reader.read_host, sources[name], pinned) for name in order}
         return {name: reads[name].result() for name in sources}
 
-    def prefetch(self, i: int) -> None:
-        """Start reading block i in the background (nothing when prefetching is off, i is past the
-        last block, or its read is already under way)."""
+    def prefetch(self, i: int, names: frozenset[str] | None = None) -> None:
+        """Start reading block i (``names`` of its parameters, or all) in the background (nothing when
+        prefetching is off, i is past the last block, or its read is already under way)."""
         if self._reads is not None and 0 <= i < len(self.layers) and i not in self._pending:
-            self._pending[i] = self._reads.submit(self._read_block, i)
+            self._pending[i] = (names, self._reads.submit(self._read_block, i, names))
 
     def close(self) -> None:
         """Stop the background reads (a read in progress finishes; its result is dropped)."""
-        for future in self._pending.values():
+        for _, future in self._pending.values():
             future.cancel()
         self._pending.clear()
         if self._reads is not None:

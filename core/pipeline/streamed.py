@@ -32,6 +32,7 @@ from torch.profiler import record_function
 
 from core import criteria
 from core.data.calibration import CalibrationBatch
+from core.models.adapter import Adapter
 from core.models.export import check_output_dir, write_config
 from core.models.loading import ensure_pad_token
 from core.models.safetensors_io import INDEX, LazyTensor, write_shard
@@ -165,7 +166,8 @@ class StreamSource:
 
     def score(self, recipe: Recipe, batches: list[CalibrationBatch], progress=None, offload=None) -> list:
         """Every layer's scores, each block read once (and run on the calibration data when the
-        criterion needs its inputs)."""
+        criterion needs its inputs); a weight criterion's pass reads only the parameters it scores.
+        Block 0 is then read ahead for the pruning pass."""
         check_streamable(recipe)
         name = recipe.criterion.name
         criterion, opts = criteria.get(name), parse_options(name, recipe.criterion.options)
@@ -174,11 +176,12 @@ class StreamSource:
             if criterion.needs == "inputs"
             else None
         )
+        names = scored_parameters(criterion, self.adapter, self.sm.layers[0])
 
         def load(i: int) -> None:
-            self.sm.load_block(i)
+            self.sm.load_block(i, names)
             if not criterion.second_order:  # no solves while scoring: the next read may start at once
-                self.sm.prefetch(i + 1)
+                self.sm.prefetch(i + 1, names)
 
         dtype = getattr(torch, recipe.stats_dtype)
         scores = score_by_blocks(
@@ -193,6 +196,7 @@ class StreamSource:
             dtype,
             progress,
         )
+        self.sm.prefetch(0)  # beside the plan and the calibration's pass through the embeddings
         return criterion.finalize(scores, opts)
 
     @property
@@ -226,6 +230,15 @@ class StreamSource:
         self.sm.close()
         self.writer.close()  # no write may land in the directory after it is removed
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def scored_parameters(criterion, adapter: Adapter, layer: nn.Module) -> frozenset[str] | None:
+    """The parameters of a block (names within it) that a weight criterion reads (``reads``); None
+    (all of them) for the others, which run the block or declare nothing."""
+    if criterion.needs != "weights" or criterion.reads is None:
+        return None
+    paths = [getattr(adapter.family, attr) + "." for attr in criterion.reads]
+    return frozenset(n for n, _ in layer.named_parameters() if n.startswith(tuple(paths)))
 
 
 class WriteBlocks(BlockIO):

@@ -52,6 +52,7 @@ def _assert_same_checkpoint(memory_dir, stream_dir, atol=1e-6):
         ("llama", {"criterion": {"name": "flap", "options": {"structure": "AL-AM"}}, "allocation": "global"}),
         ("llama", {"reconstruction": {"method": "mask_tuning"}}),
         ("llama", {"reconstruction": {"method": "none"}, "calibration": {"holdout_samples": 0}}),
+        ("llama", {"criterion": {"name": "random"}, "allocation": "global"}),
         ("qwen2", {"criterion": {"name": "flap"}}),
         ("llama", {"criterion": {"name": "obs"}, "allocation": "global"}),
         ("qwen2", {"criterion": {"name": "obs", "options": {"max_layer_ratio": 0.8}}, "allocation": "global"}),
@@ -164,10 +165,10 @@ def test_prefetched_blocks_equal_synchronous_reads_and_are_read_in_the_backgroun
     readers: dict[int, str] = {}
     read_block = StreamedModel._read_block
 
-    def spy(self, i):
+    def spy(self, i, names=None):
         if self is ahead:
             readers[i] = threading.current_thread().name
-        return read_block(self, i)
+        return read_block(self, i, names)
 
     monkeypatch.setattr(StreamedModel, "_read_block", spy)
     for i in range(len(ahead.layers)):
@@ -188,6 +189,65 @@ def test_prefetched_blocks_equal_synchronous_reads_and_are_read_in_the_backgroun
     ahead.close()
     ahead.load_block(0)  # still works after close, synchronously
     assert not ahead._pending
+
+
+def test_part_of_a_block_is_read_alone_and_a_prefetch_of_another_part_is_not_used(llama_dir):
+    whole = StreamedModel(llama_dir, torch.float32, torch.device("cpu"), prefetch=False)
+    part = StreamedModel(llama_dir, torch.float32, torch.device("cpu"))
+    names = frozenset({"self_attn.o_proj.weight", "mlp.down_proj.weight"})
+    want = dict(whole.load_block(1).named_parameters())
+    got = dict(part.load_block(1, names).named_parameters())
+    assert {n for n, p in got.items() if not p.is_meta} == names
+    assert all(torch.equal(got[n], want[n]) for n in names)
+    part.free_block(1)
+    part.prefetch(1, names)  # read ahead for a scoring pass, then loaded whole: read again
+    got = dict(part.load_block(1).named_parameters())
+    assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
+    assert not part._pending
+    part.free_block(1)
+    part.prefetch(1, names)
+    got = dict(part.load_block(1, names).named_parameters())  # the same part: the prefetched read
+    assert {n for n, p in got.items() if not p.is_meta} == names
+    part.close()
+
+
+@pytest.mark.parametrize(
+    ("family", "criterion", "scored"),
+    [
+        ("llama", "magnitude", {"self_attn.o_proj.weight", "mlp.down_proj.weight"}),
+        # bert: the output projections with their biases
+        (
+            "bert",
+            "magnitude",
+            {f"{p}.{w}" for p in ("attention.output.dense", "output.dense") for w in ("weight", "bias")},
+        ),
+        ("llama", "random", set()),
+    ],
+)
+def test_a_weight_criterions_scoring_pass_reads_only_what_it_scores(
+    family, criterion, scored, model_dirs, corpus, tmp_path, monkeypatch
+):
+    """Magnitude scores from the output projections alone, random from nothing: a streamed run's
+    scoring pass reads only those (a fraction of each block, none for random), then the pruning pass
+    reads every block whole; the result is the in-memory one (``test_streamed_equals_in_memory``)."""
+    reads: list[tuple[int, set[str]]] = []
+    read_block = StreamedModel._read_block
+
+    def spy(self, i, names=None):
+        out = read_block(self, i, names)
+        reads.append((i, set(out)))
+        return out
+
+    monkeypatch.setattr(StreamedModel, "_read_block", spy)
+    recipe = recipe_for(model_dirs[family], corpus, device="cpu", criterion={"name": criterion})
+    result = prune({**recipe, "execution": "stream"}, output_dir=tmp_path / "out")
+    n = result.adapter.n_layers
+    assert [i for i, _ in reads] == list(range(n)) * 2
+    assert all(names == scored for _, names in reads[:n])
+    full = {
+        n for n, _ in StreamedModel(model_dirs[family], torch.float32, torch.device("cpu")).layers[0].named_parameters()
+    }
+    assert all(names == full for _, names in reads[n:])
 
 
 def test_a_block_read_by_several_threads_equals_one_read_by_one(llama_dir, monkeypatch):
@@ -243,13 +303,13 @@ def test_a_cpu_run_reads_the_next_block_only_after_the_solves_of_this_one(llama_
         fit(self, layer, li, unit, added)
         events.append(("solved", li))
 
-    def logged_prefetch(self, i):
+    def logged_prefetch(self, i, names=None):
         events.append(("prefetch", i))
-        prefetch(self, i)
+        prefetch(self, i, names)
 
-    def logged_read(self, i):
+    def logged_read(self, i, names=None):
         events.append(("read " + threading.current_thread().name.split("_")[0], i))
-        return read_block(self, i)
+        return read_block(self, i, names)
 
     monkeypatch.setattr(blocks._LayerFitter, "fit", logged_fit)
     monkeypatch.setattr(StreamedModel, "prefetch", logged_prefetch)
@@ -264,6 +324,9 @@ def test_a_cpu_run_reads_the_next_block_only_after_the_solves_of_this_one(llama_
         assert recon.index(("prefetch", i)) > last_solve, recon
     reads = [(kind, i) for kind, i in recon if kind.startswith("read")]
     assert reads == [("read liar-prefetch", i) for i in range(1, n)]  # each in the background, once
+    # block 0 too: its read starts once the scoring pass is done, beside the plan and the embeddings
+    before = events[: events.index(("solved", 0))]
+    assert [e for e in before if e[0].startswith("read")][-1] == ("read liar-prefetch", 0)
 
 
 def test_streamed_prune_without_prefetch_is_identical(llama_dir, corpus, tmp_path, monkeypatch):
