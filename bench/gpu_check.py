@@ -8,7 +8,10 @@ results without an error. This script runs, on the device, the comparisons the t
 - a streamed run (blocks read, pruned, moved to the host and written by background threads) against
   the same recipe in memory: the saved checkpoints tensor by tensor (paper recipe and the default);
 - activations in pinned host memory, and the FFN's inputs recomputed, against everything on the
-  device: the same kept units and the same outputs of the pruned models on random tokens.
+  device: the same kept units and the same outputs of the pruned models on random tokens;
+- the OBS paths' inverse from a Cholesky factor computed in place (``core/stats/spd_inverse.py``,
+  what a GPU runs) against ``torch.cholesky_inverse`` at LLaMA-7B's widths (4,096 and 11,008), with
+  the time and the memory beyond the factor of each.
 
     python bench/gpu_check.py --out OUT/gpu_check.md     # on a CUDA machine; exit 1 on a mismatch
     python bench/gpu_check.py --device cpu               # the same comparisons on the CPU (smoke test)
@@ -84,6 +87,40 @@ def compare_models(a, b, device: str) -> tuple[bool, str]:
     return rel <= TOLERANCE, f"same kept units; outputs' relative difference {rel:.2e}"
 
 
+def check_inverse(n: int, device: str) -> tuple[str, bool, str]:
+    """The in-place inverse against torch's on a damped random covariance of size n: relative
+    difference, seconds and memory beyond the factor (a GPU's peak; on a CPU not measured)."""
+    import time
+
+    import torch
+
+    from core.stats.spd_inverse import cholesky_inverse_
+
+    gen = torch.Generator(device=device).manual_seed(n)
+    a = torch.randn(n, n + 64, dtype=torch.float64, device=device, generator=gen)
+    chol = torch.linalg.cholesky(a @ a.T / n + 1e-3 * torch.eye(n, dtype=torch.float64, device=device))
+    del a
+    cuda = device.startswith("cuda")
+    runs = {}
+    for label, invert in (("torch", lambda t: torch.cholesky_inverse(t, out=t)), ("in place", cholesky_inverse_)):
+        invert(chol[:600, :600].clone())  # libraries' first-call set-up out of the timing
+        t = chol.clone()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        invert(t)
+        if cuda:
+            torch.cuda.synchronize()
+        extra = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
+        runs[label] = (t, time.perf_counter() - t0, extra)
+    ref, ours = runs["torch"][0], runs["in place"][0]
+    rel = ((ours - ref).norm() / ref.norm()).item()
+    times = ", ".join(f"{k} {v[1]:.2f} s" + (f" / +{v[2]:.0f} MB" if cuda else "") for k, v in runs.items())
+    return f"in-place inverse, n = {n}", rel <= 1e-9, f"relative difference {rel:.1e}; {times}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
@@ -111,6 +148,8 @@ def main() -> None:
             ok, detail = compare_models(on_device, other, args.device)
             ran = other.metrics["activations"]  # on a CPU, host is the device and recomputes
             rows.append((f"activations {place}{'' if ran == place else f' (ran as {ran})'} against device", ok, detail))
+    for n in (4096, 11008) if args.device.startswith("cuda") else (1024,):
+        rows.append(check_inverse(n, args.device))
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     lines = [
         f"# GPU path checks on {device}, torch {torch.__version__}",

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from core.stats.accumulate import InputStats, tf32
+from core.stats.spd_inverse import cholesky_inverse_
 
 SOLVE_PRECISION = torch.float64
 MASK_TUNING_RANGE = (-10.0, 10.0)  # acceptable range of tuned scales, as in Kwon et al.
@@ -81,7 +82,7 @@ def solve_spd(
         if int(info) == 0:
             if overwrite:  # the caller's temporary is not needed any more: one C² less at the peak
                 del matrix, m, diag
-            return torch.cholesky_inverse(chol) if r is None else torch.cholesky_solve(r, chol)
+            return invert_factor_(chol) if r is None else torch.cholesky_solve(r, chol)
         del chol
         new_lam = max(float(lam) * 10.0, 1e-10 * float(scale))
         warnings.warn(
@@ -99,11 +100,25 @@ def solve_spd(
     return evecs @ (inv[:, None] * (evecs.T if r is None else evecs.T @ r))
 
 
+# devices where torch.cholesky_inverse works in place (LAPACK's potri); elsewhere it clones the factor
+IN_PLACE_POTRI = frozenset({"cpu"})
+
+
+def invert_factor_(chol: torch.Tensor) -> torch.Tensor:
+    """``(L Lᵀ)⁻¹`` in the memory of the lower Cholesky factor ``chol``: torch's own on a CPU (LAPACK's
+    potri), :func:`~core.stats.spd_inverse.cholesky_inverse_` elsewhere (torch's clones the factor on
+    a GPU and solves against an identity: one more C × C and three times the flops)."""
+    if chol.device.type in IN_PLACE_POTRI:
+        return torch.cholesky_inverse(chol, out=chol)
+    return cholesky_inverse_(chol)
+
+
 def inverse_spd(build: Callable[[], torch.Tensor], damp: float = 0.0) -> torch.Tensor:
     """``(M + λI)⁻¹`` of the symmetric matrix ``build()`` returns (a fresh float64 temporary), damped
     and with dead channels treated as :func:`solve_spd` does — but factorised and inverted in the
-    temporary's own memory: LAPACK works in place on its column-major view (the same matrix, being
-    symmetric), so the peak is one C × C where a factor and an inverse beside it make it three.
+    temporary's own memory: the factorisation works in place on its column-major view (the same
+    matrix, being symmetric) and :func:`invert_factor_` inverts there, so the peak is one C × C where
+    a factor and an inverse beside it make it three.
     A factorisation that fails has overwritten the temporary: :func:`solve_spd`'s retries at higher
     damping then run on a second ``build()``."""
     m = build()
@@ -114,7 +129,7 @@ def inverse_spd(build: Callable[[], torch.Tensor], damp: float = 0.0) -> torch.T
     info = torch.empty((), dtype=torch.int32, device=m.device)
     torch.linalg.cholesky_ex(view, out=(view, info))
     if int(info) == 0:
-        torch.cholesky_inverse(view, out=view)
+        invert_factor_(view)
         return m
     del m, view
     return solve_spd(build(), None, damp, overwrite=True)
