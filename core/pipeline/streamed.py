@@ -176,12 +176,13 @@ class StreamSource:
             if criterion.needs == "inputs"
             else None
         )
-        names = scored_parameters(criterion, self.adapter, self.sm.layers[0])
+        layers = self.sm.layers
+        names = [scored_parameters(criterion, self.adapter, layer) for layer in layers]
 
         def load(i: int) -> None:
-            self.sm.load_block(i, names)
-            if not criterion.second_order:  # no solves while scoring: the next read may start at once
-                self.sm.prefetch(i + 1, names)
+            self.sm.load_block(i, names[i])
+            if not criterion.second_order and i + 1 < len(layers):  # no solves while scoring: read on
+                self.sm.prefetch(i + 1, names[i + 1])
 
         dtype = getattr(torch, recipe.stats_dtype)
         scores = score_by_blocks(
