@@ -26,7 +26,10 @@ from tests.core.test_streaming import _assert_same_checkpoint, _both
 def test_pipeline_equals_slow_reference(name, method, request, corpus):
     """Replayed blocks (skipped norms, the bypassed inline activation of OPT), per-layer masks and
     rotary embeddings (Gemma's sliding-window layers) and fused projections (Phi-3) give the result
-    of plain whole-model forwards."""
+    of plain whole-model forwards. Statistics in float64, as the reference's: this checks the data
+    flow, not the float32 products' rounding, which OPT's ReLU FFN (channels live on a handful of
+    tokens) amplifies through ``ls``'s centred covariance to ~1e-4 of the logits, more or less
+    depending on the CPU's kernels (``docs/results/gram_precision.md`` measures that rounding)."""
     recipe = Recipe.model_validate(
         recipe_for(
             request.getfixturevalue(f"{name}_dir"),
@@ -34,6 +37,7 @@ def test_pipeline_equals_slow_reference(name, method, request, corpus):
             ratio=0.4,
             reconstruction={"method": method, "damp": 1e-3},
             calibration={"holdout_samples": 0},
+            stats_dtype="float64",
         )
     )
     result = prune(recipe)
@@ -42,7 +46,7 @@ def test_pipeline_equals_slow_reference(name, method, request, corpus):
     assert any(len(lp.heads) < result.adapter.n_heads for lp in plan.layers)
     with torch.no_grad():
         got, expected = _logits(result.model, result.tokenizer, "decoder"), _logits(ref, result.tokenizer, "decoder")
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", DECODER_FAMILIES)
