@@ -1,6 +1,7 @@
 """Exported checkpoints reload — with this project, and in a Python where it cannot be imported."""
 
 import json
+import select
 import subprocess
 import sys
 import textwrap
@@ -11,52 +12,81 @@ import torch
 from core import load_pruned, prune
 from tests.conftest import NEW_FAMILIES, recipe_for
 
-# A child interpreter in which `import core` fails: proves the checkpoint carries its own code.
-RELOAD = textwrap.dedent(
+# A child interpreter in which `import core` fails: proves the checkpoint carries its own code. It
+# imports torch and transformers once and forks a fresh child per checkpoint (which loads it with
+# only those two imported: nothing of an earlier reload survives into the next), answering one JSON
+# line per request line — a new interpreter per reload spent ~3 s of each on the imports.
+RELOAD_SERVER = textwrap.dedent(
     """
-    import json, sys
+    import builtins, json, os, sys, traceback
     sys.modules["core"] = None  # this project is not importable here
     import torch
     import transformers
     from transformers.utils import logging
     logging.set_verbosity_error()
-    path, auto, trust, ids, mask = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4], sys.argv[5]
-    import builtins
-    asked = []  # transformers asks on stdin whether to trust remote code it was not told to trust
-    builtins.input = lambda *a: asked.append(a) or "n"
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)  # as users load it: no trust_remote_code
-    cls = getattr(transformers, auto)
-    model = cls.from_pretrained(path, trust_remote_code=trust, dtype=torch.float32).eval()
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(json.loads(ids)), attention_mask=torch.tensor(json.loads(mask)))
-    print(json.dumps({"logits": out.logits.tolist(), "class": type(model).__name__,
-                      "module": type(model).__module__, "asked": len(asked),
-                      "tokenizer": type(tokenizer).__name__}))
+
+    def reload(path, auto, trust, ids, mask):
+        asked = []  # transformers asks on stdin whether to trust remote code it was not told to trust
+        builtins.input = lambda *a: asked.append(a) or "n"
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)  # as users load it: no trust_remote_code
+        cls = getattr(transformers, auto)
+        model = cls.from_pretrained(path, trust_remote_code=trust, dtype=torch.float32).eval()
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
+        return {"logits": out.logits.tolist(), "class": type(model).__name__,
+                "module": type(model).__module__, "asked": len(asked), "tokenizer": type(tokenizer).__name__}
+
+    for line in sys.stdin:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: one reload, its answer through the pipe
+            os.close(read)
+            try:
+                answer = reload(**json.loads(line))
+            except BaseException:
+                answer = {"error": traceback.format_exc()}
+            with os.fdopen(write, "w") as f:
+                f.write(json.dumps(answer))
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as f:
+            answer = f.read()
+        _, status = os.waitpid(pid, 0)
+        print(answer if answer else json.dumps({"error": f"the child died (status {status})"}), flush=True)
     """
 )
 
 
-def _reload_in_subprocess(path, auto, trust, ids, mask, tmp_path):
-    script = tmp_path / "reload.py"
-    script.write_text(RELOAD)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            str(path),
-            auto,
-            "1" if trust else "0",
-            json.dumps(ids.tolist()),
-            json.dumps(mask.tolist()),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf")},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+class Reloader:
+    """The reload server (:data:`RELOAD_SERVER`) in a minimal environment, working in ``directory``."""
+
+    def __init__(self, directory):
+        script = directory / "reload_server.py"
+        script.write_text(RELOAD_SERVER)
+        env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HF_HOME": str(directory / "hf")}
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+        self.proc = subprocess.Popen([sys.executable, str(script)], cwd=directory, env=env, **pipes)
+
+    def reload(self, path, auto, trust, ids, mask, timeout=300):
+        request = {"path": str(path), "auto": auto, "trust": trust, "ids": ids.tolist(), "mask": mask.tolist()}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, f"no answer from the reload server in {timeout} s"
+        answer = json.loads(self.proc.stdout.readline())
+        assert "error" not in answer, answer["error"][-3000:]
+        return answer
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def reloader(tmp_path_factory):
+    server = Reloader(tmp_path_factory.mktemp("reload"))
+    yield server
+    server.close()
 
 
 def _batch(tokenizer):
@@ -140,10 +170,10 @@ def _assert_explicit_widths(cfg: dict, result) -> None:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_reload_without_project_gives_same_logits(case, request, corpus, tmp_path):
+def test_reload_without_project_gives_same_logits(case, request, corpus, tmp_path, reloader):
     fixture, auto, overrides, stock = CASES[case]
     result = prune(recipe_for(request.getfixturevalue(fixture), corpus, **overrides))
-    out = result.save(tmp_path / "ckpt")
+    out = result.save(tmp_path / f"ckpt-{case}")  # its own name: the name of its remote-code module
     ids, mask = _batch(result.tokenizer)
     with torch.no_grad():
         expected = result.model(input_ids=ids, attention_mask=mask).logits
@@ -155,13 +185,13 @@ def test_reload_without_project_gives_same_logits(case, request, corpus, tmp_pat
     serving = (out / "README.md").read_text().split("## Serving")[1].split("## Metrics")[0]
     assert ("vllm serve" in serving) == stock and ("trust_remote_code=True" in serving) != stock
 
-    child = _reload_in_subprocess(out, auto, True, ids, mask, tmp_path)
+    child = reloader.reload(out, auto, True, ids, mask)
     torch.testing.assert_close(torch.tensor(child["logits"]), expected, rtol=0, atol=1e-5)
     assert child["class"].startswith("Liar") != stock
     assert child["asked"] == 0 and child["tokenizer"]  # the tokenizer loaded without a trust prompt
     if stock:  # stock form: no remote code needed at all, and the config states every width
         _assert_explicit_widths(cfg, result)
-        child = _reload_in_subprocess(out, auto, False, ids, mask, tmp_path)
+        child = reloader.reload(out, auto, False, ids, mask)
         torch.testing.assert_close(torch.tensor(child["logits"]), expected, rtol=0, atol=1e-5)
         assert not child["class"].startswith("Liar")
 
