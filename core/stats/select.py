@@ -104,8 +104,8 @@ class _Work:
         returns the rise of the summed squared output error, ``tr(W_S (H⁻¹_SS)⁻¹ W_Sᵀ)`` (0-d, on
         the device)."""
         wt, hinv, s = self.wt, self.hinv, self.channels(units)
-        h_ss = hinv[s][:, s]
         rows = hinv[s]  # (|S|, live)
+        h_ss = rows[:, s]
         w_s = wt[s]  # (|S|, C_out)
         rhs = torch.cat([rows, w_s], 1) if error else rows
         # solve_ex: H⁻¹_SS is a principal block of an SPD matrix, and solve's singularity check would
