@@ -49,8 +49,10 @@ class Scores:
 
 @dataclass
 class LayerInputs:
-    attn: ChannelStats  # inputs of the attention output projection
-    ffn: ChannelStats  # inputs of the FFN output projection
+    # per-channel statistics of the inputs of the attention output projection and of the FFN's; None
+    # for a ``second_order`` criterion, whose Gram statistics hold the same sums
+    attn: ChannelStats | None = None
+    ffn: ChannelStats | None = None
     # with a criterion's ``second_order``: the Gram statistics of the same inputs, and the mean
     # squared norm of the residual stream entering the block (per token)
     attn_gram: InputStats | None = None

@@ -22,7 +22,7 @@ from torch.profiler import record_function
 
 from core.models.adapter import Adapter, adapter_for
 from core.models.config_file import read_config
-from core.models.host_memory import release_freed_memory
+from core.models.host_memory import available_memory, bounds_memory, keep_freed_memory, release_freed_memory
 from core.models.loading import is_pruned_config, model_class, pruned_classes, resolve_device, resolve_dtype
 from core.models.safetensors_io import CheckpointError, CheckpointReader, LazyTensor, place
 
@@ -87,6 +87,10 @@ class StreamedModel:
     A block's tensors are read by ``read_threads`` threads at once (default :func:`host_io_threads`:
     one on a CPU, up to 4 on a GPU worker): a read from the page cache or an NVMe drive runs at a few
     GB/s per thread, and a pass that only reads (a weight criterion's scoring pass) waits on it.
+
+    ``bound_memory``: whether host memory is bounded (every allocation mapped and given back when
+    freed) or freed memory is reused; None decides by the weights' size against the memory available
+    (:func:`core.models.host_memory.bounds_memory`). The choice is :attr:`bounds_memory`.
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class StreamedModel:
         device: torch.device,
         prefetch: bool = True,
         read_threads: int | None = None,
+        bound_memory: bool | None = None,
     ):
         self.directory, self.dtype, self.device = Path(directory), dtype, torch.device(device)
         self._reads = ThreadPoolExecutor(1, thread_name_prefix="liar-prefetch") if prefetch else None
@@ -103,8 +108,15 @@ class StreamedModel:
         self._tensor_reads = ThreadPoolExecutor(threads, thread_name_prefix="liar-read") if threads > 1 else None
         self._pending: dict[int, tuple[frozenset[str] | None, Future]] = {}  # block: (names, read)
         self.prefetch_at_load = self.device.type != "cpu"
-        release_freed_memory()  # memory first: see core/models/host_memory.py
-        self.reader = CheckpointReader(self.directory)  # checks every shard first
+        self.reader = CheckpointReader(self.directory)  # checks every shard first (reads only headers)
+        if bound_memory is None:
+            weights = sum(self.stored_bytes(name) for name in self.reader.entries)
+            bound_memory = bounds_memory(weights, self.device, available_memory())
+        self.bounds_memory = bound_memory
+        if bound_memory:  # before any weight is read: see core/models/host_memory.py
+            release_freed_memory()
+        else:
+            keep_freed_memory()
         self.model = _skeleton(self.directory, dtype)
         self.adapter: Adapter = adapter_for(self.model)
         self.layers = self.adapter.layers(self.model)
@@ -119,12 +131,23 @@ class StreamedModel:
 
     @classmethod
     def open(
-        cls, directory: str | Path, dtype: str = "auto", device: str = "auto", prefetch: bool = True
+        cls,
+        directory: str | Path,
+        dtype: str = "auto",
+        device: str = "auto",
+        prefetch: bool = True,
+        bound_memory: bool | None = None,
     ) -> StreamedModel:
         """Open a checkpoint with a recipe's ``dtype`` / ``device`` names (``auto`` resolved as
         :func:`core.models.loading.load_model` does)."""
         dev = resolve_device(device)
-        return cls(directory, resolve_dtype(dtype, read_config(directory), dev), dev, prefetch)
+        dt = resolve_dtype(dtype, read_config(directory), dev)
+        return cls(directory, dt, dev, prefetch, bound_memory=bound_memory)
+
+    def stored_bytes(self, name: str) -> int:
+        """Bytes of checkpoint tensor ``name`` once read (floating tensors in the run's dtype)."""
+        e = self.reader.entries[name]
+        return e.nbytes // e.dtype.itemsize * (self.dtype if e.dtype.is_floating_point else e.dtype).itemsize
 
     # names -------------------------------------------------------------------------------------
     def _checkpoint_prefix(self) -> tuple[str, str]:

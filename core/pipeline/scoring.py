@@ -31,19 +31,21 @@ def hook_layer_inputs(
 ):
     """``(LayerInputs, hook handles)``: per-channel statistics of the layer's o_proj / down_proj
     inputs, fed by forward pre-hooks (``mask()``: the current batch's token mask); with
-    ``second_order`` also their Gram statistics (each batch's product in ``stats_dtype``), those of
-    the residual stream entering the block and the gains of the norms on the attention's and the
-    FFN's outputs where the family has them."""
+    ``second_order`` their Gram statistics instead (each batch's product in ``stats_dtype``; the
+    per-channel sums are in them), those of the residual stream entering the block and the gains of
+    the norms on the attention's and the FFN's outputs where the family has them."""
     fam = adapter.family
     o, ffn = layer.get_submodule(fam.o), layer.get_submodule(fam.ffn_out)
-    entry = LayerInputs(ChannelStats(o.in_features, device), ChannelStats(ffn.in_features, device))
-    sinks = [(o, entry.attn), (ffn, entry.ffn)]
+    entry = LayerInputs()
     if second_order:
         entry.attn_gram, entry.ffn_gram = (
             InputStats(o.in_features, stats_dtype, device),
             InputStats(ffn.in_features, stats_dtype, device),
         )
-        sinks += [(o, entry.attn_gram), (ffn, entry.ffn_gram)]
+        sinks = [(o, entry.attn_gram), (ffn, entry.ffn_gram)]
+    else:
+        entry.attn, entry.ffn = ChannelStats(o.in_features, device), ChannelStats(ffn.in_features, device)
+        sinks = [(o, entry.attn), (ffn, entry.ffn)]
     handles = [m.register_forward_pre_hook(lambda _m, a, sink=sink: sink.add_batch(a[0], mask())) for m, sink in sinks]
     if second_order:
         entry.residual = ChannelStats(adapter.hidden, device)

@@ -63,6 +63,7 @@ class _MemorySource:
         self.model, self.tokenizer, self.adapter = model, tokenizer, adapter
         self.device = next(model.parameters()).device
         self.io = BlockIO()
+        self.reuses_memory = True  # the whole model is held anyway
 
     def score(self, recipe: Recipe, batches: list[CalibrationBatch], progress=None, offload=None) -> list[Scores]:
         return score_layers(self.model, self.adapter, recipe, batches, self.device, progress, offload)
@@ -139,14 +140,15 @@ def prune(
         source = _MemorySource(recipe, model, tokenizer, calibration)
     try:
         speed = BlockSpeed() if measure_speed else None
-        # in memory, freed activations are reused rather than faulted in again (core/models/host_memory.py)
-        with reuse_freed_memory() if mode == "memory" else nullcontext():
+        # freed activations reused rather than faulted in again, unless memory is bounded (core/models/host_memory.py)
+        with reuse_freed_memory() if source.reuses_memory else nullcontext():
             result = _run(recipe, source, calibration, scores, report, show_progress, speed)
     except BaseException:
         source.abort()
         raise
     result.seconds = time.perf_counter() - t_start
     result.metrics["execution"] = mode
+    result.metrics["host_memory"] = "reused" if source.reuses_memory else "bounded"
     report("done", 1, 1)
     return result
 

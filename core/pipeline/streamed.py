@@ -144,7 +144,10 @@ class StreamSource:
 
     def __init__(self, recipe: Recipe, directory: Path, output_dir: str | Path, overwrite: bool, tokenizer=None):
         self.out = check_output_dir(output_dir, overwrite)
-        self.sm = StreamedModel.open(directory, recipe.dtype, recipe.device)
+        # asked to stream: memory first whatever the model's size; streamed by ``auto``: decided by its size
+        bound = True if recipe.execution == "stream" else None
+        self.sm = StreamedModel.open(directory, recipe.dtype, recipe.device, bound_memory=bound)
+        self.reuses_memory = not self.sm.bounds_memory
         self.model, self.adapter, self.device = self.sm.model, self.sm.adapter, self.sm.device
         self.tokenizer = tokenizer if tokenizer is not None else _tokenizer(directory, self.model.config)
         ensure_pad_token(self.tokenizer)
@@ -272,8 +275,8 @@ def _check_free_space(sm: StreamedModel, ratio: float, out: Path) -> None:
     size estimated from the checkpoint: everything outside the blocks, and the blocks less ``ratio``)."""
     blocks = tuple(sm.source_name(sm.layer_prefix(i)) for i in range(len(sm.layers)))
     need = 0.0
-    for name, e in sm.reader.entries.items():
-        nbytes = e.nbytes // e.dtype.itemsize * (sm.dtype if e.dtype.is_floating_point else e.dtype).itemsize
+    for name in sm.reader.entries:
+        nbytes = sm.stored_bytes(name)
         need += nbytes * (1 - ratio) if name.startswith(blocks) else nbytes
     free = shutil.disk_usage(out.parent).free
     if free < need:

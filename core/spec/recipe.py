@@ -244,8 +244,9 @@ class Recipe(_Strict):
     execution: Literal["auto", "stream", "memory"] = Field(
         "auto",
         description="stream: one block at a time from the checkpoint's shards, written out as it is pruned "
-        "(auto picks it when the model is read from a directory or the hub and the result is saved); "
-        "memory: the whole model on the device",
+        "(auto picks it when the model is read from a directory or the hub and the result is saved; stream "
+        "also keeps host memory bounded on a CPU, where auto does so only for weights above an eighth of the "
+        "memory available); memory: the whole model on the device",
     )
     activations: Literal["auto", "device", "recompute", "host"] = Field(
         "auto",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.models.host_memory import mapped_copy, mapped_empty
+from core.models.host_memory import REUSE_SHARE, available_memory, bounds_memory, mapped_copy, mapped_empty
 from core.models.safetensors_io import CheckpointReader, write_shard
 
 MB = 2**20
@@ -85,3 +85,22 @@ def test_inside_a_run_freed_activations_are_reused_not_faulted_in_again():
         pytest.skip("not glibc: the allocator is left as the platform has it")
     assert float(plain) > 1000  # MB faulted in without reuse
     assert float(reused) < float(plain) / 4, out.stdout
+
+
+def test_a_streamed_run_bounds_memory_on_a_gpu_for_big_weights_or_when_memory_is_unknown():
+    cpu, gpu, gib = torch.device("cpu"), torch.device("cuda"), 2**30
+    assert not bounds_memory(1 * gib, cpu, 16 * gib)  # 1/16 of the memory available: reuse
+    assert not bounds_memory(int(REUSE_SHARE * 16 * gib), cpu, 16 * gib)  # at the share: still reuse
+    assert bounds_memory(int(REUSE_SHARE * 16 * gib) + 1, cpu, 16 * gib)
+    assert bounds_memory(4 * gib, cpu, 24 * gib)  # TinyLlama-1.1B in float32 on a 24 GB machine
+    assert bounds_memory(1, gpu, 16 * gib)  # a GPU worker's host holds block reads and pinned buffers
+    assert bounds_memory(1, cpu, None)
+
+
+def test_available_memory_is_what_the_kernel_reports_at_most():
+    available = available_memory()
+    if available is None:
+        pytest.skip("no /proc/meminfo and no cgroup memory files here")
+    with open("/proc/meminfo") as f:
+        meminfo = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    assert 0 < available <= meminfo["MemAvailable"] + 64 * MB  # a moment apart: allow for other processes

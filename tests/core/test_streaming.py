@@ -333,7 +333,7 @@ def test_streamed_prune_without_prefetch_is_identical(llama_dir, corpus, tmp_pat
     with_prefetch = prune(recipe, output_dir=tmp_path / "a").save(tmp_path / "a")
     original = StreamedModel.__init__
     monkeypatch.setattr(
-        StreamedModel, "__init__", lambda self, d, dt, dev, prefetch=True: original(self, d, dt, dev, False)
+        StreamedModel, "__init__", lambda self, d, dt, dev, prefetch=True, **kw: original(self, d, dt, dev, False, **kw)
     )
     without = prune(recipe, output_dir=tmp_path / "b").save(tmp_path / "b")
     a, b = (load_file(d / "model-00002-of-00003.safetensors") for d in (with_prefetch, without))
@@ -349,6 +349,32 @@ def test_auto_streams_only_when_saving_a_model_read_from_disk(llama_dir, corpus,
     assert not list(tmp_path.iterdir())  # the unfinished checkpoint is gone
     snip = recipe_for(llama_dir, corpus, device="cpu", criterion={"name": "snip"})
     assert prune(snip, output_dir=tmp_path / "snip").metrics["execution"] == "memory"
+
+
+def test_host_memory_is_bounded_when_asked_to_stream_or_short(llama_dir, corpus, tmp_path, monkeypatch):
+    """``execution: stream`` maps every allocation (memory first); ``auto`` streaming a model that is a
+    small share of the memory available reuses freed memory, as an in-memory run does, and bounds it
+    once the weights exceed that share. The policy set is the one reported."""
+    import core.models.streaming as streaming
+
+    applied = []
+    monkeypatch.setattr(streaming, "release_freed_memory", lambda: applied.append("bounded"))
+    monkeypatch.setattr(streaming, "keep_freed_memory", lambda: applied.append("reused"))
+    recipe = recipe_for(llama_dir, corpus, device="cpu")
+    runs = [
+        ("stream", {**recipe, "execution": "stream"}, "bounded"),
+        ("auto", recipe, "reused"),
+    ]
+    for name, r, policy in runs:
+        result = prune(r, output_dir=tmp_path / name)
+        assert result.metrics["execution"] == "stream"
+        assert result.metrics["host_memory"] == policy and applied[-1] == policy
+        result.discard()
+    monkeypatch.setattr(streaming, "available_memory", lambda: 1000)  # far below the tiny model's weights
+    result = prune(recipe, output_dir=tmp_path / "short")
+    assert result.metrics["host_memory"] == "bounded" and applied[-1] == "bounded"
+    result.discard()
+    assert prune(recipe).metrics["host_memory"] == "reused"  # in memory: the model is held anyway
 
 
 def test_whole_model_gradient_criteria_are_refused_when_streaming(llama_dir, corpus, tmp_path):
