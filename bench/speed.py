@@ -491,6 +491,8 @@ def _static_decodes(model, stream, args: argparse.Namespace) -> list[dict[str, A
 def _label(r: dict[str, Any]) -> str:
     if r["ratio"] == 0:
         return "dense"
+    if r.get("default"):
+        return f"pruned {r['ratio']:.0%}, the default recipe ({r['achieved_ratio']:.1%} removed)"
     rounded = f", FFN widths ×{r['round_neurons']}" if r.get("round_neurons", 1) > 1 else ""
     rounded += ", whole kv groups" if r.get("kv_groups") == "whole" else ""
     rounded += f", heads ×{r['round_heads']}" if r.get("round_heads", 1) > 1 else ""

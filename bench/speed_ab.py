@@ -14,6 +14,7 @@ and with ``--compile`` the same decoding with a static KV cache through ``torch.
 compiled once per model before the rounds; ``bench/compiled_decode.py``).
 
     python bench/speed_ab.py --models 0 0.2:64:free 0.2:64:whole 0.5:64:free 0.5:64:whole:6 --compile
+    python bench/speed_ab.py --models 0 0.2:default 0.5:default 0.2:64:free --out docs/results/latency_default.md
 """
 
 from __future__ import annotations
@@ -38,12 +39,23 @@ OUT = ROOT / "docs" / "results" / "latency_kv_groups.md"
 
 
 def build(spec: str, samples: int) -> tuple[Any, dict[str, Any]]:
-    """A model of ``spec`` (``0`` or ``RATIO:FFN_MULTIPLE:KV_GROUPS[:HEADS_MULTIPLE]``) and its row."""
+    """A model of ``spec`` and its row: ``0`` (dense), ``RATIO:FFN_MULTIPLE:KV_GROUPS[:HEADS_MULTIPLE]``
+    (magnitude + LIAR, uniform shares, as ``bench/speed.py``), or ``RATIO:default`` (the default recipe
+    at that ratio: criterion auto, its allocation, OBS selection, ls, widths rounded for the CPU)."""
     from core.models.loading import load_model
     from core.pipeline.sequential import prune
 
     ratio, rounding, groups, heads = (spec.split(":") + ["", "", ""])[:4]
-    row: dict[str, Any] = {"ratio": float(ratio), "round_neurons": int(rounding or 1), "kv_groups": groups or "free"}
+    if rounding == "default":
+        row: dict[str, Any] = {"ratio": float(ratio), "default": True}
+        recipe = _recipe(samples, 128, row["ratio"], 16)
+        for key in ("criterion", "reconstruction", "round_to"):  # the defaults instead of the paper's
+            recipe.pop(key)
+        result = prune(recipe)
+        model, row["achieved_ratio"] = result.model, result.achieved_ratio
+        row.update(params=sum(p.numel() for p in model.parameters()), **_structure(model))
+        return model.eval(), row
+    row = {"ratio": float(ratio), "round_neurons": int(rounding or 1), "kv_groups": groups or "free"}
     row["round_heads"] = int(heads or 1)
     if row["ratio"] == 0:
         model, _, _ = load_model(str(smollm2_dir()), "float32", "cpu")
@@ -130,7 +142,9 @@ def write(rows: list[dict[str, Any]], args, mach: dict[str, Any], compile_errors
         return f"{value:,.0f}{gain}" if rate else f"{value:.1f}{gain}"
 
     lines = [
-        "# Latency with whole key/value groups vs free query heads (SmolLM2-135M, CPU, interleaved)",
+        "# Latency of the default recipe's pruned models (SmolLM2-135M, CPU, interleaved)"
+        if any(r.get("default") for r in rows)
+        else "# Latency with whole key/value groups vs free query heads (SmolLM2-135M, CPU, interleaved)",
         "",
         f"Measured {dt.date.today().isoformat()} on {_machine_line(mach)}. Produced by "
         f"`python bench/speed_ab.py {' '.join(sys.argv[1:])}`.",
@@ -168,9 +182,10 @@ def write(rows: list[dict[str, Any]], args, mach: dict[str, Any], compile_errors
     compile_s = ", ".join(f"{_label(r)} {r['compile_seconds']:.0f} s" for r in rows if "compile_seconds" in r)
     if compile_s:
         lines += ["", f"Compile time of the decode step (once per model, batch 1): {compile_s}."]
-    OUT.write_text("\n".join(lines) + "\n")
-    OUT.with_suffix(".json").write_text(json.dumps({"machine": mach, "rows": rows}, indent=2, default=str))
-    return OUT
+    out = Path(args.out)
+    out.write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps({"machine": mach, "rows": rows}, indent=2, default=str))
+    return out
 
 
 def main() -> None:
@@ -182,6 +197,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prune-samples", type=int, default=32)
     p.add_argument("--compile", action="store_true", help="also compiled decoding with a static KV cache")
+    p.add_argument("--out", default=str(OUT), help="the page to write (its .json beside it)")
     args = p.parse_args()
     if args.models[0] != "0":
         sys.exit("the first model must be the dense one (0): speed-ups are against it")
