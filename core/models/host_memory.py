@@ -97,22 +97,35 @@ def reuse_freed_memory() -> Iterator[bool]:
             _libc().malloc_trim(0)
 
 
-def available_memory() -> int | None:
+def available_memory(proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup")) -> int | None:
     """Bytes of host memory this process can still take: the kernel's ``MemAvailable``, lowered to
-    what its cgroup's limit leaves (a worker in a container); None where neither can be read."""
+    what the memory limit of its cgroup leaves (a worker in a container, or a service with a memory
+    cap); None where neither can be read."""
     found = []
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in (proc / "meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 found.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
         pass
+    # the process's own group (the root inside a container's cgroup namespace): cgroup v2's unified
+    # hierarchy ("0::/path"), or v1's memory controller ("4:memory:/path")
+    v2, v1 = cgroups, cgroups / "memory"
+    try:
+        for line in (proc / "self" / "cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "":
+                v2 = cgroups / path.strip().lstrip("/")
+            elif "memory" in controllers.split(","):
+                v1 = cgroups / "memory" / path.strip().lstrip("/")
+    except (OSError, ValueError):
+        pass
     for limit, usage in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),  # v1
+        (v2 / "memory.max", v2 / "memory.current"),
+        (v1 / "memory.limit_in_bytes", v1 / "memory.usage_in_bytes"),
     ):
         try:
-            cap, used = Path(limit).read_text().strip(), Path(usage).read_text().strip()
+            cap, used = limit.read_text().strip(), usage.read_text().strip()
             if cap != "max" and int(cap) < 2**60:  # v1 writes "no limit" as a huge number
                 found.append(max(0, int(cap) - int(used)))
         except (OSError, ValueError):

@@ -131,3 +131,27 @@ def test_bounding_memory_gives_back_what_an_earlier_reusing_run_kept():
     if kept < 200:
         pytest.skip("not glibc, or its heap gave the memory back by itself")
     assert after < 32, out.stdout
+
+
+def test_available_memory_is_lowered_to_what_the_cgroup_limit_leaves(tmp_path):
+    proc, cgroups = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text("MemTotal:       33554432 kB\nMemAvailable:   16777216 kB\n")  # 16 GiB
+    assert available_memory(proc, cgroups) == 16 * 2**30  # no cgroup files: the kernel's figure
+    (proc / "self" / "cgroup").write_text("0::/system.slice/liar-worker.service\n")
+    group = cgroups / "system.slice" / "liar-worker.service"
+    group.mkdir(parents=True)
+    (group / "memory.max").write_text(f"{4 * 2**30}\n")  # a service capped at 4 GiB, 1 GiB of it in use
+    (group / "memory.current").write_text(f"{2**30}\n")
+    assert available_memory(proc, cgroups) == 3 * 2**30
+    (group / "memory.max").write_text("max\n")  # no cap
+    assert available_memory(proc, cgroups) == 16 * 2**30
+    (proc / "self" / "cgroup").write_text("5:cpu,cpuacct:/\n4:memory:/docker/abc\n0::/\n")  # cgroup v1
+    v1 = cgroups / "memory" / "docker" / "abc"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(f"{2 * 2**30}\n")
+    (v1 / "memory.usage_in_bytes").write_text(f"{2**29}\n")
+    assert available_memory(proc, cgroups) == 3 * 2**29
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # how v1 writes "no limit"
+    assert available_memory(proc, cgroups) == 16 * 2**30
+    assert available_memory(tmp_path / "none", tmp_path / "none") is None
