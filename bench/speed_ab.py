@@ -46,27 +46,25 @@ def build(spec: str, samples: int) -> tuple[Any, dict[str, Any]]:
     from core.pipeline.sequential import prune
 
     ratio, rounding, groups, heads = (spec.split(":") + ["", "", ""])[:4]
+    row: dict[str, Any] = {"ratio": float(ratio)}
     if rounding == "default":
-        row: dict[str, Any] = {"ratio": float(ratio), "default": True}
-        recipe = _recipe(samples, 128, row["ratio"], 16)
-        for key in ("criterion", "reconstruction", "round_to"):  # the defaults instead of the paper's
-            recipe.pop(key)
-        result = prune(recipe)
-        model, row["achieved_ratio"] = result.model, result.achieved_ratio
-        row.update(params=sum(p.numel() for p in model.parameters()), **_structure(model))
-        return model.eval(), row
-    row = {"ratio": float(ratio), "round_neurons": int(rounding or 1), "kv_groups": groups or "free"}
-    row["round_heads"] = int(heads or 1)
+        row["default"] = True
+    else:
+        row.update(round_neurons=int(rounding or 1), kv_groups=groups or "free", round_heads=int(heads or 1))
     if row["ratio"] == 0:
         model, _, _ = load_model(str(smollm2_dir()), "float32", "cpu")
         row["achieved_ratio"] = 0.0
     else:
         recipe = _recipe(samples, 128, row["ratio"], 16)
-        recipe["round_to"] = {
-            "neurons": row["round_neurons"],
-            "kv_groups": row["kv_groups"],
-            "heads": row["round_heads"],
-        }
+        if row.get("default"):
+            for key in ("criterion", "reconstruction", "round_to"):  # the defaults instead of the paper's
+                recipe.pop(key)
+        else:
+            recipe["round_to"] = {
+                "neurons": row["round_neurons"],
+                "kv_groups": row["kv_groups"],
+                "heads": row["round_heads"],
+            }
         result = prune(recipe)
         model, row["achieved_ratio"] = result.model, result.achieved_ratio
     row.update(params=sum(p.numel() for p in model.parameters()), **_structure(model))

@@ -147,7 +147,6 @@ class StreamSource:
         # asked to stream: memory first whatever the model's size; streamed by ``auto``: decided by its size
         bound = True if recipe.execution == "stream" else None
         self.sm = StreamedModel.open(directory, recipe.dtype, recipe.device, bound_memory=bound)
-        self.reuses_memory = not self.sm.bounds_memory
         self.model, self.adapter, self.device = self.sm.model, self.sm.adapter, self.sm.device
         self.tokenizer = tokenizer if tokenizer is not None else _tokenizer(directory, self.model.config)
         ensure_pad_token(self.tokenizer)
@@ -202,6 +201,11 @@ class StreamSource:
         )
         self.sm.prefetch(0)  # beside the plan and the calibration's pass through the embeddings
         return criterion.finalize(scores, opts)
+
+    @property
+    def reuses_memory(self) -> bool:
+        """Whether the run reuses freed host memory (the streamed model decided: see its ``bound_memory``)."""
+        return not self.sm.bounds_memory
 
     @property
     def io(self) -> BlockIO:
