@@ -217,6 +217,7 @@ class _Replay(nn.Module):
         if y is None:
             x = runner.offload.fetch(self.inputs[i])
             if x.shape[-1] != len(self.keep):  # stored whole (a held-aside batch): select the kept channels
+                self.keep = self.keep.to(x.device)  # inputs kept in host memory are fetched to the device
                 x = select_channels(x, self.keep)
             y = self.proj(x) if self.proj is not None else x
             self.outputs[i] = runner.offload.store(y)

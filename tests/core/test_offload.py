@@ -7,6 +7,7 @@ that fetched what it had not stored would trip the dtype check; and the float32 
 round trip is exact, so the pruned weights must equal the plain run's.
 """
 
+import types
 import weakref
 
 import pytest
@@ -253,3 +254,28 @@ def test_auto_recomputes_the_ffn_before_it_spills_to_the_host():
     assert choose_offload("auto", cpu, needed=10**12, working=1, free=1, lean=1).name == "device"
     on_cpu = [choose_offload(c, cpu, needed=1, working=1, lean=1).name for c in ("recompute", "host")]
     assert on_cpu == ["recompute", "recompute"]
+
+
+def test_a_replay_gathers_kept_channels_on_the_device_its_inputs_are_fetched_to(monkeypatch):
+    """Inputs kept in host memory are fetched to the device before the kept channels are gathered:
+    the gather's index must be on that device too (a CUDA kernel refuses a host index; the CPU and
+    meta kernels do not check, so the check is made here). "meta" stands in for the device."""
+    import core.pipeline.runner as runner_module
+
+    class _MetaHome(Offload):
+        def fetch(self, t):
+            return t.to("meta")
+
+    real = runner_module.select_channels
+
+    def checked(x, index):
+        assert index.device == x.device, f"index on {index.device}, inputs on {x.device}"
+        return real(x, index)
+
+    monkeypatch.setattr(runner_module, "select_channels", checked)
+    keep = torch.tensor([True, False, True, True, False, True])
+    held_aside = torch.randn(2, 3, 6)  # stored whole: the replay selects the kept channels itself
+    runner = types.SimpleNamespace(batch=0, offload=_MetaHome("cpu"))
+    replay = runner_module._Replay([held_aside], keep, None, False, runner)
+    out = replay()
+    assert out.device.type == "meta" and out.shape == (2, 3, 4)
