@@ -136,6 +136,7 @@ def main() -> None:
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+        weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
         t0 = time.perf_counter()
         result = prune(recipe, model=model, calibration=(fit, held))
         if args.device.startswith("cuda"):
@@ -147,7 +148,9 @@ def main() -> None:
         row = {
             "samples": n,
             "seconds": seconds,
-            "peak_memory_mb": result.peak_memory_mb,
+            "peak_memory_mb": result.peak_memory_mb,  # MiB (torch.cuda.max_memory_allocated / 2**20)
+            "peak_gb": result.peak_memory_mb * 2**20 / 1e9,
+            "weights_gb": weight_bytes / 1e9,
             "achieved_ratio": result.achieved_ratio,
             "activations": result.metrics["activations"],
             "criterion": result.metrics["criterion"],
@@ -164,16 +167,20 @@ def main() -> None:
         f"# LIAR reconstruction time: LLaMA-{args.shape.upper()}-shaped random model, {args.dtype}",
         "",
         f"Measured {dt.date.today().isoformat()} on {device_name}, torch {torch.__version__}; "
-        f"`python bench/gpu_liar.py --shape {args.shape}`. Ratio {args.ratio} (heads + neurons, {args.criterion}), "
+        f"`python bench/gpu_liar.py --shape {args.shape}`. Peak device memory in GB (10⁹ bytes), also as a "
+        f"multiple of the model's weights. Ratio {args.ratio} (heads + neurons, {args.criterion}), "
         f"{args.seq_len}-token samples, method `{args.method}`; time of `core.prune` with the model on the device.",
         "",
-        "| samples | seconds | peak memory MB | paper (A100) | speed-up |",
-        "|---|---|---|---|---|",
+        "| samples | activations | seconds | peak GB | × weights | paper (A100) | speed-up |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         paper = f"{r['paper_a100_minutes']} min" if r["paper_a100_minutes"] else "–"
         speed = f"{r['speedup_vs_paper']:.1f}×" if r["speedup_vs_paper"] else "–"
-        lines.append(f"| {r['samples']} | {r['seconds']:.1f} | {r['peak_memory_mb']:.0f} | {paper} | {speed} |")
+        lines.append(
+            f"| {r['samples']} | {r['activations']} | {r['seconds']:.1f} | {r['peak_gb']:.1f} | "
+            f"{r['peak_gb'] / r['weights_gb']:.2f} × | {paper} | {speed} |"
+        )
     Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")
 

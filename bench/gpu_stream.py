@@ -235,6 +235,7 @@ def child(args) -> None:
             "reconstruct_s": round(at[3] - at[2], 1) if all(at[2:]) else None,
             "peak_device_mb": round(peak[0]),
             "weights_gb": round(sum(e.nbytes for e in reader.entries.values()) / 1e9, 1),
+            "device": machine(),
         }
         print(json.dumps(row), flush=True)
     finally:
@@ -298,6 +299,10 @@ def _cell(value) -> str:
     return "–" if value is None else str(value)
 
 
+def _measured(row: dict) -> str:
+    return f"{row.get('date', '–')}, {row.get('device', '–')}"
+
+
 def write_report(path: Path, rows: list[dict], header: str) -> None:
     lines = [
         "# Streamed against in-memory pruning on a GPU: device memory and time",
@@ -305,12 +310,12 @@ def write_report(path: Path, rows: list[dict], header: str) -> None:
         header,
         "",
         "| shape | samples | mode | output | criterion | activations | load s | prune s | scoring s | blocks s "
-        "| save s | total s | peak device GB | bf16 weights GB | peak RSS GB | target | status |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| save s | total s | peak device GB | bf16 weights GB | peak RSS GB | target | status | measured on |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"| {r['run']} | | | | | | | | | | | | | | | | {r.get('status')} |")
+            lines.append(f"| {r['run']} | | | | | | | | | | | | | | | | {r.get('status')} | {_measured(r)} |")
             continue
         target = TARGETS.get((r["shape"], r["samples"])) if r["mode"] == "stream" else None
         met = (
@@ -323,7 +328,8 @@ def write_report(path: Path, rows: list[dict], header: str) -> None:
             f"{r['criterion']} | {r['activations']} | {r['load_s']} | {r['prune_s']} | "
             f"{_cell(r.get('score_s'))} | {_cell(r.get('reconstruct_s'))} | {r['save_s']} | "
             f"{r['total_s']} | "
-            f"{r['peak_device_mb'] / 1e3:.1f} | {r['weights_gb']} | {r.get('peak_rss_mb', 0) / 1e3:.1f} | {met} | ok |"
+            f"{r['peak_device_mb'] / 1e3:.1f} | {r['weights_gb']} | {r.get('peak_rss_mb', 0) / 1e3:.1f} | {met} | ok | "
+            f"{_measured(r)} |"
         )
     path.write_text("\n".join(lines) + "\n")
 
@@ -353,12 +359,12 @@ def main() -> None:
     for run in args.runs:
         key = f"{run}|{args.criterion}|{args.activations}"
         row = measured_child(args, run)
-        row["key"] = key
+        row.update(key=key, date=dt.date.today().isoformat())
         print(json.dumps(row), flush=True)
         rows = [r for r in rows if r.get("key") != key] + [row]
         path.write_text(json.dumps(rows, indent=1) + "\n")
         header = (
-            f"Measured {dt.date.today().isoformat()} on {machine()}; `python bench/gpu_stream.py` (see its "
+            "Each row's date and machine in its last column; `python bench/gpu_stream.py` (see its "
             "docstring): LLaMA-shaped random bf16 weights from a host-memory pool (no disk), ratio "
             f"{args.ratio}, heads + neurons, {args.seq_len}-token samples + {args.holdout} held aside, batch 16, "
             "`stats_dtype: float32`. Peak device memory over the whole run; peak RSS of the run's process."
