@@ -61,14 +61,18 @@ def activation_bytes(
     adapter: Adapter, tokens: int, itemsize: int, dense: bool = False, ffn_tokens: int | None = None
 ) -> int:
     """An upper bound of the activations the block loop keeps for ``tokens`` calibration tokens:
-    block inputs, the replayed attention and FFN outputs, the FFN's kept inputs (at most all its
-    channels) for ``ffn_tokens`` of them (all by default; with the FFN recomputed, the held-aside
-    ones, whose error report reads them), and with ``dense`` (error feedback) the dense model's
-    states and the dense inputs of both reconstructed projections (``tests/core/test_offload.py``
-    checks the bound on real runs)."""
+    block inputs, the replayed attention and FFN outputs (in a sequential pre-norm block the
+    attention's are folded into the block inputs: ``BlockRunner.absorb``), the FFN's kept inputs (at
+    most all its channels) for ``ffn_tokens`` of them (all by default; with the FFN recomputed, the
+    held-aside ones, whose error report reads them), and with ``dense`` (error feedback) the dense
+    model's states and the dense inputs of both reconstructed projections
+    (``tests/core/test_offload.py`` checks the bound on real runs)."""
     d, f = adapter.hidden, adapter.n_neurons
     ffn_tokens = tokens if ffn_tokens is None else ffn_tokens
-    per_token = 3 * d + (2 * d + f if dense else 0)
+    # the fold saves a hidden-size activation where the FFN pass peaks; with error feedback the dense
+    # model's states and inputs peak beside them before the fold (measured by the test)
+    folds = adapter.family.ffn_input_norm is not None and not dense
+    per_token = (2 if folds else 3) * d + (2 * d + f if dense else 0)
     return (tokens * per_token + ffn_tokens * f) * itemsize
 
 

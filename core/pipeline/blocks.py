@@ -343,7 +343,15 @@ def _prune_block(
             partial(_select_neurons, lp, damp) if obs else None,
             dense.get(fam.ffn_out),
         )
-        fitter.fit(layer, li, unit, added)
+        # a sequential pre-norm block: the FFN pass folds the replayed attention output into the stored
+        # block inputs (the residual stream entering the FFN), so the two are not kept side by side
+        fold = fam.attn in runner.replays and fam.ffn_input_norm is not None
+        handle = runner.absorb(layer, fam.attn, fam.ffn_input_norm) if fold else None
+        try:
+            fitter.fit(layer, li, unit, added)
+        finally:
+            if handle is not None:
+                handle.remove()
         if not fitter.recomputes(unit):  # else the output pass runs the pruned FFN
             skip = (fam.ffn_input_norm, fam.ffn_inline_act)
             runner.replay(layer, fam.ffn_block, fam.ffn_out, unit.keep, returns_tuple=False, bypass=skip)

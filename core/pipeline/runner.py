@@ -170,6 +170,26 @@ class BlockRunner:
             self.replays[name] = (layer.get_submodule(name), nn.Identity())
             set_module(layer, name, self.replays[name][1])
 
+    def absorb(self, layer: nn.Module, block: str, at: str) -> torch.utils.hooks.RemovableHandle:
+        """Fold the replayed output of ``layer.<block>`` into the stored block inputs as the block's
+        next pass computes it: the input of ``layer.<at>`` (the FFN's input norm of a sequential
+        pre-norm block: the residual stream after the attention) replaces batch i's block input, and
+        the replay returns zeros for batch i from then on. The block's later passes compute the same
+        values (``mid + 0`` is ``mid``), and one hidden-size activation per token is kept instead of
+        two (the block input and the attention's output). Returns the hook's handle: remove it after
+        that pass."""
+        replay = self.replays[block][1]
+        replay.absorbing = True
+
+        def hook(_mod, args):
+            i = self.batch
+            y = replay.outputs.pop(i, None)
+            if y is not None:
+                replay.absorbed[i] = (y.shape, y.dtype)
+                self.hidden[i] = self.offload.store(args[0].detach())
+
+        return layer.get_submodule(at).register_forward_pre_hook(hook)
+
     def restore(self, layer: nn.Module) -> None:
         for block, (original, _) in self.replays.items():
             set_module(layer, block, original)
@@ -208,11 +228,17 @@ class _Replay(nn.Module):
         super().__init__()
         self.inputs, self.proj, self.returns_tuple, self.runner = inputs, proj, returns_tuple, [runner]
         self.keep = keep.nonzero().squeeze(1).to(inputs[0].device)
+        self.absorbing = False  # outputs stay on the device until BlockRunner.absorb folds them in
+        self.absorbed: dict[int, tuple[torch.Size, torch.dtype]] = {}  # batches folded in: output zero
         self.outputs: dict[int, torch.Tensor] = {}
 
     def forward(self, *args, **kwargs):
         runner = self.runner[0]
         i = runner.batch
+        if i in self.absorbed:  # the block's input holds this output already
+            shape, dtype = self.absorbed[i]
+            zero = torch.zeros((), dtype=dtype, device=runner.device).expand(shape)
+            return (zero, None) if self.returns_tuple else zero
         y = self.outputs.get(i)
         if y is None:
             x = runner.offload.fetch(self.inputs[i])
@@ -220,7 +246,7 @@ class _Replay(nn.Module):
                 self.keep = self.keep.to(x.device)  # inputs kept in host memory are fetched to the device
                 x = select_channels(x, self.keep)
             y = self.proj(x) if self.proj is not None else x
-            self.outputs[i] = runner.offload.store(y)
+            self.outputs[i] = y if self.absorbing else runner.offload.store(y)
             self.inputs[i] = None  # the output stands for it from now on
         else:
             y = runner.offload.fetch(y)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -82,7 +83,7 @@ def solve_spd(
         if int(info) == 0:
             if overwrite:  # the caller's temporary is not needed any more: one C² less at the peak
                 del matrix, m, diag
-            return invert_factor_(chol) if r is None else torch.cholesky_solve(r, chol)
+            return invert_factor_(chol) if r is None else solve_factored(chol, r)
         del chol
         new_lam = max(float(lam) * 10.0, 1e-10 * float(scale))
         warnings.warn(
@@ -113,26 +114,57 @@ def invert_factor_(chol: torch.Tensor) -> torch.Tensor:
     return cholesky_inverse_(chol)
 
 
-def inverse_spd(build: Callable[[], torch.Tensor], damp: float = 0.0) -> torch.Tensor:
-    """``(M + λI)⁻¹`` of the symmetric matrix ``build()`` returns (a fresh float64 temporary), damped
-    and with dead channels treated as :func:`solve_spd` does — but factorised and inverted in the
-    temporary's own memory: the factorisation works in place on its column-major view (the same
-    matrix, being symmetric) and :func:`invert_factor_` inverts there, so the peak is one C × C where
-    a factor and an inverse beside it make it three.
+def solve_factored(chol: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """``(L Lᵀ)⁻¹ R`` from the lower Cholesky factor ``chol``, by two triangular solves that read the
+    factor where it is (``torch.cholesky_solve`` copies it first, on a CPU and on a GPU alike: one
+    more C × C, 0.6 GB of float64 for the kept channels of LLaMA-7B's FFN)."""
+    y = torch.linalg.solve_triangular(chol, rhs, upper=False)
+    return torch.linalg.solve_triangular(chol.T, y, upper=True)
+
+
+def solve_spd_in_place(build: Callable[[], torch.Tensor], rhs: torch.Tensor | None, damp: float = 0.0) -> torch.Tensor:
+    """``(M + λI)⁻¹ R`` — or ``(M + λI)⁻¹`` itself with ``rhs`` None — for the symmetric matrix
+    ``build()`` returns (a fresh float64 temporary), damped and with dead channels treated as
+    :func:`solve_spd` does, but factorised in the temporary's own memory: the factorisation works in
+    place on its column-major view (the same matrix, being symmetric), and the inverse
+    (:func:`invert_factor_`) or the triangular solves (:func:`solve_factored`) read the factor there.
+    The peak is one C × C where a factor beside the matrix (and the solve's copy of it) make it three.
     A factorisation that fails has overwritten the temporary: :func:`solve_spd`'s retries at higher
     damping then run on a second ``build()``."""
     m = build()
     if m.dtype != SOLVE_PRECISION:
-        raise TypeError(f"inverse_spd needs a {SOLVE_PRECISION} matrix, got {m.dtype}")
+        raise TypeError(f"solve_spd_in_place needs a {SOLVE_PRECISION} matrix, got {m.dtype}")
     _condition(m, damp)
     view = m.T
     info = torch.empty((), dtype=torch.int32, device=m.device)
     torch.linalg.cholesky_ex(view, out=(view, info))
     if int(info) == 0:
-        invert_factor_(view)
-        return m
+        if rhs is None:
+            invert_factor_(view)
+            return m
+        return solve_factored(view, rhs.to(SOLVE_PRECISION))
     del m, view
-    return solve_spd(build(), None, damp, overwrite=True)
+    return solve_spd(build(), rhs, damp, overwrite=True)
+
+
+def inverse_spd(build: Callable[[], torch.Tensor], damp: float = 0.0) -> torch.Tensor:
+    """``(M + λI)⁻¹`` of the symmetric matrix ``build()`` returns, in that temporary's own memory
+    (:func:`solve_spd_in_place`)."""
+    return solve_spd_in_place(build, None, damp)
+
+
+def rebuildable(make: Callable[[], torch.Tensor], stats: InputStats, release: bool) -> Callable[[], torch.Tensor]:
+    """What :func:`solve_spd_in_place` factorises: ``make()`` (a block of the statistics' Gram) each
+    time while the statistics stay. With ``release`` the block is made once and the statistics are
+    freed at once, so the C_in² Gram is not alive during the solve; a float32 copy of the block is kept
+    for the retries of a factorisation that fails (which overwrites the block): their damping is
+    raised tenfold, far above float32's rounding (as the OBS paths' inverses do)."""
+    if not release:
+        return make
+    first = [make()]
+    backup = first[0].to(torch.float32)
+    stats.free()
+    return lambda: first.pop() if first else backup.to(SOLVE_PRECISION)
 
 
 def _eigh_projection(target: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
@@ -165,7 +197,7 @@ def project_rows(target: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
         return _eigh_projection(target, basis)
     if r >= d:
         return target.clone()
-    coeff = torch.cholesky_solve((target @ basis.T).T, chol).T  # (k, r)
+    coeff = solve_factored(chol, (target @ basis.T).T).T  # (k, r)
     return coeff @ basis
 
 
@@ -213,22 +245,14 @@ def _bias(weight, bias, keep, stats, damp=0.0, group_size=1, release=False):
     return w.index_select(1, u), _bias_plus(bias, w.index_select(1, m) @ mu[m])
 
 
-def _release(stats: InputStats, release: bool) -> None:
-    """Free the statistics once a method has taken the blocks of G it needs (``release``: the caller
-    will not read them again), so the C_in² Gram is not alive during the solve."""
-    if release:
-        stats.free()
-
-
 @register("liar")
 def _liar(weight, bias, keep, stats, damp=0.0, group_size=1, release=False):
     _, g, mu, u, m = _split(weight, keep, stats, weight_too=False)
     n = stats.count
     rhs = centred_block(g, mu, n, u, m)
-    g_uu = _block(g, u, u)
-    del g
-    _release(stats, release)
-    q = solve_spd(g_uu, rhs, damp, overwrite=True)  # (C_u, C_m)
+    g_uu = rebuildable(partial(_block, g, u, u), stats, release)
+    del g  # with release, the statistics are gone: G is freed
+    q = solve_spd_in_place(g_uu, rhs, damp)  # (C_u, C_m)
     del g_uu, rhs
     w = weight.to(SOLVE_PRECISION)
     w_u, w_m = w.index_select(1, u).T, w.index_select(1, m).T  # paper layout (C, C_out)
@@ -241,10 +265,10 @@ def _liar(weight, bias, keep, stats, damp=0.0, group_size=1, release=False):
 def _ls(weight, bias, keep, stats, damp=0.0, group_size=1, release=False):
     _, g, mu, u, m = _split(weight, keep, stats, weight_too=False)
     n = stats.count
-    cov_uu, cov_um = centred_block(g, mu, n, u, u), centred_block(g, mu, n, u, m)
-    del g
-    _release(stats, release)
-    qc = solve_spd(cov_uu, cov_um, damp, overwrite=True)  # (C_u, C_m)
+    cov_um = centred_block(g, mu, n, u, m)
+    cov_uu = rebuildable(partial(centred_block, g, mu, n, u, u), stats, release)
+    del g  # with release, the statistics are gone: G is freed
+    qc = solve_spd_in_place(cov_uu, cov_um, damp)  # (C_u, C_m)
     del cov_uu, cov_um
     w = weight.to(SOLVE_PRECISION)
     w_m = w.index_select(1, m).T  # (C_m, C_out)

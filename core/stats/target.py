@@ -17,10 +17,12 @@ the dense inputs' own Gram is kept for the error report.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from core.stats.accumulate import InputStats, flush_tokens, gram_product
-from core.stats.reconstruct import SOLVE_PRECISION, _block, centred_block, solve_spd
+from core.stats.reconstruct import SOLVE_PRECISION, _block, centred_block, solve_spd_in_place
 
 
 class TargetStats:
@@ -88,11 +90,12 @@ def refit_to_dense(
     u = keep.nonzero().squeeze(1)
     mu_p = stats.pruned.sum.to(SOLVE_PRECISION) / n
     mu_d = stats.dense_sum.to(SOLVE_PRECISION) / n
-    cov_uu = centred_block(stats.pruned.gram.to(SOLVE_PRECISION), mu_p, n, u, u)
     cov_ud = stats.cross_products().to(SOLVE_PRECISION).index_select(0, u).addr_(mu_p[u], mu_d, alpha=-n)
     w = weight.to(SOLVE_PRECISION)
     rhs = cov_ud @ w.T  # (C_u, C_out)
-    new_wt = solve_spd(cov_uu, rhs, damp, overwrite=True)  # (C_u, C_out)
+    del cov_ud
+    cov_uu = partial(centred_block, stats.pruned.gram.to(SOLVE_PRECISION), mu_p, n, u, u)
+    new_wt = solve_spd_in_place(cov_uu, rhs, damp)  # (C_u, C_out)
     b = torch.zeros(w.shape[0], dtype=SOLVE_PRECISION, device=w.device) if bias is None else bias.to(SOLVE_PRECISION)
     return new_wt.T, b + w @ mu_d - mu_p[u] @ new_wt
 

@@ -17,6 +17,7 @@ import core.pipeline.sequential as sequential
 from core import prune
 from core.models.adapter import adapter_for
 from core.models.offload import Offload, activation_bytes, block_working_bytes, choose_offload
+from core.pipeline.runner import BlockRunner
 from core.spec.recipe import Recipe
 from tests.conftest import recipe_for
 
@@ -279,3 +280,46 @@ def test_a_replay_gathers_kept_channels_on_the_device_its_inputs_are_fetched_to(
     replay = runner_module._Replay([held_aside], keep, None, False, runner)
     out = replay()
     assert out.device.type == "meta" and out.shape == (2, 3, 4)
+
+
+class _NoHandle:
+    def remove(self):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("family", "kw"),
+    [
+        ("llama", {}),  # paper-exact LIAR, held-aside report
+        ("llama", {"calibration": {"holdout_samples": 0}}),  # report on the fit statistics
+        ("llama", {"criterion": {"name": "auto"}, "reconstruction": {"method": "ls", "select": "auto"}}),  # default
+        ("llama", {"reconstruction": {"method": "ls", "target": "dense"}}),  # error feedback
+        ("llama", {"activations": "recompute"}),  # the output pass runs the pruned FFN on the folded input
+        ("gemma3", {"reconstruction": {"method": "ls"}}),  # sandwich norms: the attention's output is normed
+        ("phi3", {}),  # fused projections
+        ("opt", {}),  # no FFN input norm: nothing is folded
+    ],
+)
+def test_folding_the_attention_output_into_the_block_input_changes_nothing(family, kw, request, corpus, monkeypatch):
+    """The FFN pass stores the residual stream entering the FFN in place of the block input and the
+    attention's replayed output: the pruned model is the one the two kept side by side give, bit for
+    bit, and the run keeps one hidden-size activation per token less at its peak (recording home)."""
+    recipe = recipe_for(request.getfixturevalue(f"{family}_dir"), corpus, device="cpu", **kw)
+    folded, folded_home = _run_both(monkeypatch, recipe)[1:]
+    monkeypatch.undo()
+    monkeypatch.setattr(BlockRunner, "absorb", lambda *a, **k: _NoHandle())
+    apart, apart_home = _run_both(monkeypatch, recipe)[1:]
+    for a, b in zip(folded.plan.layers, apart.plan.layers, strict=True):
+        assert (a.heads, a.kv_heads, list(map(int, a.neurons))) == (b.heads, b.kv_heads, list(map(int, b.neurons)))
+    _assert_same_model(folded.model, apart.model)
+    assert [r.error_after for r in folded.report] == [r.error_after for r in apart.report]
+    if family == "opt":
+        assert folded_home.peak == apart_home.peak
+        return
+    assert folded_home.peak <= apart_home.peak
+    if kw.get("reconstruction", {}).get("target") == "dense":
+        return  # the dense model's states and inputs peak elsewhere in the block
+    cal = recipe["calibration"]
+    tokens = (cal["num_calibration_samples"] + cal.get("holdout_samples", 4)) * cal["max_seq_length"]
+    hidden = adapter_for(folded.model).hidden
+    assert apart_home.peak - folded_home.peak >= tokens * hidden * 4 // 2, (apart_home.peak, folded_home.peak)

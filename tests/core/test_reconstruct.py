@@ -13,10 +13,12 @@ from core.stats.reconstruct import (
     METHODS,
     inverse_spd,
     project_rows,
+    rebuildable,
     reconstruct_from_stats,
     reconstruct_linear,
     relative_output_error,
     solve_spd,
+    solve_spd_in_place,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -291,6 +293,97 @@ print((hwm() - base) / (n * n * 8 / 2**20))
 def test_inverse_spd_peaks_at_one_matrix_beyond_its_input():
     out = subprocess.run([sys.executable, "-c", _INVERSE_PEAK], capture_output=True, text=True, cwd=ROOT, check=True)
     assert float(out.stdout) < 1.3  # the copy only; a factor and an inverse beside it would make 2–3
+
+
+def test_solve_spd_in_place_equals_the_damped_solve_in_the_temporarys_memory():
+    rng = np.random.default_rng(5)
+    a = rng.normal(size=(80, 12))
+    a[:, 7] = 0.0  # a dead channel: unit row and column, as in solve_spd
+    g = a.T @ a
+    rhs = rng.normal(size=(12, 5))
+    built = []
+
+    def build():
+        built.append(_t(g).clone())
+        return built[-1]
+
+    sol = solve_spd_in_place(build, _t(rhs), damp=0.05)
+    assert len(built) == 1
+    lam = 0.05 * np.mean(np.where(np.diag(g) > 0, np.diag(g), 1.0))
+    conditioned = g + lam * np.eye(12)
+    conditioned[7, 7] = 1.0 + lam
+    _close(sol.numpy(), np.linalg.solve(conditioned, rhs))
+    _close(sol.numpy(), solve_spd(_t(g), _t(rhs), damp=0.05).numpy())
+
+
+def test_solve_spd_in_place_retries_on_a_second_build_when_the_factorisation_fails():
+    rng = np.random.default_rng(6)
+    a = rng.normal(size=(3, 8))
+    g = a.T @ a - 1e-3 * np.eye(8)  # indefinite: the first in-place factorisation fails
+    rhs = _t(rng.normal(size=(8, 2)))
+    calls = []
+
+    def build():
+        calls.append(1)
+        return _t(g).clone()
+
+    with pytest.warns(RuntimeWarning, match="Cholesky failed"):
+        sol = solve_spd_in_place(build, rhs, damp=0.0)
+    assert len(calls) == 2
+    with pytest.warns(RuntimeWarning, match="Cholesky failed"):
+        expected = solve_spd(_t(g), rhs, damp=0.0)
+    assert torch.equal(sol, expected)
+
+
+def test_a_released_block_is_made_once_and_retried_from_a_float32_copy():
+    x = torch.randn(50, 6, dtype=torch.float64)
+    stats = InputStats.from_tensor(x)
+    made = []
+    build = rebuildable(lambda: made.append(1) or stats.gram[:4, :4].clone(), stats, release=True)
+    assert made == [1] and stats.gram is None  # the statistics are freed before the solve
+    first, second = build(), build()
+    assert made == [1] and second.dtype == torch.float64
+    torch.testing.assert_close(second, first.float().double())
+    kept = InputStats.from_tensor(x)
+    again = rebuildable(lambda: kept.gram[:4, :4].clone(), kept, release=False)
+    assert torch.equal(again(), again()) and kept.gram is not None
+
+
+@pytest.mark.parametrize("method", ["liar", "ls"])
+def test_releasing_the_statistics_does_not_change_the_refit(method):
+    x, w, b, keep = _problem()
+    results = []
+    for release in (False, True):
+        stats = InputStats.from_tensor(_t(x))
+        results.append(
+            reconstruct_from_stats(method, _t(w), _t(b), torch.as_tensor(keep), stats, 1e-3, release=release)
+        )
+        assert (stats.gram is None) == release
+    assert all(torch.equal(p, q) for p, q in zip(*results, strict=True))
+
+
+_SOLVE_PEAK = """
+import re, torch
+from core.stats.reconstruct import solve_spd, solve_spd_in_place
+
+def hwm():
+    return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024
+
+n = 3000
+g = torch.randn(n, n, dtype=torch.float64).mul_(0.01)
+g.diagonal().add_(float(n))  # diagonally dominant: positive definite
+rhs = torch.randn(n, 30, dtype=torch.float64)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak from here on
+base = hwm()
+x = solve_spd_in_place(lambda: g.clone(), rhs, 1e-3)
+print((hwm() - base) / (n * n * 8 / 2**20))
+"""
+
+
+def test_solve_spd_in_place_peaks_at_one_matrix_beyond_its_input():
+    out = subprocess.run([sys.executable, "-c", _SOLVE_PEAK], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert float(out.stdout) < 1.3  # the copy only; a factor beside it and the solve's copy would make 3
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
