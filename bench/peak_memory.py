@@ -15,7 +15,9 @@ solve (11,008² channels). Without a GPU this benchmark measures both parts with
 Each row runs in a fresh process. The peak is that of the bytes held by tensors while the work runs,
 beyond those alive before it: torch.profiler's record of every allocation and free of the CPU
 allocator, what ``torch.cuda.max_memory_allocated`` counts on a GPU (no weights, interpreter or
-allocator slack). It is deterministic: one run per row.
+allocator slack). It is deterministic: one run per row. One difference: the record does not see the
+free of memory allocated before the work, so a refit that releases its statistics before the solve
+(the Gram, 924.5 MiB at 7B's FFN) gets no credit for it here, where a GPU's peak would.
 
     python bench/peak_memory.py --label after --out docs/results/peak_memory.md
 """
@@ -161,7 +163,8 @@ def main() -> None:
         "work beyond those alive before it, in MiB. *run*: `core.prune` of a LLaMA-7B-proportioned model "
         f"(hidden {SHAPE['hidden_size']}, FFN {SHAPE['intermediate_size']}, 2 blocks, float32, 128 × 128 tokens); "
         "*solve*: the FFN's LIAR refit alone at LLaMA-7B's widths. *activations*: one hidden-size activation of "
-        "every sample; *Gram*: the FFN's float64 input Gram.",
+        "every sample; *Gram*: the FFN's float64 input Gram (alive before the work; a refit that releases it "
+        "before its solve gets no credit for that here, see the docstring).",
         "",
         "| code | part | setting | peak MiB | activations MiB | Gram MiB | date |",
         "|---|---|---|---|---|---|---|",
