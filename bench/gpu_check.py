@@ -11,7 +11,9 @@ results without an error. This script runs, on the device, the comparisons the t
   device: the same kept units and the same outputs of the pruned models on random tokens;
 - the OBS paths' inverse from a Cholesky factor computed in place (``core/stats/spd_inverse.py``,
   what a GPU runs) against ``torch.cholesky_inverse`` at LLaMA-7B's widths (4,096 and 11,008), with
-  the time and the memory beyond the factor of each.
+  the time and the memory beyond the factor of each;
+- the refits' solve in the matrix's own memory (``solve_spd_in_place``) against ``torch.cholesky_solve``
+  at the kept width of LLaMA-7B's FFN (8,832), with time and memory.
 
     python bench/gpu_check.py --out OUT/gpu_check.md     # on a CUDA machine; exit 1 on a mismatch
     python bench/gpu_check.py --device cpu               # the same comparisons on the CPU (smoke test)
@@ -121,6 +123,49 @@ def check_inverse(n: int, device: str) -> tuple[str, bool, str]:
     return f"in-place inverse, n = {n}", rel <= 1e-9, f"relative difference {rel:.1e}; {times}"
 
 
+def check_solve(n: int, device: str) -> tuple[str, bool, str]:
+    """The in-place solve (factor in the matrix's memory, two triangular solves) against
+    ``torch.cholesky_solve`` on a factor beside the matrix, for a damped random covariance of size n
+    (80% of an FFN's width kept) and a right-hand side of the pruned 20%: relative difference,
+    seconds and memory beyond the matrix and right-hand side (a GPU's peak)."""
+    import time
+
+    import torch
+
+    from core.stats.reconstruct import solve_spd_in_place
+
+    gen = torch.Generator(device=device).manual_seed(n)
+    a = torch.randn(n, n + 64, dtype=torch.float64, device=device, generator=gen)
+    cov = a @ a.T / n
+    del a
+    rhs = torch.randn(n, n // 4, dtype=torch.float64, device=device, generator=gen)
+    cuda = device.startswith("cuda")
+
+    def torch_solve(m):
+        return torch.cholesky_solve(
+            rhs, torch.linalg.cholesky(m + 1e-3 * m.diagonal().mean() * torch.eye(n, dtype=m.dtype, device=m.device))
+        )
+
+    runs = {}
+    for label, solve in (("torch", torch_solve), ("in place", lambda m: solve_spd_in_place(lambda: m, rhs, 1e-3))):
+        m = cov.clone()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        x = solve(m)
+        if cuda:
+            torch.cuda.synchronize()
+        extra = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
+        runs[label] = (x, time.perf_counter() - t0, extra)
+        del m
+    ref, ours = runs["torch"][0], runs["in place"][0]
+    rel = ((ours - ref).norm() / ref.norm()).item()
+    times = ", ".join(f"{k} {v[1]:.2f} s" + (f" / +{v[2]:.0f} MB" if cuda else "") for k, v in runs.items())
+    return f"in-place solve, n = {n}", rel <= 1e-9, f"relative difference {rel:.1e}; {times}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
@@ -150,6 +195,8 @@ def main() -> None:
             rows.append((f"activations {place}{'' if ran == place else f' (ran as {ran})'} against device", ok, detail))
     for n in (4096, 11008) if args.device.startswith("cuda") else (1024,):
         rows.append(check_inverse(n, args.device))
+    for n in (8832,) if args.device.startswith("cuda") else (1024,):
+        rows.append(check_solve(n, args.device))
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     lines = [
         f"# GPU path checks on {device}, torch {torch.__version__}",
