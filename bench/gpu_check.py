@@ -89,11 +89,36 @@ def compare_models(a, b, device: str) -> tuple[bool, str]:
     return rel <= TOLERANCE, f"same kept units; outputs' relative difference {rel:.2e}"
 
 
+def _compare_timed(name: str, runs: dict, device: str) -> tuple[str, bool, str]:
+    """Run each of ``runs`` (label -> a function of nothing) once: their results' relative difference
+    (torch's first against ours), each one's seconds and, on a GPU, the memory it took beyond what was
+    allocated before it."""
+    import time
+
+    import torch
+
+    cuda = device.startswith("cuda")
+    done = {}
+    for label, fn in runs.items():
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        out = fn()
+        if cuda:
+            torch.cuda.synchronize()
+        extra = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
+        done[label] = (out, time.perf_counter() - t0, extra)
+    ref, ours = (v[0] for v in done.values())
+    rel = ((ours - ref).norm() / ref.norm()).item()
+    times = ", ".join(f"{k} {v[1]:.2f} s" + (f" / +{v[2]:.0f} MB" if cuda else "") for k, v in done.items())
+    return name, rel <= 1e-9, f"relative difference {rel:.1e}; {times}"
+
+
 def check_inverse(n: int, device: str) -> tuple[str, bool, str]:
     """The in-place inverse against torch's on a damped random covariance of size n: relative
     difference, seconds and memory beyond the factor (a GPU's peak; on a CPU not measured)."""
-    import time
-
     import torch
 
     from core.stats.spd_inverse import cholesky_inverse_
@@ -102,34 +127,18 @@ def check_inverse(n: int, device: str) -> tuple[str, bool, str]:
     a = torch.randn(n, n + 64, dtype=torch.float64, device=device, generator=gen)
     chol = torch.linalg.cholesky(a @ a.T / n + 1e-3 * torch.eye(n, dtype=torch.float64, device=device))
     del a
-    cuda = device.startswith("cuda")
-    runs = {}
-    for label, invert in (("torch", lambda t: torch.cholesky_inverse(t, out=t)), ("in place", cholesky_inverse_)):
+    inverses = {"torch": lambda t: torch.cholesky_inverse(t, out=t), "in place": cholesky_inverse_}
+    for invert in inverses.values():
         invert(chol[:600, :600].clone())  # libraries' first-call set-up out of the timing
-        t = chol.clone()
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-        t0 = time.perf_counter()
-        invert(t)
-        if cuda:
-            torch.cuda.synchronize()
-        extra = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
-        runs[label] = (t, time.perf_counter() - t0, extra)
-    ref, ours = runs["torch"][0], runs["in place"][0]
-    rel = ((ours - ref).norm() / ref.norm()).item()
-    times = ", ".join(f"{k} {v[1]:.2f} s" + (f" / +{v[2]:.0f} MB" if cuda else "") for k, v in runs.items())
-    return f"in-place inverse, n = {n}", rel <= 1e-9, f"relative difference {rel:.1e}; {times}"
+    runs = {label: (lambda invert=invert: invert(chol.clone())) for label, invert in inverses.items()}
+    return _compare_timed(f"in-place inverse, n = {n}", runs, device)
 
 
 def check_solve(n: int, device: str) -> tuple[str, bool, str]:
     """The in-place solve (factor in the matrix's memory, two triangular solves) against
     ``torch.cholesky_solve`` on a factor beside the matrix, for a damped random covariance of size n
-    (80% of an FFN's width kept) and a right-hand side of the pruned 20%: relative difference,
-    seconds and memory beyond the matrix and right-hand side (a GPU's peak)."""
-    import time
-
+    (the kept width of an FFN) and a right-hand side a quarter as wide: relative difference, seconds
+    and memory beyond the matrix and right-hand side (a GPU's peak)."""
     import torch
 
     from core.stats.reconstruct import solve_spd_in_place
@@ -139,31 +148,14 @@ def check_solve(n: int, device: str) -> tuple[str, bool, str]:
     cov = a @ a.T / n
     del a
     rhs = torch.randn(n, n // 4, dtype=torch.float64, device=device, generator=gen)
-    cuda = device.startswith("cuda")
+    damped = 1e-3 * cov.diagonal().mean() * torch.eye(n, dtype=cov.dtype, device=cov.device)
 
-    def torch_solve(m):
-        return torch.cholesky_solve(
-            rhs, torch.linalg.cholesky(m + 1e-3 * m.diagonal().mean() * torch.eye(n, dtype=m.dtype, device=m.device))
-        )
+    def ours():
+        first = [cov.clone()]  # a failed factorisation would ask for the matrix again
+        return solve_spd_in_place(lambda: first.pop() if first else cov.clone(), rhs, 1e-3)
 
-    runs = {}
-    for label, solve in (("torch", torch_solve), ("in place", lambda m: solve_spd_in_place(lambda: m, rhs, 1e-3))):
-        m = cov.clone()
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-        t0 = time.perf_counter()
-        x = solve(m)
-        if cuda:
-            torch.cuda.synchronize()
-        extra = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
-        runs[label] = (x, time.perf_counter() - t0, extra)
-        del m
-    ref, ours = runs["torch"][0], runs["in place"][0]
-    rel = ((ours - ref).norm() / ref.norm()).item()
-    times = ", ".join(f"{k} {v[1]:.2f} s" + (f" / +{v[2]:.0f} MB" if cuda else "") for k, v in runs.items())
-    return f"in-place solve, n = {n}", rel <= 1e-9, f"relative difference {rel:.1e}; {times}"
+    runs = {"torch": lambda: torch.cholesky_solve(rhs, torch.linalg.cholesky(cov + damped)), "in place": ours}
+    return _compare_timed(f"in-place solve, n = {n}", runs, device)
 
 
 def main() -> None:

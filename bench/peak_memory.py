@@ -35,15 +35,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SHAPE = dict(
-    hidden_size=1024,
-    intermediate_size=2752,
-    num_hidden_layers=2,
-    num_attention_heads=8,
-    num_key_value_heads=8,
-    vocab_size=32000,
-    tie_word_embeddings=False,
-)
+from bench.shapes import LLAMA_SHAPES  # noqa: E402
+
+_7B = LLAMA_SHAPES["7b"]
+SHAPE = {  # 7B's widths / 4 (head size 128 kept), 2 blocks
+    **_7B,
+    "hidden_size": _7B["hidden_size"] // 4,
+    "intermediate_size": _7B["intermediate_size"] // 4,
+    "num_hidden_layers": 2,
+    "num_attention_heads": _7B["num_attention_heads"] // 4,
+    "num_key_value_heads": _7B["num_key_value_heads"] // 4,
+}
 RUNS = [("device", 0), ("recompute", 0), ("device", 8), ("recompute", 8)]  # (activations, held aside)
 MIB = 2**20
 

@@ -272,9 +272,9 @@ def test_inverse_spd_retries_on_a_second_build_when_the_factorisation_fails():
         inverse_spd(lambda: torch.eye(3), 0.0)
 
 
-_INVERSE_PEAK = """
+_PEAK = """
 import re, torch
-from core.stats.reconstruct import inverse_spd
+from core.stats.reconstruct import inverse_spd, solve_spd_in_place
 
 def hwm():
     return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024
@@ -282,17 +282,26 @@ def hwm():
 n = 3000
 g = torch.randn(n, n, dtype=torch.float64).mul_(0.01)
 g.diagonal().add_(float(n))  # diagonally dominant: positive definite
+rhs = torch.randn(n, 30, dtype=torch.float64)
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # the peak from here on
 base = hwm()
-inv = inverse_spd(lambda: g.clone(), 1e-3)
+out = {call}
 print((hwm() - base) / (n * n * 8 / 2**20))
 """
 
 
+def _peak_in_matrices(call: str) -> float:
+    """The resident peak of ``call`` (on a 3000² float64 ``g`` and a 3000 × 30 ``rhs``), beyond what
+    was resident before it, in units of the matrix (a fresh process)."""
+    script = _PEAK.replace("{call}", call)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
+    return float(out.stdout)
+
+
 def test_inverse_spd_peaks_at_one_matrix_beyond_its_input():
-    out = subprocess.run([sys.executable, "-c", _INVERSE_PEAK], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert float(out.stdout) < 1.3  # the copy only; a factor and an inverse beside it would make 2–3
+    # the copy only; a factor and an inverse beside it would make 2–3
+    assert _peak_in_matrices("inverse_spd(lambda: g.clone(), 1e-3)") < 1.3
 
 
 def test_solve_spd_in_place_equals_the_damped_solve_in_the_temporarys_memory():
@@ -362,28 +371,9 @@ def test_releasing_the_statistics_does_not_change_the_refit(method):
     assert all(torch.equal(p, q) for p, q in zip(*results, strict=True))
 
 
-_SOLVE_PEAK = """
-import re, torch
-from core.stats.reconstruct import solve_spd, solve_spd_in_place
-
-def hwm():
-    return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024
-
-n = 3000
-g = torch.randn(n, n, dtype=torch.float64).mul_(0.01)
-g.diagonal().add_(float(n))  # diagonally dominant: positive definite
-rhs = torch.randn(n, 30, dtype=torch.float64)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # the peak from here on
-base = hwm()
-x = solve_spd_in_place(lambda: g.clone(), rhs, 1e-3)
-print((hwm() - base) / (n * n * 8 / 2**20))
-"""
-
-
 def test_solve_spd_in_place_peaks_at_one_matrix_beyond_its_input():
-    out = subprocess.run([sys.executable, "-c", _SOLVE_PEAK], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert float(out.stdout) < 1.3  # the copy only; a factor beside it and the solve's copy would make 3
+    # the copy only; a factor beside it and the solve's copy would make 3
+    assert _peak_in_matrices("solve_spd_in_place(lambda: g.clone(), rhs, 1e-3)") < 1.3
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
