@@ -46,7 +46,7 @@ def final_states(
     needed = sum(b.numel() for b in batches) * sm.adapter.hidden * itemsize
     # the first block is on the meta device: its size, not its values
     batch_tokens = max(b.numel() for b in batches)
-    working = block_working_bytes(sm.layers[0], sm.adapter, batch_tokens, itemsize, statistics=False)
+    working = block_working_bytes(sm.layers[0], sm.adapter, batch_tokens, itemsize, matrices=0)
     offload = choose_offload(activations, sm.device, needed, working)
     inputs = ({"input_ids": b, "use_cache": False} for b in batches)
     hidden, extra = block_inputs(sm.model, sm.adapter, inputs, keep=offload.store)

@@ -76,16 +76,26 @@ def activation_bytes(
     return (tokens * per_token + ffn_tokens * f) * itemsize
 
 
+# C × C float64 matrices a block's solves hold at once, C its widest projection input. A refit (liar,
+# ls) holds the Gram, the kept channels' block factorised in its own memory, and the right-hand side,
+# the solve's intermediate and its result: 1 + k² + 3k(1 − k) ≤ 17/8 of C² for a kept share k; with
+# the Gram released once the block is factorised, less (measured by the allocator at k = 0.8: 2.12
+# kept, 2.00 released; ``tests/core/test_reconstruct.py`` checks the bound). The OBS selection's
+# inverses and working copies, and error feedback's paired statistics, are counted at three.
+REFIT_MATRICES = 17 / 8
+OBS_MATRICES = 3.0
+
+
 def block_working_bytes(
-    layer: nn.Module, adapter: Adapter, batch_tokens: int, itemsize: int, statistics: bool = True
+    layer: nn.Module, adapter: Adapter, batch_tokens: int, itemsize: int, matrices: float = OBS_MATRICES
 ) -> int:
     """What one block's work needs besides the stored activations: its weights, one batch's
-    intermediate activations in float32, and with ``statistics`` (pruning, not evaluation) the float64
-    statistics of its widest projection input with the solve's copies (three C × C matrices)."""
+    intermediate activations in float32, and ``matrices`` float64 C × C matrices for its statistics
+    and solves (0 for an evaluation; see :data:`REFIT_MATRICES`)."""
     weights = sum(p.numel() * p.element_size() for p in layer.parameters())
     batch = batch_tokens * (4 * adapter.n_neurons + 4 * adapter.hidden) * max(itemsize, 4)
     c = max(adapter.n_neurons, adapter.hidden)
-    return weights + batch + (3 * c * c * 8 if statistics else 0)
+    return weights + batch + int(matrices * c * c * 8)
 
 
 def free_device_bytes(device: torch.device) -> int:
@@ -129,13 +139,15 @@ def offload_for(
     batch_tokens: int,
     dense: bool = False,
     held_tokens: int = 0,
+    matrices: float = OBS_MATRICES,
 ) -> Offload:
     """The run's :class:`Offload` for ``tokens`` calibration tokens (``held_tokens`` of them held
-    aside) in batches of ``batch_tokens`` (``choice``: the recipe's ``activations``); sized from the
-    model's first block, whose weights may still be on the meta device (a streamed run)."""
+    aside) in batches of ``batch_tokens`` (``choice``: the recipe's ``activations``; ``matrices``: see
+    :func:`block_working_bytes`); sized from the model's first block, whose weights may still be on
+    the meta device (a streamed run)."""
     layer = adapter.layers(model)[0]
     itemsize = next(layer.parameters()).element_size()
     needed = activation_bytes(adapter, tokens, itemsize, dense)
     lean = activation_bytes(adapter, tokens, itemsize, dense, ffn_tokens=held_tokens)
-    working = block_working_bytes(layer, adapter, batch_tokens, itemsize)
+    working = block_working_bytes(layer, adapter, batch_tokens, itemsize, matrices)
     return choose_offload(choice, device, needed, working, lean=lean)

@@ -30,7 +30,7 @@ from core.models.adapter import adapter_for, block_parameters
 from core.models.host_memory import reuse_freed_memory
 from core.models.liar_families import pools_first_token
 from core.models.loading import ensure_pad_token, load_model
-from core.models.offload import Offload, offload_for
+from core.models.offload import OBS_MATRICES, REFIT_MATRICES, Offload, offload_for
 from core.models.safetensors_io import INDEX, SINGLE
 from core.models.streaming import checkpoint_directory
 from core.pipeline.blocks import BlockIO, Progress, reconstruct_blocks
@@ -159,7 +159,9 @@ def _offload(recipe: Recipe, model, adapter, device, fit: CalibrationBatch, held
     batch_tokens = recipe.calibration.batch_size * fit.input_ids.shape[1]
     dense = recipe.reconstruction.target == "dense"
     held_tokens = held.input_ids.numel()
-    return offload_for(recipe.activations, model, adapter, device, tokens, batch_tokens, dense, held_tokens)
+    obs = recipe.reconstruction.resolved_select() == "obs" or recipe.head_ratio == "obs"
+    matrices = OBS_MATRICES if obs or dense else REFIT_MATRICES
+    return offload_for(recipe.activations, model, adapter, device, tokens, batch_tokens, dense, held_tokens, matrices)
 
 
 def _metrics(recipe: Recipe, adapter, plan, rounding, groups: str, offload: Offload, speed) -> dict[str, Any]:

@@ -122,7 +122,12 @@ def solve_factored(chol: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     return torch.linalg.solve_triangular(chol.T, y, upper=True)
 
 
-def solve_spd_in_place(build: Callable[[], torch.Tensor], rhs: torch.Tensor | None, damp: float = 0.0) -> torch.Tensor:
+def solve_spd_in_place(
+    build: Callable[[], torch.Tensor],
+    rhs: torch.Tensor | None,
+    damp: float = 0.0,
+    factored: Callable[[], None] | None = None,
+) -> torch.Tensor:
     """``(M + λI)⁻¹ R`` — or ``(M + λI)⁻¹`` itself with ``rhs`` None — for the symmetric matrix
     ``build()`` returns (a fresh float64 temporary), damped and with dead channels treated as
     :func:`solve_spd` does, but factorised in the temporary's own memory: the factorisation works in
@@ -130,21 +135,26 @@ def solve_spd_in_place(build: Callable[[], torch.Tensor], rhs: torch.Tensor | No
     (:func:`invert_factor_`) or the triangular solves (:func:`solve_factored`) read the factor there.
     The peak is one C × C where a factor beside the matrix (and the solve's copy of it) make it three.
     A factorisation that fails has overwritten the temporary: :func:`solve_spd`'s retries at higher
-    damping then run on a second ``build()``."""
+    damping then run on a second ``build()``. ``factored`` is called once ``build`` is no longer
+    needed (what it reads may go: :func:`gram_block`)."""
     m = build()
     if m.dtype != SOLVE_PRECISION:
         raise TypeError(f"solve_spd_in_place needs a {SOLVE_PRECISION} matrix, got {m.dtype}")
+    done = factored or (lambda: None)
     _condition(m, damp)
     view = m.T
     info = torch.empty((), dtype=torch.int32, device=m.device)
     torch.linalg.cholesky_ex(view, out=(view, info))
     if int(info) == 0:
+        done()
         if rhs is None:
             invert_factor_(view)
             return m
         return solve_factored(view, rhs.to(SOLVE_PRECISION))
     del m, view
-    return solve_spd(build(), rhs, damp, overwrite=True)
+    m = build()
+    done()
+    return solve_spd(m, rhs, damp, overwrite=True)
 
 
 def inverse_spd(build: Callable[[], torch.Tensor], damp: float = 0.0) -> torch.Tensor:
@@ -153,18 +163,20 @@ def inverse_spd(build: Callable[[], torch.Tensor], damp: float = 0.0) -> torch.T
     return solve_spd_in_place(build, None, damp)
 
 
-def rebuildable(make: Callable[[], torch.Tensor], stats: InputStats, release: bool) -> Callable[[], torch.Tensor]:
-    """What :func:`solve_spd_in_place` factorises: ``make()`` (a block of the statistics' Gram) each
-    time while the statistics stay. With ``release`` the block is made once and the statistics are
-    freed at once, so the C_in² Gram is not alive during the solve; a float32 copy of the block is kept
-    for the retries of a factorisation that fails (which overwrites the block): their damping is
-    raised tenfold, far above float32's rounding (as the OBS paths' inverses do)."""
-    if not release:
-        return make
-    first = [make()]
-    backup = first[0].to(torch.float32)
-    stats.free()
-    return lambda: first.pop() if first else backup.to(SOLVE_PRECISION)
+def gram_block(
+    make: Callable[[], torch.Tensor], stats: InputStats, release: bool
+) -> tuple[Callable[[], torch.Tensor], Callable[[], None] | None]:
+    """What :func:`solve_spd_in_place` factorises — ``make()``, a block of the statistics' Gram, made
+    again for a retry — and, with ``release``, what it calls once the factorisation has succeeded: the
+    statistics are freed there, so the C_in² Gram is alive while the block is factorised (a failed
+    factorisation is retried from it) but not during the triangular solves."""
+    holder = [make]
+
+    def factored() -> None:
+        holder.clear()
+        stats.free()
+
+    return (lambda: holder[0]()), (factored if release else None)
 
 
 def _eigh_projection(target: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
@@ -256,9 +268,9 @@ def _liar(weight, bias, keep, stats, damp=0.0, group_size=1, release=False):
     _, g, mu, u, m = _split(weight, keep, stats, weight_too=False)
     n = stats.count
     rhs = centred_block(g, mu, n, u, m)
-    g_uu = rebuildable(partial(_block, g, u, u), stats, release)
-    del g  # with release, the statistics are gone: G is freed
-    q = solve_spd_in_place(g_uu, rhs, damp)  # (C_u, C_m)
+    g_uu, factored = gram_block(partial(_block, g, u, u), stats, release)
+    del g  # with release, G goes once the kept block is factorised
+    q = solve_spd_in_place(g_uu, rhs, damp, factored)  # (C_u, C_m)
     del g_uu, rhs
     w_u, w_m = _columns(weight, u), _columns(weight, m)  # paper layout (C, C_out)
     pw_u = project_rows(w_m, w_u)  # P W_u, (C_m, C_out)
@@ -271,9 +283,9 @@ def _ls(weight, bias, keep, stats, damp=0.0, group_size=1, release=False):
     _, g, mu, u, m = _split(weight, keep, stats, weight_too=False)
     n = stats.count
     cov_um = centred_block(g, mu, n, u, m)
-    cov_uu = rebuildable(partial(centred_block, g, mu, n, u, u), stats, release)
-    del g  # with release, the statistics are gone: G is freed
-    qc = solve_spd_in_place(cov_uu, cov_um, damp)  # (C_u, C_m)
+    cov_uu, factored = gram_block(partial(centred_block, g, mu, n, u, u), stats, release)
+    del g  # with release, G goes once the kept block is factorised
+    qc = solve_spd_in_place(cov_uu, cov_um, damp, factored)  # (C_u, C_m)
     del cov_uu, cov_um
     w_m = _columns(weight, m)  # (C_m, C_out)
     new_w = _columns(weight, u).addmm_(qc, w_m)  # W_u + Q_c W_m, in W_u's memory

@@ -323,3 +323,25 @@ def test_folding_the_attention_output_into_the_block_input_changes_nothing(famil
     tokens = (cal["num_calibration_samples"] + cal.get("holdout_samples", 4)) * cal["max_seq_length"]
     hidden = adapter_for(folded.model).hidden
     assert apart_home.peak - folded_home.peak >= tokens * hidden * 4 // 2, (apart_home.peak, folded_home.peak)
+
+
+def test_auto_sets_aside_less_for_a_refit_than_for_the_obs_selection(llama_dir, corpus, monkeypatch):
+    """What a block's solves hold (in C × C matrices), which auto weighs against the free memory:
+    a refit's bound for liar / ls with the criterion's units, three with the OBS selection or with
+    error feedback's paired statistics."""
+    from core.models.offload import OBS_MATRICES, REFIT_MATRICES
+
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(args[-1] if len(args) > 8 else kwargs.get("matrices"))
+        return Offload("cpu")
+
+    monkeypatch.setattr(sequential, "offload_for", recording)
+    for kw in (
+        {},
+        {"reconstruction": {"method": "ls", "select": "obs"}},
+        {"reconstruction": {"method": "ls", "target": "dense"}},
+    ):
+        prune(recipe_for(llama_dir, corpus, device="cpu", **kw))
+    assert seen == [REFIT_MATRICES, OBS_MATRICES, OBS_MATRICES]

@@ -11,9 +11,9 @@ import torch
 from core.stats.accumulate import InputStats
 from core.stats.reconstruct import (
     METHODS,
+    gram_block,
     inverse_spd,
     project_rows,
-    rebuildable,
     reconstruct_from_stats,
     reconstruct_linear,
     relative_output_error,
@@ -344,18 +344,27 @@ def test_solve_spd_in_place_retries_on_a_second_build_when_the_factorisation_fai
     assert torch.equal(sol, expected)
 
 
-def test_a_released_block_is_made_once_and_retried_from_a_float32_copy():
-    x = torch.randn(50, 6, dtype=torch.float64)
-    stats = InputStats.from_tensor(x)
-    made = []
-    build = rebuildable(lambda: made.append(1) or stats.gram[:4, :4].clone(), stats, release=True)
-    assert made == [1] and stats.gram is None  # the statistics are freed before the solve
-    first, second = build(), build()
-    assert made == [1] and second.dtype == torch.float64
-    torch.testing.assert_close(second, first.float().double())
-    kept = InputStats.from_tensor(x)
-    again = rebuildable(lambda: kept.gram[:4, :4].clone(), kept, release=False)
-    assert torch.equal(again(), again()) and kept.gram is not None
+def test_released_statistics_go_once_the_block_is_factorised_and_serve_a_retry_until_then():
+    rng = np.random.default_rng(7)
+    a = rng.normal(size=(3, 8))
+    stats = InputStats.from_tensor(_t(a))  # rank 3 of 8: not positive definite undamped
+    seen = []
+
+    def make():
+        seen.append(stats.gram is not None)
+        return stats.gram.clone()
+
+    build, factored = gram_block(make, stats, release=True)
+    with pytest.warns(RuntimeWarning, match="Cholesky failed"):
+        solve_spd_in_place(build, _t(np.ones((8, 1))), 0.0, factored)
+    assert seen == [True, True] and stats.gram is None  # the retry's block came from the statistics
+    ok = InputStats.from_tensor(_t(rng.normal(size=(40, 8))))
+    build, factored = gram_block(lambda: ok.gram.clone(), ok, release=True)
+    solve_spd_in_place(build, _t(np.ones((8, 1))), 0.0, factored)
+    assert ok.gram is None
+    kept = InputStats.from_tensor(_t(rng.normal(size=(40, 8))))
+    build, factored = gram_block(lambda: kept.gram.clone(), kept, release=False)
+    assert factored is None and torch.equal(build(), kept.gram)
 
 
 @pytest.mark.parametrize("method", ["liar", "ls"])
@@ -455,3 +464,44 @@ def test_held_aside_error_report_against_float64_direct_formula():
             assert float(d) == pytest.approx(e, rel=1e-10, abs=1e-300)
             assert float(s) == pytest.approx(e, rel=2e-6, abs=1e-300)
     assert expected[0] < 1e-8  # the cancelling case really is small
+
+
+_REFIT_PEAK = """
+import json, tempfile, torch
+from torch.profiler import ProfilerActivity, profile
+from core.stats.accumulate import InputStats
+from core.stats.reconstruct import reconstruct_from_stats
+
+n, method, release = 3000, "{method}", {release}
+weight = torch.randn(n * 3 // 8, n).mul_(0.02).to(torch.bfloat16)  # an FFN's down projection's proportions
+keep = torch.rand(n, generator=torch.Generator().manual_seed(0)) < 0.8
+
+def refit():
+    stats = InputStats(n, torch.float64)
+    g = torch.full((n, n), 0.5, dtype=torch.float64)  # symmetric positive definite, made in place
+    g.diagonal().add_(float(n))
+    stats._gram, stats.count = g, 10 * n
+    del g
+    return reconstruct_from_stats(method, weight, None, keep, stats, 1e-3, release=release)
+
+# the allocator's record of every allocation and free (one profile per process: exact)
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    refit()
+with tempfile.TemporaryDirectory() as tmp:
+    prof.export_chrome_trace(tmp + "/trace.json")
+    events = json.load(open(tmp + "/trace.json"))["traceEvents"]
+peak = max(e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]")
+print(peak / (n * n * 8))
+"""
+
+
+@pytest.mark.parametrize("method", ["liar", "ls"])
+@pytest.mark.parametrize("release", [False, True])
+def test_a_refit_holds_what_the_activation_planner_counts(method, release):
+    """``core.models.offload.REFIT_MATRICES`` (what ``activations: auto`` sets aside for a block's
+    solves, in C × C float64 matrices) bounds a refit's peak, its Gram included."""
+    from core.models.offload import REFIT_MATRICES
+
+    script = _REFIT_PEAK.replace("{method}", method).replace("{release}", str(release))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert float(out.stdout.splitlines()[-1]) <= REFIT_MATRICES, out.stdout
