@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Every GPU benchmark in one bounded go, for a machine lent for a few minutes:
+# Every GPU benchmark in one bounded go, for a machine available for a few minutes:
 #   bash bench/gpu_all.sh OUT_DIR [SECONDS]
 # Each step has its own time limit and the whole run stops starting steps when SECONDS (default 540)
 # are nearly spent; every step writes its table under OUT_DIR as soon as it has a row, so a cut-off
-# run still returns what it measured. Order = priority (what the last GPU session left unmeasured
+# run still returns what it measured. Order = priority (what the last GPU run left unmeasured
 # first). Smoke test without a GPU:
 #   SMALL=small BIG=small MID=small DEVICE=cpu LATENCY=0 bash bench/gpu_all.sh /tmp/gpu-smoke 300
 # The results go to OUT_DIR/r/ and, after every step, into OUT_DIR/results.tar (one file to fetch
