@@ -141,7 +141,7 @@ def check_solve(n: int, device: str) -> tuple[str, bool, str]:
     and memory beyond the matrix and right-hand side (a GPU's peak)."""
     import torch
 
-    from core.stats.reconstruct import solve_spd_in_place
+    from core.stats.spd_inverse import solve_spd_in_place
 
     gen = torch.Generator(device=device).manual_seed(n)
     a = torch.randn(n, n + 64, dtype=torch.float64, device=device, generator=gen)

@@ -227,7 +227,7 @@ class _Replay(nn.Module):
     def __init__(self, inputs, keep, proj, returns_tuple: bool, runner: BlockRunner):
         super().__init__()
         self.inputs, self.proj, self.returns_tuple, self.runner = inputs, proj, returns_tuple, [runner]
-        self.keep = keep.nonzero().squeeze(1).to(inputs[0].device)
+        self.keep = keep.nonzero().squeeze(1).to(runner.offload.device)  # where the inputs are fetched to
         self.absorbing = False  # outputs stay on the device until BlockRunner.absorb folds them in
         self.absorbed: dict[int, tuple[torch.Size, torch.dtype]] = {}  # batches folded in: output zero
         self.outputs: dict[int, torch.Tensor] = {}
@@ -237,13 +237,12 @@ class _Replay(nn.Module):
         i = runner.batch
         if i in self.absorbed:  # the block's input holds this output already
             shape, dtype = self.absorbed[i]
-            zero = torch.zeros((), dtype=dtype, device=runner.device).expand(shape)
+            zero = torch.zeros((), dtype=dtype, device=runner.offload.device).expand(shape)
             return (zero, None) if self.returns_tuple else zero
         y = self.outputs.get(i)
         if y is None:
             x = runner.offload.fetch(self.inputs[i])
             if x.shape[-1] != len(self.keep):  # stored whole (a held-aside batch): select the kept channels
-                self.keep = self.keep.to(x.device)  # inputs kept in host memory are fetched to the device
                 x = select_channels(x, self.keep)
             y = self.proj(x) if self.proj is not None else x
             self.outputs[i] = y if self.absorbing else runner.offload.store(y)

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from core.stats.accumulate import InputStats
-from core.stats.reconstruct import centred_block, inverse_spd
+from core.stats.reconstruct import centred_block
+from core.stats.spd_inverse import inverse_spd
 
 SELECT_PRECISION = torch.float64  # as the solves
 COMPACT_BELOW = 0.85  # working matrices are compacted once live channels fall under this share
@@ -34,8 +35,8 @@ COMPACT_BELOW = 0.85  # working matrices are compacted once live channels fall u
 
 def damped_inverse_covariance(stats: InputStats, damp: float, release: bool = False) -> torch.Tensor:
     """``(C + λI)⁻¹`` of the centred input covariance ``C = G − n μμᵀ``, damped, with dead channels and
-    failed factorisations handled as in every other solve (:func:`~core.stats.reconstruct.solve_spd`),
-    computed in the memory of one copy of G (:func:`~core.stats.reconstruct.inverse_spd`).
+    failed factorisations handled as in every other solve (:func:`~core.stats.spd_inverse.solve_spd`),
+    computed in the memory of one copy of G (:func:`~core.stats.spd_inverse.inverse_spd`).
 
     ``release``: ``stats`` are not needed afterwards; G is centred, factorised and inverted in its own
     memory and the statistics are freed, so no second C × C float64 matrix exists at any point. Only a

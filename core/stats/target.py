@@ -22,7 +22,8 @@ from functools import partial
 import torch
 
 from core.stats.accumulate import InputStats, flush_tokens, gram_product
-from core.stats.reconstruct import SOLVE_PRECISION, _block, centred_block, solve_spd_in_place
+from core.stats.reconstruct import _block, centred_block
+from core.stats.spd_inverse import SOLVE_PRECISION, solve_spd_in_place
 
 
 class TargetStats:

@@ -276,7 +276,7 @@ def test_a_replay_gathers_kept_channels_on_the_device_its_inputs_are_fetched_to(
     monkeypatch.setattr(runner_module, "select_channels", checked)
     keep = torch.tensor([True, False, True, True, False, True])
     held_aside = torch.randn(2, 3, 6)  # stored whole: the replay selects the kept channels itself
-    runner = types.SimpleNamespace(batch=0, offload=_MetaHome("cpu"))
+    runner = types.SimpleNamespace(batch=0, offload=_MetaHome("meta"))
     replay = runner_module._Replay([held_aside], keep, None, False, runner)
     out = replay()
     assert out.device.type == "meta" and out.shape == (2, 3, 4)

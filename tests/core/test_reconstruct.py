@@ -12,14 +12,12 @@ from core.stats.accumulate import InputStats
 from core.stats.reconstruct import (
     METHODS,
     gram_block,
-    inverse_spd,
     project_rows,
     reconstruct_from_stats,
     reconstruct_linear,
     relative_output_error,
-    solve_spd,
-    solve_spd_in_place,
 )
+from core.stats.spd_inverse import inverse_spd, solve_spd, solve_spd_in_place
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -274,7 +272,7 @@ def test_inverse_spd_retries_on_a_second_build_when_the_factorisation_fails():
 
 _PEAK = """
 import re, torch
-from core.stats.reconstruct import inverse_spd, solve_spd_in_place
+from core.stats.spd_inverse import inverse_spd, solve_spd_in_place
 
 def hwm():
     return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.stats import reconstruct
+from core.stats import spd_inverse
 from core.stats.accumulate import InputStats
 from core.stats.select import obs_curve
 from core.stats.spd_inverse import cholesky_inverse_
@@ -57,8 +57,8 @@ def test_the_selection_with_the_in_place_inverse_equals_lapacks(monkeypatch):
 
     want = curve()
     calls = []
-    monkeypatch.setattr(reconstruct, "IN_PLACE_POTRI", frozenset())
-    monkeypatch.setattr(reconstruct, "cholesky_inverse_", lambda t: calls.append(t.shape) or cholesky_inverse_(t, 8))
+    monkeypatch.setattr(spd_inverse, "IN_PLACE_POTRI", frozenset())
+    monkeypatch.setattr(spd_inverse, "cholesky_inverse_", lambda t: calls.append(t.shape) or cholesky_inverse_(t, 8))
     got = curve()
     assert calls == [(40, 40)]
     assert got.order == want.order and got.removed == want.removed
