@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core.data.calibration import CalibrationBatch  # noqa: E402
+from core.kernels import cpu_matmul  # noqa: E402
 from core.stats.accumulate import InputStats  # noqa: E402
 from core.stats.reconstruct import reconstruct_from_stats  # noqa: E402
 
@@ -108,13 +109,17 @@ def main() -> None:
         weight = (layer.self_attn.o_proj if name == "o_proj" else layer.mlp.down_proj).weight.detach()
         rows.append(_row(key, weight, batches))
         print(json.dumps(rows[-1]), flush=True)
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    if args.device.startswith("cuda"):
+        device = torch.cuda.get_device_name()
+    else:  # which library multiplied the float32 products (core/kernels/cpu_matmul.py)
+        device = f"CPU (float32 products through {'oneDNN' if cpu_matmul.backend() == 'onednn' else 'the BLAS'})"
     lines = [
         "# Gram precision: float32 products (tensor cores for half inputs on a GPU) vs float64",
         "",
         f"Measured {dt.date.today().isoformat()} on {device}, torch {torch.__version__}: {source}, "
         f"{args.dtype} activations, {args.samples} × {args.seq_len} tokens; `python bench/gram_precision.py "
-        f"--device {args.device}{' --random-shape ' + args.random_shape if args.random_shape else ''}`.",
+        f"--device {args.device}{' --random-shape ' + args.random_shape if args.random_shape else ''}`. "
+        "What the numbers mean: `gram_precision-notes.md`.",
         "",
         "| projection | tokens | ‖G − G64‖ / ‖G64‖ | ‖W' − W'64‖ / ‖W'64‖ (LIAR, 20%) |",
         "|---|---|---|---|",

@@ -149,6 +149,7 @@ def time_one(args: argparse.Namespace) -> dict[str, Any]:
 
     import core.pipeline.blocks as blocks
     import core.pipeline.sequential as pipeline
+    from core.kernels import cpu_matmul
     from core.models.loading import load_model
 
     torch.set_num_threads(args.threads)
@@ -194,6 +195,7 @@ def time_one(args: argparse.Namespace) -> dict[str, Any]:
         "load_average": os.getloadavg()[0],  # the machine's 1-minute load when the point ended
         "mean_error_after": sum(r.error_after for r in result.report) / len(result.report),
         "activations": result.metrics["activations"],
+        "cpu_matmul": cpu_matmul.backend(),  # which library multiplied the float32 products
     }
 
 
@@ -225,6 +227,14 @@ def _gpu_section() -> list[str]:
     return lines
 
 
+def _library(rows: list[dict[str, Any]]) -> str:
+    """Which library the points' float32 products ran through (``core/kernels/cpu_matmul.py``)."""
+    names = {r.get("cpu_matmul") for r in rows} - {None}
+    if not names:
+        return ""
+    return "; float32 products through " + " / ".join(sorted("oneDNN" if n == "onednn" else "the BLAS" for n in names))
+
+
 def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[str, Any], date: str = "") -> Path:
     out = _out_paths(args, "time")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -243,6 +253,7 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
         f"neurons, uniform allocation; calibration windows of {args.seq_len} tokens from the Wikipedia calibration",
         f"articles, batches of {args.batch_size}, plus 8 held-aside windows for the error report. Each point runs in",
         "its own process with the model loaded before the clock starts"
+        + _library(rows)
         + (
             "."
             if getattr(args, "activations", "auto") == "auto"

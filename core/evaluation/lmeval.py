@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from core.evaluation.tasks import TASKS_ACC_MEAN, TaskSelection, load_tasks, select_tasks
+from core.kernels.cpu_matmul import fast_linear
 from core.models.adapter import adapter_for
 from core.models.loading import ensure_pad_token, load_model, resolve_device
 
@@ -327,19 +328,20 @@ def run_harness(lm, selection: TaskSelection, specs: list, num_fewshot, limit, b
     from lm_eval import simple_evaluate
 
     t0 = time.perf_counter()
-    raw = simple_evaluate(
-        model=lm,
-        tasks=specs,
-        task_manager=selection.manager,
-        num_fewshot=num_fewshot,
-        limit=limit,
-        bootstrap_iters=bootstrap_iters,
-        log_samples=False,
-        random_seed=seed,
-        numpy_random_seed=seed,
-        torch_random_seed=seed,
-        fewshot_random_seed=seed,
-    )
+    with fast_linear(getattr(lm, "device", "cpu")):
+        raw = simple_evaluate(
+            model=lm,
+            tasks=specs,
+            task_manager=selection.manager,
+            num_fewshot=num_fewshot,
+            limit=limit,
+            bootstrap_iters=bootstrap_iters,
+            log_samples=False,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
     seconds = time.perf_counter() - t0
     if raw is None:  # only non-zero ranks of a distributed run get None
         raise RuntimeError("lm-eval returned no results (not the main process of a distributed run?)")

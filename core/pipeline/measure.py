@@ -9,6 +9,7 @@ import time
 import torch
 from torch import nn
 
+from core.kernels.cpu_matmul import stock_linear
 from core.pipeline.runner import BlockRunner
 
 
@@ -23,13 +24,18 @@ class BlockSpeed:
     realised speed-up measured on this machine without the whole model in memory (a streamed run
     never holds it). One timed run per block and kind (the sum over blocks averages the noise), after
     one warm-up run of the first block of each kind; synchronised on GPUs. Costs about two block
-    passes over one batch per block (a few percent of a run)."""
+    passes over one batch per block (a few percent of a run). Timed with torch's own ``F.linear``:
+    what a user's stock model runs, not the engine's CPU kernels (``core/kernels/cpu_matmul.py``)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {"dense": 0.0, "pruned": 0.0}
         self._warm: set[str] = set()
 
     def time(self, layer: nn.Module, runner: BlockRunner, which: str) -> None:
+        with stock_linear():
+            self._time(layer, runner, which)
+
+    def _time(self, layer: nn.Module, runner: BlockRunner, which: str) -> None:
         device = runner.device
         if which not in self._warm:
             runner.run(layer, 0)

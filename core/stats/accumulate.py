@@ -18,7 +18,8 @@ Precision of each product (``dtype``): float32 (default) or float64. Inputs in b
 either bf16/fp16 products with a float32 output, or TF32 after casting to float32. Both are exact
 at the inputs, since bfloat16 and float16 values are exactly representable in TF32 (8 and 10 mantissa
 bits against its 10); only the order of the float32 accumulation differs from a plain float32 GEMM.
-Float32 inputs never use TF32 (it would drop 13 mantissa bits).
+Float32 inputs never use TF32 (it would drop 13 mantissa bits). On a CPU, float32 products go
+through oneDNN where ``core/kernels/cpu_matmul.py`` chose it (2× the BLAS's rate on some CPUs).
 
 G is symmetric, so each product covers only its upper block triangle (column blocks of at least
 ``MIN_BLOCK`` channels, at most ``MAX_BLOCKS`` of them: 6 blocks for 1536 channels do 58% of the
@@ -31,6 +32,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+
+from core.kernels import cpu_matmul
 
 MIN_BLOCK = 256
 MAX_BLOCKS = 8
@@ -67,6 +70,8 @@ _mm_out_dtype = True  # whether torch.mm(..., out_dtype=float32) works here; fou
 def gram_product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``aᵀ b`` in ``dtype`` (float32 or float64) with the precision rules of the module docstring."""
     global _mm_out_dtype
+    if cpu_matmul.takes(a, dtype):
+        return cpu_matmul.gram_tn(a, b)
     if dtype == torch.float32 and a.is_cuda and a.dtype in _HALF:
         if _mm_out_dtype:
             try:  # bf16/fp16 tensor cores writing a float32 result
@@ -78,6 +83,16 @@ def gram_product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.
     a, b = a.to(dtype), b.to(dtype)
     with tf32(False):  # TF32 would drop mantissa bits of float32 inputs
         return a.T @ b
+
+
+def _upper_blocks(x: torch.Tensor, edges: list[int], dtype: torch.dtype) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """``(a, b, x[:, a:b]ᵀ x[:, a:])`` for each block row ``[a, b)`` of ``XᵀX``'s upper triangle."""
+    rows = list(zip(edges[:-1], edges[1:]))
+    if cpu_matmul.takes(x, dtype):
+        yield from ((a, b, p) for (a, b), p in zip(rows, cpu_matmul.gram_tn(x, rows=rows)))
+        return
+    for a, b in rows:
+        yield a, b, gram_product(x[:, a:b], x[:, a:], dtype)
 
 
 class InputStats:
@@ -101,9 +116,8 @@ class InputStats:
             return
         x = self._buffer[0] if len(self._buffer) == 1 else torch.cat(self._buffer)
         self._buffer, self._buffered = [], 0
-        e = self._edges
-        for a, b in zip(e[:-1], e[1:]):  # block row [a, b) of the upper triangle
-            self._gram[a:b, a:] += gram_product(x[:, a:b], x[:, a:], self.dtype)
+        for a, b, product in _upper_blocks(x, self._edges, self.dtype):
+            self._gram[a:b, a:] += product
         self._mirrored = False
         # summed in the product's precision (float32: pairwise, no float64 copy of the buffer), then
         # added to the float64 total like the Gram

@@ -1,0 +1,1 @@
+"""Low-level numerical kernels the statistics and the block passes share."""
