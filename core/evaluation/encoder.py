@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from core.evaluation.metrics import accuracy, normalize_answer, pearson, spearman, squad_metrics
+from core.kernels.cpu_matmul import fast_linear
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
@@ -83,7 +84,8 @@ def evaluate_classifier(
             padding=True,
             return_tensors="pt",
         )
-        logits = model(**_model_inputs(enc, slice(None), device)).logits.float()
+        with fast_linear(device):
+            logits = model(**_model_inputs(enc, slice(None), device)).logits.float()
         outputs.extend(logits[:, 0].tolist() if regression else logits.argmax(-1).tolist())
     if regression:
         result: dict[str, Any] = {
@@ -196,7 +198,8 @@ def evaluate_qa(
     start_all: list[list[float]] = []
     end_all: list[list[float]] = []
     for lo in range(0, n_features, batch_size):
-        out = model(**_model_inputs(enc, slice(lo, lo + batch_size), device))
+        with fast_linear(device):
+            out = model(**_model_inputs(enc, slice(lo, lo + batch_size), device))
         start_all.extend(out.start_logits.float().tolist())
         end_all.extend(out.end_logits.float().tolist())
     best, null = _best_spans(enc, tokenizer, start_all, end_all, 1 if pad_right else 0, n_best, max_answer_length)

@@ -252,3 +252,33 @@ def test_block_timings_run_torch_s_own_kernels(calls, monkeypatch, llama_dir, co
     result, _, _ = _prune(llama_dir, corpus, measure_speed=True)
     assert len(inside) == 4 and inside == [0] * 4  # 2 blocks, dense and pruned: no oneDNN product timed
     assert result.metrics["block_speedup"] > 0
+
+
+def _with_blas(monkeypatch, fn):
+    monkeypatch.setenv(cpu_matmul.ENV, "blas")
+    cpu_matmul.backend.cache_clear()
+    try:
+        return fn()
+    finally:
+        monkeypatch.delenv(cpu_matmul.ENV)
+        cpu_matmul.backend.cache_clear()
+
+
+def test_evaluations_multiply_through_onednn(calls, monkeypatch, llama_dir, bert_dir, corpus):
+    from core.evaluation.encoder import evaluate_classifier
+    from core.evaluation.perplexity import perplexity
+    from core.models.loading import load_model
+
+    model, tok, _ = load_model(str(llama_dir), "float32", "cpu")
+    ppl = perplexity(model, tok, corpus[:6], seq_len=16)
+    assert sum(calls.values()) > 0
+    blas = _with_blas(monkeypatch, lambda: perplexity(model, tok, corpus[:6], seq_len=16))
+    assert ppl["perplexity"] == pytest.approx(blas["perplexity"], rel=1e-5)
+
+    before = sum(calls.values())
+    bert, bert_tok, _ = load_model(str(bert_dir), "float32", "cpu")
+    records = [{"text": text, "label": i % 2} for i, text in enumerate(corpus[:8])]
+    scores = evaluate_classifier(bert, bert_tok, records, return_predictions=True)
+    assert sum(calls.values()) > before
+    blas = _with_blas(monkeypatch, lambda: evaluate_classifier(bert, bert_tok, records, return_predictions=True))
+    assert scores["predictions"] == blas["predictions"]
