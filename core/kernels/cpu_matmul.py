@@ -108,8 +108,9 @@ def gram_tn(a: torch.Tensor, b: torch.Tensor | None = None, rows: list[tuple[int
         return out[0] if full else out
     op = _onednn_op()
     sums: list[torch.Tensor | None] = [None] * len(blocks)
-    for at, bt in zip(_chunks_t(a), _chunks_t(a) if same else _chunks_t(b)):
-        bt = at if same else bt
+    # one transposed copy of each chunk when the product is a Gram (b is a)
+    chunks = ((at, at) for at in _chunks_t(a)) if same else zip(_chunks_t(a), _chunks_t(b))
+    for at, bt in chunks:
         for i, (r0, r1) in enumerate(blocks):
             part = op(at[r0:r1], bt if full else bt[r0:], None, "none", [], "")
             sums[i] = part if sums[i] is None else sums[i].add_(part)
@@ -184,8 +185,8 @@ def fast_linear(device: torch.device | str | None = "cpu") -> Iterator[None]:
 
 @contextmanager
 def stock_linear() -> Iterator[None]:
-    """Inside, ``F.linear`` is torch's own again (a speed measurement that must time what a user's
-    stock model runs)."""
+    """Inside, this thread's ``nn.Linear`` runs torch's own forward again (a speed measurement that
+    must time what a user's stock model runs)."""
     before = getattr(_local, "suspended", False)
     _local.suspended = True
     try:

@@ -24,7 +24,7 @@ class BlockSpeed:
     realised speed-up measured on this machine without the whole model in memory (a streamed run
     never holds it). One timed run per block and kind (the sum over blocks averages the noise), after
     one warm-up run of the first block of each kind; synchronised on GPUs. Costs about two block
-    passes over one batch per block (a few percent of a run). Timed with torch's own ``F.linear``:
+    passes over one batch per block (a few percent of a run). Timed with torch's own ``nn.Linear`` forward:
     what a user's stock model runs, not the engine's CPU kernels (``core/kernels/cpu_matmul.py``)."""
 
     def __init__(self) -> None:
