@@ -89,7 +89,7 @@ def recipe_for(model_dir, corpus, **kw):
         "calibration": cal,
         "reconstruction": {"method": "liar", "damp": 0.0},
         # the references are written for a named criterion (the default, auto, resolves per model and
-        # ratio: tests/core/test_recipe.py)
+        # ratio: tests/core/spec/test_recipe.py)
         "criterion": {"name": "magnitude"},
     }
     recipe.update(kw)

@@ -66,7 +66,7 @@ def activation_bytes(
     most all its channels) for ``ffn_tokens`` of them (all by default; with the FFN recomputed, the
     held-aside ones, whose error report reads them), and with ``dense`` (error feedback) the dense
     model's states and the dense inputs of both reconstructed projections
-    (``tests/core/test_offload.py`` checks the bound on real runs)."""
+    (``tests/core/models/test_offload.py`` checks the bound on real runs)."""
     d, f = adapter.hidden, adapter.n_neurons
     ffn_tokens = tokens if ffn_tokens is None else ffn_tokens
     # the fold saves a hidden-size activation where the FFN pass peaks; with error feedback the dense
@@ -80,7 +80,7 @@ def activation_bytes(
 # ls) holds the Gram, the kept channels' block factorised in its own memory, and the right-hand side,
 # the solve's intermediate and its result: 1 + k² + 3k(1 − k) ≤ 17/8 of C² for a kept share k; with
 # the Gram released once the block is factorised, less (measured by the allocator at k = 0.8: 2.12
-# kept, 2.00 released; ``tests/core/test_reconstruct.py`` checks the bound). The OBS selection's
+# kept, 2.00 released; ``tests/core/stats/test_reconstruct.py`` checks the bound). The OBS selection's
 # inverses and working copies, and error feedback's paired statistics, are counted at three.
 REFIT_MATRICES = 17 / 8
 OBS_MATRICES = 3.0

@@ -344,7 +344,7 @@ def relative_output_error_from_inputs(
     The products run in float32 unless the inputs are float64, with float64 sums of squares. Without
     ``x_ref`` each candidate's error is ``X Δᵀ + 1 δᵀ`` with ``Δ = W − [W', 0]`` formed in float64
     before the product, so nothing cancels and float32 gives the report to ~1e-6 relative however
-    small the error (``tests/core/test_reconstruct.py``); float64 products cost more than the layer's
+    small the error (``tests/core/stats/test_reconstruct.py``); float64 products cost more than the layer's
     statistics on a CPU and run at a fraction of the rate on a GPU."""
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     x = x.to(dtype)

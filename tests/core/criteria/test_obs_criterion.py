@@ -1,5 +1,5 @@
 """The ``obs`` criterion: OBS error paths of the dense model as cross-layer scores, against references
-on raw activations; the cap and its refusal (streamed equals in memory: tests/core/test_streaming.py)."""
+on raw activations; the cap and its refusal (streamed equals in memory: tests/core/models/test_streaming.py)."""
 
 import math
 

@@ -106,7 +106,7 @@ def test_obs_selection_in_the_pipeline(name, request, corpus):
 
 
 def test_obs_selection_streamed_equals_in_memory(llama_dir, corpus, tmp_path):
-    from tests.core.test_streaming import _assert_same_checkpoint, _both
+    from tests.core.models.test_streaming import _assert_same_checkpoint, _both
 
     memory, memory_dir, streamed, stream_dir = _both(
         llama_dir, corpus, tmp_path, reconstruction={"method": "liar", "select": "obs"}
@@ -191,7 +191,7 @@ def test_default_recipe_on_multi_head_attention_streams_as_in_memory(tmp_path, c
     memory give the same checkpoint. (On this tiny model the selection keeps the heads the OBS counts
     ranked, so the key/value bug above needs the explicit selection to show.)"""
     from core.models.tiny import tiny_decoder
-    from tests.core.test_streaming import _assert_same_checkpoint, _both
+    from tests.core.models.test_streaming import _assert_same_checkpoint, _both
 
     model_dir = tiny_decoder(tmp_path / "mha", num_key_value_heads=8)
     memory, memory_dir, streamed, stream_dir = _both(

@@ -230,7 +230,7 @@ def test_a_cpu_prune_multiplies_through_onednn_and_agrees_with_the_blas(calls, m
     finally:
         cpu_matmul.backend.cache_clear()
     # float32 products summed in another order, through the LIAR solves: the slow-reference tests'
-    # tolerance on the logits (tests/core/test_pipeline.py)
+    # tolerance on the logits (tests/core/pipeline/test_pipeline.py)
     torch.testing.assert_close(fast_logits, blas_logits, rtol=1e-4, atol=1e-4)
     assert fast.keys() == blas.keys()
     for name, w in blas.items():

@@ -234,7 +234,7 @@ def test_auto_criterion_takes_no_options_and_obs_still_needs_global(llama_dir, c
 def test_the_default_recipe_runs_and_records_what_it_resolved_to(ratio, expected, llama_dir, corpus, tmp_path):
     """``liar prune --model M --ratio R``: in memory and streamed, the result and the recipe.yaml of its
     checkpoint carry the criterion and allocation that ran, and both runs write the same weights."""
-    from tests.core.test_streaming import _assert_same_checkpoint, _both
+    from tests.core.models.test_streaming import _assert_same_checkpoint, _both
 
     memory, memory_dir, streamed, stream_dir = _both(
         llama_dir, corpus, tmp_path, ratio=ratio, reconstruction=DEFAULT_SELECTION, criterion={"name": "auto"}

@@ -9,7 +9,7 @@ from core.allocation.split import best_split
 from core.spec.recipe import Recipe
 from core.stats.select import Curve, obs_curve, obs_select
 from tests.conftest import recipe_for
-from tests.core.test_select import _brute_greedy, _channels, _data, _refit_error, _stats
+from tests.core.stats.test_select import _brute_greedy, _channels, _data, _refit_error, _stats
 
 
 @pytest.mark.parametrize(("group", "step", "n_remove"), [(1, 1, 8), (1, 3, 10), (3, 1, 3)])
@@ -145,7 +145,7 @@ def test_obs_split_end_to_end(llama_dir, corpus, kv):
 
 def test_obs_split_streamed_equals_in_memory(llama_dir, corpus, tmp_path):
     """A streamed run chooses the same splits and writes the same checkpoint as one in memory."""
-    from tests.core.test_streaming import _assert_same_checkpoint, _both
+    from tests.core.models.test_streaming import _assert_same_checkpoint, _both
 
     rec = {"method": "ls", "select": "obs", "damp": 1e-3}
     memory, memory_dir, streamed, stream_dir = _both(

@@ -231,7 +231,7 @@ def test_metric_callable_and_error_plot_ratio(tmp_path, llama_dir, texts):
         llama_dir,
         texts,
         methods=("none", {"method": "ls", "damp": 0.01}),
-        evaluation={"metrics": [{"callable": "tests.core.test_sweep:param_count", "options": {"scale": 2.0}}]},
+        evaluation={"metrics": [{"callable": "tests.core.sweep.test_sweep:param_count", "options": {"scale": 2.0}}]},
         plots={"error_ratio": 0.2},
         dense=False,
     )
@@ -339,7 +339,7 @@ def test_grid_spec_and_its_validation_do_not_import_torch(tmp_path, llama_dir, t
         f"assert len(load_grid({str(grid)!r}).cells) == 5\n"
         "print('torch' in sys.modules, 'transformers' in sys.modules)"
     )
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 

@@ -9,7 +9,7 @@ from core.allocation.groups import allocate_groups
 from core.allocation.plan import head_fraction
 from core.spec.recipe import Recipe
 from tests.conftest import recipe_for
-from tests.core.test_kv_groups import SMOL, SMOL_COSTS, SMOL_LAYER, _smol_scores, _whole
+from tests.core.allocation.test_kv_groups import SMOL, SMOL_COSTS, SMOL_LAYER, _smol_scores, _whole
 
 N = 30
 

@@ -12,7 +12,7 @@ from core.models.host_memory import REUSE_SHARE, available_memory, bounds_memory
 from core.models.safetensors_io import CheckpointReader, write_shard
 
 MB = 2**20
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _rss_mb() -> float:

@@ -15,7 +15,7 @@ from core.spec.recipe import Recipe
 from core.stats.reconstruct import relative_output_error_from_inputs
 from core.stats.target import TargetStats, refit_to_dense, relative_errors_to_dense
 from tests.conftest import recipe_for
-from tests.core.test_pipeline import _capture, _logits
+from tests.core.pipeline.test_pipeline import _capture, _logits
 
 
 def _pair(n=400, c=10, c_out=4, seed=0):
@@ -136,7 +136,7 @@ def test_error_feedback_pipeline_equals_whole_model_reference(name, request, cor
 
 
 def test_error_feedback_streams_and_reports_errors_against_the_dense_outputs(llama_dir, corpus, tmp_path):
-    from tests.core.test_streaming import _assert_same_checkpoint, _both
+    from tests.core.models.test_streaming import _assert_same_checkpoint, _both
 
     memory, memory_dir, streamed, stream_dir = _both(
         llama_dir,

@@ -17,8 +17,8 @@ from core.models.loading import load_model, load_pruned
 from core.pipeline.preflight import preflight
 from core.spec.recipe import Recipe
 from tests.conftest import DECODER_FAMILIES, recipe_for
-from tests.core.test_pipeline import _logits, slow_reference
-from tests.core.test_streaming import _assert_same_checkpoint, _both
+from tests.core.models.test_streaming import _assert_same_checkpoint, _both
+from tests.core.pipeline.test_pipeline import _logits, slow_reference
 
 
 @pytest.mark.parametrize("method", ["liar", "ls"])

@@ -16,8 +16,8 @@ from core.models.liar_families import FAMILIES
 from core.pipeline.planning import make_plan, resolved_kv_groups
 from core.spec.recipe import Recipe
 from tests.conftest import recipe_for
-from tests.core.test_pipeline import _logits, slow_reference
-from tests.core.test_surgery import _mask_dense
+from tests.core.models.test_surgery import _mask_dense
+from tests.core.pipeline.test_pipeline import _logits, slow_reference
 
 # SmolLM2-135M's geometry: 30 layers of 9 query heads over 3 key/value heads of 64, FFN 1536
 SMOL = Adapter("llama", FAMILIES["llama"], "decoder", 9, 3, 64, 576, 1536, 30)
@@ -211,7 +211,7 @@ def test_obs_selection_chooses_whole_groups(llama_dir, corpus):
 
 
 def test_whole_groups_streamed_equals_in_memory_and_exports_stock(llama_dir, corpus, tmp_path):
-    from tests.core.test_streaming import _assert_same_checkpoint
+    from tests.core.models.test_streaming import _assert_same_checkpoint
 
     recipe = recipe_for(
         llama_dir,

@@ -19,7 +19,7 @@ from core.stats.reconstruct import (
 )
 from core.stats.spd_inverse import inverse_spd, solve_spd, solve_spd_in_place
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 RTOL = 1e-6
 
