@@ -53,6 +53,12 @@ PAPER_MINUTES: dict[str, dict[int, float]] = {
     "LLaMA-13B": {128: 3.1, 256: 3.8, 512: 4.9, 1024: 7.9},
     "LLaMA-30B": {128: 6.6, 256: 8.5, 512: 12.7, 1024: 19.7},
 }
+# ``--isa avx2``: the kernels a CPU without AVX-512 runs (torch's own and oneDNN's capped at AVX2), set
+# in each measuring process before torch starts
+ISA_ENV: dict[str, dict[str, str]] = {
+    "default": {},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+}
 GPU_RESULTS = (("LLaMA-7B", "gpu_liar.md"), ("LLaMA-13B", "gpu_liar_13b.md"))
 GPU_COMMANDS = (
     "python bench/gpu_liar.py --shape 7b --samples 128 256 512 1024",
@@ -95,7 +101,7 @@ def _machine_line(m: dict[str, Any]) -> str:
 def _child(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     """Run this script in a fresh process for one measurement; returns its RESULT line."""
     cmd = [sys.executable, __file__, args.command, "--threads", str(args.threads), *extra]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **ISA_ENV[getattr(args, "isa", "default")]}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not line:
@@ -111,6 +117,8 @@ def _quiet_transformers() -> None:
 
 
 def _out_paths(args: argparse.Namespace, name: str) -> Path:
+    if getattr(args, "isa", "default") != "default":
+        name = f"{name}_{args.isa}"
     if args.out:
         return Path(args.out)
     if args.quick:
@@ -179,6 +187,7 @@ def time_one(args: argparse.Namespace) -> dict[str, Any]:
         blocks.reconstruct_from_stats = real
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     per_layer = sum(r.seconds for r in result.report)
+    products = _products(recipe, wall)
     return {
         "samples": args.one,
         "seq_len": args.seq_len,
@@ -196,6 +205,33 @@ def time_one(args: argparse.Namespace) -> dict[str, Any]:
         "mean_error_after": sum(r.error_after for r in result.report) / len(result.report),
         "activations": result.metrics["activations"],
         "cpu_matmul": cpu_matmul.backend(),  # which library multiplied the float32 products
+        "isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default"),
+        **products,
+    }
+
+
+def _products(recipe: dict[str, Any], wall: float) -> dict[str, Any]:
+    """The run's matrix products against the machine: the GEMM rate of a 2048² float32 product through
+    the route the engine's projections took, measured now, and the products' multiply-adds counted on
+    a second, untimed prune of a fresh copy of the model (``bench/flops.py``)."""
+    import torch.nn.functional as F
+
+    import core.pipeline.sequential as pipeline
+    from bench.flops import ProductCounter, gemm_rate
+    from core.kernels import cpu_matmul
+    from core.models.loading import load_model
+
+    rate = gemm_rate(cpu_matmul.linear if cpu_matmul.backend() == "onednn" else F.linear)
+    model, tok, _ = load_model(recipe["model"], "float32", "cpu")
+    with ProductCounter() as counter:
+        pipeline.prune(recipe, model=model, tokenizer=tok)
+    seconds = 2 * counter.macs / (rate * 1e9)
+    return {
+        "gemm_gflops": rate,
+        "product_tflop": 2 * counter.macs / 1e12,
+        "product_tflop_by_op": {op: 2 * m / 1e12 for op, m in counter.by_op.items()},
+        "product_seconds": seconds,  # the products alone, each at the measured rate
+        "ratio_to_products": wall / seconds,
     }
 
 
@@ -235,6 +271,13 @@ def _library(rows: list[dict[str, Any]]) -> str:
     return "; float32 products through " + " / ".join(sorted("oneDNN" if n == "onednn" else "the BLAS" for n in names))
 
 
+def _products_cells(r: dict[str, Any]) -> str:
+    if "gemm_gflops" not in r:  # measured before the products were counted
+        return "– | – | – | –"
+    cells = [f"{r['gemm_gflops']:.0f}", f"{r['product_tflop']:.2f}", f"{r['product_seconds']:.1f}"]
+    return " | ".join([*cells, f"{r['ratio_to_products']:.2f}"])
+
+
 def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[str, Any], date: str = "") -> Path:
     out = _out_paths(args, "time")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -268,9 +311,14 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
         "- `× 128`: time relative to 128 samples, to compare the scaling with the paper's.",
         "- `page faults`: minor page faults during the prune (fresh pages the allocator asked the OS for);",
         "  `load`: the machine's 1-minute load average when the point ended (2 cores: above 2, it was shared).",
+        "- `GEMM`: GFLOP/s of one 2048² float32 product through the route the run's projections took, measured",
+        "  in the same process after the prune; `products`: the run's matrix products (TFLOP, counted on a second,",
+        "  untimed prune: `bench/flops.py`), and the seconds they need at that rate; `prune / products`: how far",
+        "  the prune is from a run that does nothing but its products at the rate of a large square one.",
         "",
-        "| samples | tokens | prune s | × 128 | per-layer s | solves s | peak RSS MB | page faults | load |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| samples | tokens | prune s | × 128 | per-layer s | solves s | peak RSS MB | page faults | load "
+        "| GEMM GFLOP/s | products TFLOP | products s | prune / products |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         rel = f"{r['prune_seconds'] / base['prune_seconds']:.2f}" if base else "–"
@@ -278,7 +326,7 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
         load = f"{r['load_average']:.1f}" if "load_average" in r else "–"
         lines.append(
             f"| {r['samples']} | {r['tokens']:,} | {r['prune_seconds']:.1f} | {rel} | {r['layer_seconds']:.1f} | "
-            f"{r['solve_seconds']:.2f} | {r['peak_rss_mb']:.0f} | {faults} | {load} |"
+            f"{r['solve_seconds']:.2f} | {r['peak_rss_mb']:.0f} | {faults} | {load} | {_products_cells(r)} |"
         )
     counts = sorted({n for table in PAPER_MINUTES.values() for n in table})
     lines += [
@@ -695,6 +743,12 @@ def main(argv: list[str] | None = None) -> None:
                 default="auto",
                 choices=ACTIVATIONS,
                 help="the recipe's activations (recompute: the FFN's kept inputs computed again, not kept)",
+            )
+            p.add_argument(
+                "--isa",
+                default="default",
+                choices=sorted(ISA_ENV),
+                help="avx2: run as on a CPU without AVX-512 (results to time_avx2.md unless --out)",
             )
             p.add_argument("--one", type=int, help=argparse.SUPPRESS)
         else:
