@@ -115,7 +115,7 @@ def _row(name: str, flop: int, blas, fast, err_blas: float, err_fast: float, rep
     }
 
 
-def write(rows: list[dict], args: argparse.Namespace, mach: dict) -> Path:
+def write(rows: list[dict], args: argparse.Namespace, mach: dict, auto: cpu_matmul.Decision) -> Path:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     lines = [
@@ -131,6 +131,10 @@ def write(rows: list[dict], args: argparse.Namespace, mach: dict) -> Path:
         f"chunks of {cpu_matmul.REDUCE_CHUNK} tokens, each transposed, whose partial products are summed; the copies "
         "are in its time).",
         "",
+        f"`LIAR_CPU_MATMUL=auto` chose **{auto.backend}** here: {auto.reason} (its one-time timing, "
+        f"{cpu_matmul.TIMED_REPEATS} runs of each product after a warm-up; oneDNN is taken when ≥ "
+        f"{cpu_matmul.MIN_GAIN - 1:.0%} faster).",
+        "",
         "| product | GFLOP | BLAS ms | oneDNN ms | BLAS GFLOP/s | oneDNN GFLOP/s | speed-up | BLAS error "
         "| oneDNN error |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -142,7 +146,9 @@ def write(rows: list[dict], args: argparse.Namespace, mach: dict) -> Path:
             f"{r['blas_error']:.1e} | {r['onednn_error']:.1e} |"
         )
     out.write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"machine": mach, "tokens": args.tokens, "rows": rows}, indent=1))
+    out.with_suffix(".json").write_text(
+        json.dumps({"machine": mach, "tokens": args.tokens, "auto": auto.metrics(), "rows": rows}, indent=1)
+    )
     return out
 
 
@@ -154,8 +160,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "cpu_matmul.md"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    cpu_matmul.configure("auto")  # what the liar CLI chooses on this CPU, and the rates it chose by
+    auto = cpu_matmul.decision()
+    print(f"auto: {auto.backend} ({auto.reason})")
+    cpu_matmul.configure("onednn")  # the table compares both libraries product by product
     if cpu_matmul.backend() != "onednn":
-        sys.exit("oneDNN is not available to this torch (or LIAR_CPU_MATMUL=blas): nothing to compare")
+        sys.exit("oneDNN is not available to this torch: nothing to compare")
     rows = measure(args.tokens, args.repeats)
     print(f"{'product':<58} {'BLAS ms':>9} {'oneDNN ms':>10} {'speed-up':>9} {'errors':>20}")
     for r in rows:
@@ -163,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['product']:<58} {r['blas_ms']:>9.2f} {r['onednn_ms']:>10.2f} {r['speedup']:>8.2f}× "
             f"{r['blas_error']:>9.1e} {r['onednn_error']:>9.1e}"
         )
-    print(f"wrote {write(rows, args, machine(args.threads))}")
+    print(f"wrote {write(rows, args, machine(args.threads), auto)}")
 
 
 if __name__ == "__main__":

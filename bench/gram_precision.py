@@ -81,6 +81,7 @@ def main() -> None:
     p.add_argument("--random-shape", choices=["7b"], help="a random-weight LLaMA shape instead of SmolLM2")
     p.add_argument("--out", default=str(ROOT / "docs" / "results" / "gram_precision.md"))
     args = p.parse_args()
+    cpu_matmul.configure()  # as the liar CLI does: LIAR_CPU_MATMUL, default auto
     dtype = getattr(torch, args.dtype)
     if args.random_shape:
         from bench.gpu_liar import build

@@ -234,9 +234,12 @@ def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None], ch
     from core.pipeline.sequential import execution_mode, prune
 
     hf_logging.disable_progress_bar()
+    cpu_matmul = _configure_engine()
     mode, _ = execution_mode(as_recipe(recipe), None, checkpoint)
     if mode == "stream":
-        return prune(recipe, progress=progress, output_dir=checkpoint, measure_speed=True)
+        result = prune(recipe, progress=progress, output_dir=checkpoint, measure_speed=True)
+        result.metrics.update(cpu_matmul.decision().metrics())
+        return result
     progress("load", 0, 1)
     model, tokenizer, _ = load_model(recipe["model"], recipe.get("dtype", "auto"), recipe.get("device", "auto"))
     progress("load", 1, 1)
@@ -250,7 +253,22 @@ def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None], ch
     result.metrics.update(
         prefill_tok_s_dense=round(dense, 1), prefill_tok_s=round(pruned, 1), prefill_speedup=round(pruned / dense, 4)
     )
+    result.metrics.update(cpu_matmul.decision().metrics())
     return result
+
+
+def _configure_engine():
+    """The worker's process-wide choices for the engine, made by this job process as the ``liar`` CLI
+    makes them (a library caller of ``core`` gets neither): float32 CPU products through oneDNN where
+    ``LIAR_CPU_MATMUL`` (default ``auto``: where a timing on this CPU finds it faster) says so, and
+    glibc's malloc thresholds tuned to each run. Returns the ``cpu_matmul`` module (its decision goes
+    into the job's metrics)."""
+    from core.kernels import cpu_matmul
+    from core.models import host_memory
+
+    cpu_matmul.configure()
+    host_memory.configure(True)
+    return cpu_matmul
 
 
 def _run_evaluations(

@@ -15,7 +15,7 @@ import os
 import sys
 
 from app.cli import jobs, prune, serve, sweep
-from app.cli.common import quiet_transformers
+from app.cli.common import configure_engine, fail, quiet_transformers
 
 VERB_GROUPS = (prune, sweep, jobs, serve)  # the order of the verbs in ``liar --help``
 ENGINE_VERBS = ("prune", "eval", "demo", "sweep")  # verbs that load models in this process
@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ENGINE_VERBS:
         quiet_transformers()
+        error = configure_engine()
+        if error is not None:
+            return fail(error)
     try:
         return args.func(args)
     except BrokenPipeError:  # `liar jobs list | head`: the reader left; stop quietly, as Unix tools do

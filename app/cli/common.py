@@ -23,6 +23,23 @@ def quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
+def configure_engine() -> str | None:
+    """The process-wide choices the ``liar`` application makes for the engine, once, before a verb
+    runs it (a library caller of ``core`` gets neither): float32 CPU products through oneDNN where
+    ``LIAR_CPU_MATMUL`` (default ``auto``: where a timing on this CPU finds it faster) says so, and
+    glibc's malloc thresholds tuned to each run (``core/models/host_memory.py``). Returns an error
+    sentence, or None."""
+    from core.kernels import cpu_matmul
+    from core.models import host_memory
+
+    try:
+        cpu_matmul.configure()
+    except ValueError as exc:
+        return str(exc)
+    host_memory.configure(True)
+    return None
+
+
 def run_quietly(quiet: bool, fn, *args, **kwargs):
     """Call ``fn``; when ``quiet``, the harness's progress bars and log lines go nowhere (stdout stays JSON)."""
     if not quiet:

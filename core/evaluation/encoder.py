@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from core.evaluation.metrics import accuracy, normalize_answer, pearson, spearman, squad_metrics
-from core.kernels.cpu_matmul import fast_linear
+from core.kernels.cpu_matmul import route_linears
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
@@ -84,7 +84,7 @@ def evaluate_classifier(
             padding=True,
             return_tensors="pt",
         )
-        with fast_linear(device):
+        with route_linears(model, device):
             logits = model(**_model_inputs(enc, slice(None), device)).logits.float()
         outputs.extend(logits[:, 0].tolist() if regression else logits.argmax(-1).tolist())
     if regression:
@@ -198,7 +198,7 @@ def evaluate_qa(
     start_all: list[list[float]] = []
     end_all: list[list[float]] = []
     for lo in range(0, n_features, batch_size):
-        with fast_linear(device):
+        with route_linears(model, device):
             out = model(**_model_inputs(enc, slice(lo, lo + batch_size), device))
         start_all.extend(out.start_logits.float().tolist())
         end_all.extend(out.end_logits.float().tolist())

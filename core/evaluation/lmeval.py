@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 from core.evaluation.tasks import TASKS_ACC_MEAN, TaskSelection, load_tasks, select_tasks
-from core.kernels.cpu_matmul import fast_linear
+from core.kernels.cpu_matmul import route_linears
 from core.models.adapter import adapter_for
 from core.models.loading import ensure_pad_token, load_model, resolve_device
 
@@ -328,7 +328,7 @@ def run_harness(lm, selection: TaskSelection, specs: list, num_fewshot, limit, b
     from lm_eval import simple_evaluate
 
     t0 = time.perf_counter()
-    with fast_linear(getattr(lm, "device", "cpu")):
+    with route_linears(lm.model, getattr(lm, "device", "cpu")):
         raw = simple_evaluate(
             model=lm,
             tasks=specs,

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from core.data.texts import eval_texts
-from core.kernels.cpu_matmul import fast_linear
+from core.kernels.cpu_matmul import route_linears
 
 
 @torch.no_grad()
@@ -32,7 +32,7 @@ def perplexity(
     windows = _windows(model.config, tokenizer, source, seq_len, max_windows)
     device = next(model.parameters()).device
     total_nll = 0.0
-    with fast_linear(device):
+    with route_linears(model, device):
         for i in tqdm(range(0, len(windows), batch_size), desc="perplexity", disable=not show_progress):
             batch = windows[i : i + batch_size].to(device)
             total_nll += _nll(model(input_ids=batch, use_cache=False).logits, batch)
@@ -67,12 +67,12 @@ def perplexity_streamed(
             tokenizer = AutoTokenizer.from_pretrained(directory, config=sm.model.config)
         windows = _windows(sm.model.config, tokenizer, source, seq_len, max_windows)
         batches = [windows[i : i + batch_size].to(sm.device) for i in range(0, len(windows), batch_size)]
-        with fast_linear(sm.device):
+        with route_linears(sm.model, sm.device):
             hidden, offload = final_states(sm, batches, activations, show_progress, "perplexity")
     finally:
         sm.close()
     logits = output_logits(sm)
-    with fast_linear(sm.device):
+    with route_linears(sm.model, sm.device):
         total_nll = sum(_nll(logits(offload.fetch(h)), b) for h, b in zip(hidden, batches))
     return _summary(total_nll, windows)
 

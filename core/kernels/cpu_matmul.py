@@ -4,30 +4,41 @@ torch multiplies float32 CPU matrices with the BLAS it was built with (MKL in th
 MKL picks its kernels by the CPU's vendor: on an AMD EPYC with AVX-512 it runs AVX2 code at
 ≈ 190 GFLOP/s on 2 cores, while oneDNN — the other library in the same wheel, whose JIT kernels
 are chosen by the instruction set alone — runs the same float32 products at 400–480 GFLOP/s
-(``docs/results/cpu_matmul.md``). The engine's work on a CPU is almost all such products (the
-model's own projections, the replays of pruned projections, the Gram statistics), so while a prune
-or an evaluation runs on the CPU, :func:`fast_linear` sends every ``nn.Linear`` to oneDNN, and the
-Gram accumulator calls :func:`gram_tn` directly.
+(``docs/results/cpu_matmul.md``). On a CPU without AVX-512 the two are even or the BLAS is ahead.
+
+Nothing here changes torch or the process by itself. An application (the ``liar`` CLI, a job
+worker) opts in once with :func:`configure` (``LIAR_CPU_MATMUL``: ``auto``, ``onednn`` or
+``blas``); code that never calls it — a library user's own ``core.prune`` — multiplies with torch's
+BLAS everywhere. Once configured to oneDNN:
+
+- :func:`route_linears` gives the ``nn.Linear`` instances of one model a forward of their own (an
+  instance attribute, as accelerate's hooks are) for the length of a run, and removes exactly those
+  on exit: ``torch.nn.Linear.forward`` itself is never reassigned, other models and any forward set
+  on an instance before are left alone;
+- :func:`gram_tn`, which the engine calls for its Gram statistics, multiplies through oneDNN.
+
+``auto`` chooses oneDNN only when a one-time timing on this CPU (:func:`measure_rates`) finds it at
+least :data:`MIN_GAIN` faster than the BLAS, after a product checked against float64.
 
 The results are float32 products with float32 accumulation either way (no reduced-precision math:
 oneDNN's default ``fpmath`` mode is strict); only the order of the sums differs, as between two BLAS
 libraries. Its float32 sums run sequentially along the reduced dimension, so products over tokens
 (Gram statistics) are taken in chunks of ``REDUCE_CHUNK`` tokens, which keeps their error at the
 BLAS's. oneDNN runs a column-strided input or a non-contiguous weight through a slow reference path
-(seconds for one product), so such calls stay with the BLAS.
-
-``LIAR_CPU_MATMUL`` chooses: ``auto`` (default) uses oneDNN where this torch has it and a one-time
-check on this machine agrees with the BLAS product; ``onednn`` the same; ``blas`` never uses it.
-The choice holds for the process.
+(seconds for one product), so such calls stay with the BLAS. The op, ``mkldnn._linear_pointwise``,
+is the one torch's own compiler emits for CPU linears; should a torch lack it or change it, the
+check at configuration falls back to the BLAS.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import cache
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +55,40 @@ MIN_MACS = 2**24
 # for a 2048-token Gram where the BLAS's is 8e-8), so products over tokens run in chunks of this many
 # tokens whose partial products are summed: 9.5e-8, as fast (docs/results/cpu_matmul.md)
 REDUCE_CHUNK = 256
+# auto takes oneDNN only when it is at least this much faster: a tie is not worth a second library
+MIN_GAIN = 1.10
+# what auto times, both ways: a projection (2048 tokens, 1024 → 1024) and a Gram over 2048 tokens
+# of 1024 channels — the two kinds of product a CPU run is made of
+TIMED_TOKENS, TIMED_CHANNELS, TIMED_REPEATS = 2048, 1024, 3
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What this process multiplies float32 CPU matrices with, and why.
+
+    ``requested``: what the application configured (``None``: nothing, a library caller); ``backend``:
+    ``"onednn"`` or ``"blas"``; ``onednn_gflops`` / ``blas_gflops``: the rates ``auto`` measured
+    (None when it did not time); ``reason``: one sentence for logs and job records."""
+
+    requested: str | None
+    backend: str
+    onednn_gflops: float | None = None
+    blas_gflops: float | None = None
+    reason: str = ""
+
+    def metrics(self) -> dict:
+        """The decision as flat metrics (a job's record, a benchmark's row)."""
+        return {
+            "cpu_matmul": self.backend,
+            "cpu_matmul_requested": self.requested or "unset",
+            "cpu_matmul_onednn_gflops": self.onednn_gflops,
+            "cpu_matmul_blas_gflops": self.blas_gflops,
+        }
+
+
+_lock = threading.Lock()
+_requested: str | None = None  # None: no application configured this process: the BLAS everywhere
+_decision: Decision | None = None
 
 
 def _onednn_op():
@@ -51,15 +96,59 @@ def _onednn_op():
     return getattr(mkldnn, "_linear_pointwise", None) if mkldnn is not None else None
 
 
-@cache
+def configure(choice: str | None = None) -> None:
+    """An application's choice for its process (``None``: ``LIAR_CPU_MATMUL``, default ``auto``).
+    Cheap: the check and timing run at first use (:func:`decision`). Raises ValueError, in one
+    sentence, for an unknown choice."""
+    global _requested, _decision
+    source = ENV if choice is None else "the CPU matmul choice"
+    raw = os.environ.get(ENV, "auto") if choice is None else choice
+    value = raw.strip().lower() or "auto"
+    if value not in CHOICES:
+        raise ValueError(f"{source} must be one of {', '.join(CHOICES)}, not {raw!r}")
+    with _lock:
+        if value != _requested:
+            _requested, _decision = value, None
+
+
+def reset() -> None:
+    """Back to an unconfigured process (the BLAS everywhere); the next :func:`configure` decides again."""
+    global _requested, _decision
+    with _lock:
+        _requested, _decision = None, None
+
+
+def decision() -> Decision:
+    """The process's :class:`Decision`, made once (on first use after :func:`configure`)."""
+    global _decision
+    with _lock:
+        if _decision is None:
+            _decision = _decide(_requested)
+        return _decision
+
+
 def backend() -> str:
     """``"onednn"`` or ``"blas"``: which library this process multiplies float32 CPU matrices with."""
-    choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if choice not in CHOICES:
-        raise ValueError(f"{ENV} must be one of {', '.join(CHOICES)}, not {choice!r}")
-    if choice == "blas" or not torch.backends.mkldnn.is_available() or _onednn_op() is None:
-        return "blas"
-    return "onednn" if _agrees() else "blas"
+    found = _decision  # set once; the lock only when it must be made
+    return (found or decision()).backend
+
+
+def _decide(requested: str | None) -> Decision:
+    if requested is None:
+        return Decision(None, "blas", reason="not configured by an application: torch's BLAS")
+    if requested == "blas":
+        return Decision(requested, "blas", reason=f"{ENV}=blas")
+    if not torch.backends.mkldnn.is_available() or _onednn_op() is None:
+        return Decision(requested, "blas", reason="this torch has no oneDNN linear op")
+    if not _agrees():
+        return Decision(requested, "blas", reason="oneDNN's product disagreed with float64 on this machine")
+    if requested == "onednn":
+        return Decision(requested, "onednn", reason=f"{ENV}=onednn")
+    onednn, blas = measure_rates()
+    faster = onednn >= MIN_GAIN * blas
+    verdict = "faster" if faster else f"not {MIN_GAIN - 1:.0%} faster"
+    reason = f"oneDNN {onednn:.0f} against the BLAS's {blas:.0f} GFLOP/s on this CPU: {verdict}"
+    return Decision(requested, "onednn" if faster else "blas", onednn, blas, reason)
 
 
 def _agrees() -> bool:
@@ -72,6 +161,33 @@ def _agrees() -> bool:
         return False
     ref = F.linear(x.double(), w.double(), b.double())
     return y.shape == ref.shape and bool((y.double() - ref).norm() <= _CHECK_TOLERANCE * ref.norm())
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up: oneDNN compiles a kernel for each new shape
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@torch.no_grad()
+def measure_rates(repeats: int = TIMED_REPEATS) -> tuple[float, float]:
+    """``(oneDNN, BLAS)`` GFLOP/s on this CPU with the current thread count: the best of ``repeats``
+    runs (after a warm-up) of a projection and of a chunked Gram, each library alike. ~0.5 s."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(TIMED_TOKENS, TIMED_CHANNELS, generator=g)
+    w = torch.randn(TIMED_CHANNELS, TIMED_CHANNELS, generator=g)
+    op = _onednn_op()
+    projection = 2 * TIMED_TOKENS * TIMED_CHANNELS * TIMED_CHANNELS
+    onednn = _best_seconds(lambda: op(x, w, None, "none", [], ""), repeats) + _best_seconds(
+        lambda: _gram_onednn(x, x, [(0, TIMED_CHANNELS)], True, same=True), repeats
+    )
+    blas = _best_seconds(lambda: F.linear(x, w), repeats) + _best_seconds(lambda: x.T @ x, repeats)
+    flop = 2 * projection  # the Gram's multiply-adds equal the projection's at these shapes
+    return flop / onednn / 1e9, flop / blas / 1e9
 
 
 def _unit_stride(t: torch.Tensor) -> bool:
@@ -93,6 +209,19 @@ def _chunks_t(x: torch.Tensor) -> Iterator[torch.Tensor]:
         yield x[whole:].T.contiguous()
 
 
+def _gram_onednn(a, b, blocks: list[tuple[int, int]], full: bool, same: bool) -> list[torch.Tensor]:
+    """oneDNN's products for :func:`gram_tn`: token chunks whose float32 partial products are summed."""
+    op = _onednn_op()
+    sums: list[torch.Tensor | None] = [None] * len(blocks)
+    # one transposed copy of each chunk when the product is a Gram (b is a)
+    chunks = ((at, at) for at in _chunks_t(a)) if same else zip(_chunks_t(a), _chunks_t(b))
+    for at, bt in chunks:
+        for i, (r0, r1) in enumerate(blocks):
+            part = op(at[r0:r1], bt if full else bt[r0:], None, "none", [], "")
+            sums[i] = part if sums[i] is None else sums[i].add_(part)
+    return sums
+
+
 def gram_tn(a: torch.Tensor, b: torch.Tensor | None = None, rows: list[tuple[int, int]] | None = None):
     """Products over the token dimension of float32 CPU matrices ``a``, ``b`` of shape ``(n, C)``:
     ``[a[:, r0:r1]ᵀ b[:, r0:] for (r0, r1) in rows]`` (the block rows of a Gram's upper triangle;
@@ -103,18 +232,11 @@ def gram_tn(a: torch.Tensor, b: torch.Tensor | None = None, rows: list[tuple[int
     b = a if same else b
     blocks = rows or [(0, a.shape[1])]
     full = rows is None
-    if not (takes(a) and b.dtype == torch.float32 and a.shape[0] * a.shape[1] * b.shape[1] >= MIN_MACS):
+    if takes(a) and b.dtype == torch.float32 and a.shape[0] * a.shape[1] * b.shape[1] >= MIN_MACS:
+        out = _gram_onednn(a, b, blocks, full, same)
+    else:
         out = [a[:, r0:r1].T @ (b if full else b[:, r0:]) for r0, r1 in blocks]
-        return out[0] if full else out
-    op = _onednn_op()
-    sums: list[torch.Tensor | None] = [None] * len(blocks)
-    # one transposed copy of each chunk when the product is a Gram (b is a)
-    chunks = ((at, at) for at in _chunks_t(a)) if same else zip(_chunks_t(a), _chunks_t(b))
-    for at, bt in chunks:
-        for i, (r0, r1) in enumerate(blocks):
-            part = op(at[r0:r1], bt if full else bt[r0:], None, "none", [], "")
-            sums[i] = part if sums[i] is None else sums[i].add_(part)
-    return sums[0] if full else sums
+    return out[0] if full else out
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -145,51 +267,116 @@ def _eligible(x, weight, bias) -> bool:
     return _unit_stride(x)
 
 
-_local = threading.local()  # per thread: a prune in a worker thread leaves the other threads' layers alone
-_lock = threading.Lock()
-_users = 0  # threads inside fast_linear: the class's forward is routed while there are any
-_stock_forward = nn.Linear.forward
+# the route: one model's nn.Linear instances, for the length of a run ----------------------------
+class _Routed:
+    """The forward a routed ``nn.Linear`` instance holds: :func:`linear` while its route is open and
+    not lifted, the class's own forward otherwise. Holds its module weakly (no reference cycle keeps
+    a weight a surgery replaced alive)."""
+
+    __slots__ = ("module", "route", "stock")
+
+    def __init__(self, module: nn.Linear, route: _Route):
+        self.module, self.route, self.stock = weakref.ref(module), route, False
+
+    def __call__(self, input: torch.Tensor) -> torch.Tensor:
+        m = self.module()
+        if self.stock or not self.route.open:
+            return type(m).forward(m, input)
+        return linear(input, m.weight, m.bias)
+
+    def __deepcopy__(self, memo: dict) -> _Routed:
+        """A model copied during a run: its copy is routed too, and unrouted on the same exit."""
+        copy = memo.get(id(self.module()))
+        return self.route.install(copy) if copy is not None else self
 
 
-def _routed_forward(self: nn.Linear, input: torch.Tensor) -> torch.Tensor:
-    if getattr(_local, "active", False) and not getattr(_local, "suspended", False):
-        return linear(input, self.weight, self.bias)
-    return _stock_forward(self, input)
+def _routable(m: nn.Module) -> bool:
+    """A Linear running torch's own forward, with no forward of its own set on the instance."""
+    return isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward and "forward" not in m.__dict__
+
+
+class _Route:
+    """The Linear instances of one model routed through oneDNN, and the forward pre-hooks that route
+    those added later (a surgery's new projections, checked each time their parent runs)."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.routed: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self.hooks: weakref.WeakKeyDictionary[nn.Module, object] = weakref.WeakKeyDictionary()
+
+    def install(self, m: nn.Linear) -> _Routed:
+        forward = _Routed(m, self)
+        m.__dict__["forward"] = forward  # shadows the class's forward for this instance only
+        self.routed.add(m)
+        return forward
+
+    def adopt(self, root: nn.Module) -> None:
+        for m in root.modules():
+            if _routable(m):
+                self.install(m)
+            elif m._modules and m not in self.hooks and not isinstance(m, nn.Linear):
+                self.hooks[m] = m.register_forward_pre_hook(self._before_call)
+
+    def _before_call(self, module: nn.Module, args) -> None:
+        if module in _lifted:  # timed as torch runs it: a new projection stays unrouted until after
+            return
+        for child in module._modules.values():
+            if child is None:
+                continue
+            if _routable(child):
+                self.install(child)
+            elif child._modules and child not in self.hooks:
+                self.adopt(child)
+
+    def close(self) -> None:
+        """Remove the hooks and exactly the forwards this route set (one set since by someone else stays)."""
+        self.open = False
+        for handle in list(self.hooks.values()):
+            handle.remove()
+        self.hooks.clear()
+        for m in list(self.routed):
+            forward = m.__dict__.get("forward")
+            if isinstance(forward, _Routed) and forward.route is self:
+                del m.__dict__["forward"]
+        self.routed.clear()
 
 
 @contextmanager
-def fast_linear(device: torch.device | str | None = "cpu") -> Iterator[None]:
-    """Inside, every ``nn.Linear`` this thread runs on float32 CPU tensors multiplies through oneDNN
-    when :func:`backend` chose it (other threads keep torch's own forward). ``nn.Linear.forward`` is
-    routed only while some thread is inside — a one-attribute check a call, where intercepting every
-    torch function (a ``TorchFunctionMode``) cost 5% of a CPU prune — and is torch's own again after.
-    A no-op for another ``device``, when the BLAS was chosen, and when already inside."""
-    global _users
-    if torch.device(device).type != "cpu" or backend() != "onednn" or getattr(_local, "active", False):
+def route_linears(model: nn.Module, device: torch.device | str) -> Iterator[None]:
+    """Inside, ``model``'s float32 ``nn.Linear`` products on a CPU go through oneDNN — when an
+    application configured it and it was chosen (:func:`backend`); else, or for another ``device``,
+    nothing is installed. Routes the Linear instances present now and, through forward pre-hooks on
+    their parents, those added later (a pruned block's new projections, a streamed block's modules);
+    on exit — returned or raised — removes exactly what it installed. ``nn.Linear.forward`` itself,
+    other models, and a forward set on an instance by someone else are never touched."""
+    if torch.device(device).type != "cpu" or backend() != "onednn":
         yield
         return
-    with _lock:
-        if _users == 0:
-            nn.Linear.forward = _routed_forward
-        _users += 1
-    _local.active = True
+    route = _Route()
     try:
+        route.adopt(model)
         yield
     finally:
-        _local.active = False
-        with _lock:
-            _users -= 1
-            if _users == 0:
-                nn.Linear.forward = _stock_forward
+        route.close()
 
 
 @contextmanager
-def stock_linear() -> Iterator[None]:
-    """Inside, this thread's ``nn.Linear`` runs torch's own forward again (a speed measurement that
-    must time what a user's stock model runs)."""
-    before = getattr(_local, "suspended", False)
-    _local.suspended = True
+def lifted(module: nn.Module) -> Iterator[None]:
+    """Inside, the routed Linears under ``module`` run their class's own forward (a speed measurement
+    that must time what a user's stock model runs), and those added since are not routed meanwhile;
+    routed again after."""
+    modules = [m for m in module.modules() if m not in _lifted]
+    stock = [f for m in modules if isinstance(f := m.__dict__.get("forward"), _Routed) and not f.stock]
+    for f in stock:
+        f.stock = True
+    _lifted.update(modules)
     try:
         yield
     finally:
-        _local.suspended = before
+        for m in modules:
+            _lifted.discard(m)
+        for f in stock:
+            f.stock = False
+
+
+_lifted: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # modules inside a :func:`lifted` block now

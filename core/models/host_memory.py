@@ -26,6 +26,12 @@ On a TinyLlama-1.1B-shaped checkpoint (4.4 GB in float32, magnitude, 16 windows)
 nothing (220.4 s against 221.5 s: the solves dominate) and peaked at 4.45 GB against 1.33 GB.
 Either way a streamed block's weights are read into their own anonymous mappings
 (:func:`mapped_empty`), outside the heap, freed with the block whatever the thresholds.
+
+glibc's thresholds belong to the process, and glibc cannot restore its adaptive ones, so the
+policy is applied only where an application opted in with :func:`configure` (the ``liar`` CLI, a
+job worker). A library caller's ``core.prune`` leaves the allocator as it found it: the functions
+below then change nothing and say so (False); the run is correct either way — the weights' own
+mappings still bound a streamed run, freed activations are only faulted in more often.
 """
 
 from __future__ import annotations
@@ -50,6 +56,25 @@ TRIM_BYTES = 128 * 2**10  # bounded: free heap top above this goes back to the O
 REUSE_SHARE = 1 / 8
 
 
+_policy = {"tune": False}  # whether this process's application let runs tune glibc's malloc
+
+
+def configure(tune: bool = True) -> None:
+    """An application's choice for its process: runs may set glibc's malloc thresholds (the policy
+    above) — or, ``tune`` False, never (the default for a process that never calls this)."""
+    _policy["tune"] = bool(tune)
+
+
+def tunes() -> bool:
+    """Whether runs in this process apply the allocator policy (:func:`configure`)."""
+    return _policy["tune"]
+
+
+def _allocator():
+    """glibc, when the application let runs tune it; else None (nothing is changed)."""
+    return _libc() if _policy["tune"] else None
+
+
 @functools.cache
 def _libc():
     try:
@@ -65,8 +90,8 @@ def release_freed_memory() -> bool:
     mapping, so freed memory goes back to the OS at once and the resident set stays near one block's
     worth; the heap's free top is trimmed at glibc's default again, and what an earlier run in the
     process (a worker's last job) left free is given back now. Stays set after the run (until a run
-    that reuses changes it); False off glibc."""
-    libc = _libc()
+    that reuses changes it); False off glibc or when the application did not opt in (:func:`configure`)."""
+    libc = _allocator()
     if libc is None:
         return False
     tuned = bool(libc.mallopt(_M_MMAP_THRESHOLD, STREAM_MMAP_BYTES) and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_BYTES))
@@ -78,8 +103,8 @@ def keep_freed_memory() -> bool:
     """glibc keeps freed heap memory (up to :data:`KEEP_BYTES` per allocation and of free heap top) for
     the next allocation instead of unmapping it. Stays set (glibc cannot restore its adaptive
     thresholds): later CPU work in the process, an evaluation say, reuses memory the same way. False
-    off glibc."""
-    libc = _libc()
+    off glibc or when the application did not opt in (:func:`configure`)."""
+    libc = _allocator()
     return libc is not None and bool(
         libc.mallopt(_M_MMAP_THRESHOLD, KEEP_BYTES) and libc.mallopt(_M_TRIM_THRESHOLD, KEEP_BYTES)
     )
@@ -88,7 +113,8 @@ def keep_freed_memory() -> bool:
 @contextmanager
 def reuse_freed_memory() -> Iterator[bool]:
     """:func:`keep_freed_memory` inside the block; on leaving, the free memory goes back to the OS
-    (``malloc_trim``). Yields whether the allocator could be tuned (False off glibc)."""
+    (``malloc_trim``). Yields whether the allocator was tuned (False off glibc or without
+    :func:`configure`: then nothing is changed)."""
     tuned = keep_freed_memory()
     try:
         yield tuned

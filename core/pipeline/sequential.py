@@ -26,7 +26,7 @@ from torch import nn
 from core.allocation.groups import kv_index_layers
 from core.criteria import Scores
 from core.data.calibration import CalibrationBatch, calibration_batches
-from core.kernels.cpu_matmul import fast_linear
+from core.kernels.cpu_matmul import route_linears
 from core.models.adapter import adapter_for, block_parameters
 from core.models.host_memory import reuse_freed_memory
 from core.models.liar_families import pools_first_token
@@ -141,9 +141,13 @@ def prune(
         source = _MemorySource(recipe, model, tokenizer, calibration)
     try:
         speed = BlockSpeed() if measure_speed else None
-        # freed activations reused rather than faulted in again, unless memory is bounded (core/models/host_memory.py);
-        # on a CPU, float32 projections through the faster of its two matrix libraries (core/kernels/cpu_matmul.py)
-        with reuse_freed_memory() if source.reuses_memory else nullcontext(), fast_linear(source.device):
+        # where the application opted in: freed activations reused rather than faulted in again, unless memory
+        # is bounded (core/models/host_memory.py); on a CPU, the model's float32 projections through the faster
+        # of its two matrix libraries (core/kernels/cpu_matmul.py), removed again on exit
+        with (
+            reuse_freed_memory() if source.reuses_memory else nullcontext(),
+            route_linears(source.model, source.device),
+        ):
             result = _run(recipe, source, calibration, scores, report, show_progress, speed)
     except BaseException:
         source.abort()

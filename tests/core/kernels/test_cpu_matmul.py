@@ -4,6 +4,7 @@ reference wherever they are taken, torch's own path wherever they must not be.""
 from __future__ import annotations
 
 import threading
+import weakref
 
 import pytest
 import torch
@@ -14,11 +15,21 @@ from core.kernels import cpu_matmul
 from core.stats.accumulate import InputStats
 
 
+@pytest.fixture(autouse=True)
+def unconfigured():
+    """Every test starts and ends in a process no application configured (the BLAS everywhere)."""
+    cpu_matmul.reset()
+    yield
+    cpu_matmul.reset()
+
+
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts the products oneDNN computes (per thread name); every size goes to it."""
+    """Counts the products oneDNN computes (per thread name), configured on as the CLI would; every
+    size goes to it."""
     monkeypatch.setattr(cpu_matmul, "MIN_MACS", 0)
-    assert cpu_matmul.backend() == "onednn", "this torch has oneDNN: the check at first use must have chosen it"
+    cpu_matmul.configure("onednn")
+    assert cpu_matmul.backend() == "onednn", "this torch has oneDNN: the check must have chosen it"
     real = cpu_matmul._onednn_op()
     seen: dict[str, int] = {}
 
@@ -125,41 +136,6 @@ def test_gram_chunks_keep_the_error_of_the_blas(calls, monkeypatch):
     assert err(cpu_matmul.gram_tn(x)) > 2 * blas
 
 
-def test_fast_linear_routes_layers_inside_only_this_thread(calls):
-    lin = nn.Linear(80, 48)
-    x = torch.randn(4, 80, generator=g)
-    other: dict[str, torch.Tensor] = {}
-
-    def elsewhere():
-        other["y"] = lin(x)
-
-    with torch.no_grad():
-        lin(x)
-        assert calls == {}
-        with cpu_matmul.fast_linear("cpu"):
-            y = lin(x)
-            worker = threading.Thread(target=elsewhere, name="elsewhere")
-            worker.start()
-            worker.join()
-            with cpu_matmul.stock_linear():
-                lin(x)
-            with cpu_matmul.fast_linear("cpu"):  # nested: still one interception a call
-                lin(x)
-        lin(x)
-    me = threading.current_thread().name
-    assert calls == {me: 2}, "inside: the two unsuspended calls; the other thread and outside: torch's"
-    assert nn.Linear.forward is cpu_matmul._stock_forward, "torch's own forward once no thread is inside"
-    _close(y, _reference(x, lin.weight, lin.bias))
-    torch.testing.assert_close(other["y"], F.linear(x, lin.weight, lin.bias))
-
-
-def test_fast_linear_on_another_device_intercepts_nothing(calls):
-    lin = nn.Linear(80, 48)
-    with torch.no_grad(), cpu_matmul.fast_linear(torch.device("meta")):
-        lin(torch.randn(4, 80, generator=g))
-    assert calls == {}
-
-
 def test_gram_through_onednn_matches_float64(calls):
     x = torch.randn(600, 520, generator=g)  # two block rows of the upper triangle
     stats = InputStats(520, torch.float32)
@@ -171,24 +147,106 @@ def test_gram_through_onednn_matches_float64(calls):
     assert sum(calls.values()) == 3 * 2  # one flush (under 2048 tokens): 3 chunks, two block rows each
 
 
+class _Two(nn.Module):
+    """Two projections; ``extra`` is added by the test while a route is open (as a surgery adds one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(80, 48), nn.Linear(48, 48)
+
+    def forward(self, x):
+        y = self.b(self.a(x))
+        return self.extra(y) if hasattr(self, "extra") else y
+
+
+def _installed(model: nn.Module) -> list[str]:
+    """Names of the modules holding a forward of their own or forward pre-hooks."""
+    return [n for n, m in model.named_modules() if "forward" in m.__dict__ or m._forward_pre_hooks]
+
+
+def test_a_route_covers_one_model_s_linears_and_leaves_nothing_behind(calls):
+    stock = nn.Linear.forward
+    model, other, x = _Two(), _Two(), torch.randn(4, 80, generator=g)
+    own = lambda inp: F.linear(inp, other.b.weight, other.b.bias)  # noqa: E731 — a forward set by someone else
+    other.b.forward = own
+    with torch.no_grad():
+        with cpu_matmul.route_linears(model, "cpu"):
+            assert nn.Linear.forward is stock, "torch's class is never changed"
+            y = model(x)
+            assert calls == {threading.current_thread().name: 2}
+            other(x)  # another model: torch's products
+            assert sum(calls.values()) == 2
+            model.extra = nn.Linear(48, 48)  # a new projection: routed when its parent next runs
+            model(x)
+            assert sum(calls.values()) == 2 + 3
+            with cpu_matmul.lifted(model):  # a timing of the stock forward
+                model(x)
+            assert sum(calls.values()) == 5
+            with cpu_matmul.route_linears(other, "cpu"):  # a forward set before is left as it is
+                assert other.b.__dict__["forward"] is own and sum(calls.values()) == 5
+        assert nn.Linear.forward is stock
+        assert _installed(model) == [] and other.b.__dict__["forward"] is own and _installed(other) == ["b"]
+        model(x)
+    assert sum(calls.values()) == 5
+    _close(y, _reference(model.a(x).detach(), model.b.weight, model.b.bias))
+
+
+def test_a_route_is_removed_when_the_run_raises_and_its_modules_are_not_kept_alive(calls):
+    model = _Two()
+    with pytest.raises(RuntimeError, match="stopped"), cpu_matmul.route_linears(model, "cpu"):
+        model(torch.randn(4, 80, generator=g))
+        raise RuntimeError("stopped")
+    assert _installed(model) == []
+    with cpu_matmul.route_linears(model, "cpu"):
+        dropped = weakref.ref(model.a)
+        model.a = nn.Linear(80, 48)  # a surgery replaces a projection: the old one is freed at once
+        assert dropped() is None, "the route holds its modules weakly (no cycle keeps old weights)"
+
+
+def test_nothing_is_routed_on_another_device_or_unless_an_application_configured_it(monkeypatch):
+    monkeypatch.setattr(cpu_matmul, "MIN_MACS", 0)
+    model = _Two()
+    with cpu_matmul.route_linears(model, "cpu"):  # a library caller: no configure
+        assert cpu_matmul.backend() == "blas" and _installed(model) == []
+    assert not cpu_matmul.takes(torch.randn(4, 80))
+    cpu_matmul.configure("onednn")
+    with cpu_matmul.route_linears(model, torch.device("meta")):
+        assert _installed(model) == []
+    with cpu_matmul.route_linears(model, "cpu"):
+        assert _installed(model) == ["", "a", "b"]  # the parent's pre-hook, the two projections
+
+
 @pytest.mark.parametrize("value", ["blas", "onednn", "auto", ""])
 def test_the_environment_chooses_the_library(monkeypatch, value):
     monkeypatch.setenv(cpu_matmul.ENV, value)
-    cpu_matmul.backend.cache_clear()
-    try:
-        assert cpu_matmul.backend() == ("blas" if value == "blas" else "onednn")
-    finally:
-        cpu_matmul.backend.cache_clear()
+    monkeypatch.setattr(cpu_matmul, "measure_rates", lambda: (300.0, 100.0))
+    cpu_matmul.configure()
+    assert cpu_matmul.backend() == ("blas" if value == "blas" else "onednn")
+    assert cpu_matmul.decision().requested == (value or "auto")
+
+
+@pytest.mark.parametrize(
+    "rates, chosen", [((118.0, 131.0), "blas"), ((140.0, 131.0), "blas"), ((300.0, 131.0), "onednn")]
+)
+def test_auto_takes_onednn_only_where_it_measured_clearly_faster(monkeypatch, rates, chosen):
+    """An AMD EPYC without AVX-512 (118 against 131 GFLOP/s) stays with the BLAS, and so does a tie."""
+    monkeypatch.setattr(cpu_matmul, "measure_rates", lambda: rates)
+    cpu_matmul.configure("auto")
+    found = cpu_matmul.decision()
+    assert found.backend == chosen and (found.onednn_gflops, found.blas_gflops) == rates
+    assert found.metrics()["cpu_matmul"] == chosen and "GFLOP/s" in found.reason
+
+
+def test_the_timing_measures_both_libraries():
+    onednn, blas = cpu_matmul.measure_rates(repeats=1)
+    assert onednn > 1 and blas > 1  # GFLOP/s of real products on this CPU
 
 
 def test_an_unknown_choice_is_refused_in_one_sentence(monkeypatch):
     monkeypatch.setenv(cpu_matmul.ENV, "mkl")
-    cpu_matmul.backend.cache_clear()
-    try:
-        with pytest.raises(ValueError, match=r"^LIAR_CPU_MATMUL must be one of auto, onednn, blas, not 'mkl'$"):
-            cpu_matmul.backend()
-    finally:
-        cpu_matmul.backend.cache_clear()
+    with pytest.raises(ValueError, match=r"^LIAR_CPU_MATMUL must be one of auto, onednn, blas, not 'mkl'$"):
+        cpu_matmul.configure()
+    assert cpu_matmul.backend() == "blas"
 
 
 def test_a_failing_check_falls_back_to_the_blas(monkeypatch):
@@ -196,13 +254,10 @@ def test_a_failing_check_falls_back_to_the_blas(monkeypatch):
         raise RuntimeError("no kernel")
 
     monkeypatch.setattr(cpu_matmul, "_onednn_op", lambda: broken)
-    cpu_matmul.backend.cache_clear()
-    try:
-        assert cpu_matmul.backend() == "blas"
-        x = torch.randn(4, 80, generator=g)
-        torch.testing.assert_close(cpu_matmul.linear(x, W, B), F.linear(x, W, B))
-    finally:
-        cpu_matmul.backend.cache_clear()
+    cpu_matmul.configure("onednn")
+    assert cpu_matmul.backend() == "blas"
+    x = torch.randn(4, 80, generator=g)
+    torch.testing.assert_close(cpu_matmul.linear(x, W, B), F.linear(x, W, B))
 
 
 def _prune(llama_dir, corpus, **kw):
@@ -223,12 +278,8 @@ def _prune(llama_dir, corpus, **kw):
 def test_a_cpu_prune_multiplies_through_onednn_and_agrees_with_the_blas(calls, monkeypatch, llama_dir, corpus):
     _, fast_logits, fast = _prune(llama_dir, corpus)
     assert sum(calls.values()) > 50, "the projections, replays and Gram products of every block"
-    monkeypatch.setenv(cpu_matmul.ENV, "blas")
-    cpu_matmul.backend.cache_clear()
-    try:
-        _, blas_logits, blas = _prune(llama_dir, corpus)
-    finally:
-        cpu_matmul.backend.cache_clear()
+    cpu_matmul.configure("blas")
+    _, blas_logits, blas = _prune(llama_dir, corpus)
     # float32 products summed in another order, through the LIAR solves: the slow-reference tests'
     # tolerance on the logits (tests/core/pipeline/test_pipeline.py)
     torch.testing.assert_close(fast_logits, blas_logits, rtol=1e-4, atol=1e-4)
@@ -255,13 +306,11 @@ def test_block_timings_run_torch_s_own_kernels(calls, monkeypatch, llama_dir, co
 
 
 def _with_blas(monkeypatch, fn):
-    monkeypatch.setenv(cpu_matmul.ENV, "blas")
-    cpu_matmul.backend.cache_clear()
+    cpu_matmul.configure("blas")
     try:
         return fn()
     finally:
-        monkeypatch.delenv(cpu_matmul.ENV)
-        cpu_matmul.backend.cache_clear()
+        cpu_matmul.configure("onednn")
 
 
 def test_evaluations_multiply_through_onednn(calls, monkeypatch, llama_dir, bert_dir, corpus):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.models import host_memory
 from core.models.host_memory import REUSE_SHARE, available_memory, bounds_memory, mapped_copy, mapped_empty
 from core.models.safetensors_io import CheckpointReader, write_shard
 
@@ -56,8 +57,9 @@ def test_tensors_read_from_a_checkpoint_are_mapped_and_equal(tmp_path):
 _CHURN = """
 import ctypes, resource, torch
 from torch.nn.functional import linear, silu
-from core.models.host_memory import reuse_freed_memory
+from core.models.host_memory import configure, reuse_freed_memory
 
+configure(True)  # as the liar CLI and the job worker do: runs may tune glibc's malloc
 def churn():  # one batch's FFN activations (12 MB tensors), computed and freed again and again
     x, w = torch.randn(2048, 576), torch.randn(1536, 576)
     start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -87,6 +89,27 @@ def test_inside_a_run_freed_activations_are_reused_not_faulted_in_again():
     assert float(reused) < float(plain) / 4, out.stdout
 
 
+def test_without_an_application_s_consent_the_allocator_is_left_alone(monkeypatch):
+    """A library caller's process: the policy functions change nothing and say so."""
+    calls = []
+
+    class Libc:
+        def mallopt(self, *args):
+            calls.append(args)
+            return 1
+
+        malloc_trim = mallopt
+
+    monkeypatch.setattr(host_memory, "_libc", lambda: Libc())
+    monkeypatch.setattr(host_memory, "_policy", {"tune": False})
+    assert not host_memory.release_freed_memory() and not host_memory.keep_freed_memory()
+    with host_memory.reuse_freed_memory() as tuned:
+        assert not tuned
+    assert calls == [] and not host_memory.tunes()
+    host_memory.configure(True)
+    assert host_memory.keep_freed_memory() and host_memory.release_freed_memory() and calls
+
+
 def test_a_streamed_run_bounds_memory_on_a_gpu_for_big_weights_or_when_memory_is_unknown():
     cpu, gpu, gib = torch.device("cpu"), torch.device("cuda"), 2**30
     assert not bounds_memory(1 * gib, cpu, 16 * gib)  # 1/16 of the memory available: reuse
@@ -109,7 +132,9 @@ def test_available_memory_is_what_the_kernel_reports_at_most():
 _AFTER_REUSE = """
 import resource
 import torch
-from core.models.host_memory import keep_freed_memory, release_freed_memory
+from core.models.host_memory import configure, keep_freed_memory, release_freed_memory
+
+configure(True)  # as the liar CLI and the job worker do
 
 def rss_mb():
     with open("/proc/self/statm") as f:
