@@ -57,3 +57,8 @@ bench-time: $(VENV)/.bench
 
 bench-latency: $(VENV)/.bench
 	$(BIN)/python bench/speed.py latency
+
+# numbers in README.md and docs/ from docs/results/*.json (tests/test_docs.py checks they are current)
+.PHONY: docs
+docs:
+	$(or $(wildcard $(BIN)/python),$(PYTHON)) bench/render_docs.py

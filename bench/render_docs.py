@@ -1,0 +1,967 @@
+"""Fill the generated blocks of the README and docs/ from the results files: ``make docs``.
+
+A markdown file carries blocks ``<!-- results:NAME -->`` … ``<!-- /results -->``; each NAME is a renderer
+below that reads ``docs/results/*.json`` (or, for the few pages a benchmark writes without JSON, the
+page's own table) and returns the block's text. No measured number is typed into the docs: it is
+typed here as a key into a results file, so a re-run benchmark changes every place that quotes it,
+and ``tests/test_docs.py`` fails when a committed file differs from what this script renders.
+
+The results index (``docs/results/README.md``) is the ``PAGES`` table below: every page of
+``docs/results/`` with the script that writes it and its claims (what the page shows, and the value
+it shows it with); the date, machine and torch of a row are read from the page itself.
+
+    python bench/render_docs.py            # rewrite the files whose blocks changed
+    python bench/render_docs.py --check    # exit 1, naming the files that are not up to date
+
+Standard library only (no torch), so the docs test is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+# The markdown files that carry generated blocks.
+FILES = ("README.md", "docs/guide.md", "docs/deployment.md", "docs/design.md", "docs/results/README.md")
+BLOCK = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results -->)", re.S)
+# CPU prune and evaluation times measured before this date ran torch's BLAS, not oneDNN
+# (core/kernels/cpu_matmul.py): they are not comparable with later ones.
+ONEDNN_DATE = "2026-11-27"
+RENDERERS: dict[str, Callable[[], str]] = {}
+
+
+def renderer(name: str):
+    """Register a block's renderer under ``name`` (the NAME of ``<!-- results:NAME -->``)."""
+
+    def add(fn: Callable[[], str]) -> Callable[[], str]:
+        RENDERERS[name] = fn
+        return fn
+
+    return add
+
+
+# ---------------------------------------------------------------- reading results
+
+
+@cache
+def data(name: str):
+    """A results JSON file of docs/results/, parsed once."""
+    return json.loads((RESULTS / name).read_text())
+
+
+@cache
+def page_text(name: str) -> str:
+    return (RESULTS / name).read_text()
+
+
+def md_table(page: str, first_header: str, has: str | None = None) -> list[dict[str, str]]:
+    """The rows of the first table on ``page`` whose first header cell is ``first_header`` (and which has a
+    column ``has``), each a dict from header to cell."""
+    lines = page_text(page).splitlines()
+    for i, line in enumerate(lines):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first_header and (has is None or has in cells):
+            rows = []
+            for row in lines[i + 2 :]:
+                if not row.startswith("|"):
+                    break
+                rows.append(dict(zip(cells, (c.strip() for c in row.strip().strip("|").split("|")))))
+            return rows
+    raise KeyError(f"{page}: no table whose first column is {first_header!r}")
+
+
+def num(x: float, digits: int = 1) -> str:
+    """A measured value as the docs print it: fixed digits, thousands separated."""
+    return f"{x:,.{digits}f}"
+
+
+def ppl(x: float) -> str:
+    """A perplexity: one decimal below 1,000, none above."""
+    return num(x, 1 if x < 1000 else 0)
+
+
+def pct(x: float, digits: int = 1) -> str:
+    return f"{100 * x:.{digits}f}%"
+
+
+def times(x: float, digits: int = 2) -> str:
+    return f"{x:.{digits}f}×"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- values, one function per quantity
+
+
+def criteria_ppl(criterion: str, method: str, ratio: float) -> float:
+    for r in data("criteria.json")["rows"]:
+        if r["criterion"] == criterion and r["method"] == method and r["ratio"] == ratio:
+            return r["perplexity"]
+    raise KeyError((criterion, method, ratio))
+
+
+def dense_criteria() -> tuple[float, int]:
+    """SmolLM2's dense perplexity under the criteria protocol and its evaluated tokens."""
+    row = next(r for r in data("kv_groups.json")["rows"] if r["groups"] == "dense")
+    return row["perplexity"], row["eval_tokens"]
+
+
+def obs_row(model: str, ratio: float, recipe: str) -> dict:
+    for r in data("obs_allocation.json")["rows"]:
+        if r.get("model") == model and r["ratio"] == ratio and r.get("recipe") == recipe:
+            return r
+    raise KeyError((model, ratio, recipe))
+
+
+def obs_cap(ratio: float, cap: float, model: str | None = None) -> dict:
+    for r in data("obs_allocation.json")["rows"]:
+        if r["ratio"] == ratio and r["cap"] == cap and r.get("model") == model and r.get("recipe") in (None, "obs"):
+            return r
+    raise KeyError((ratio, cap, model))
+
+
+def peer(key: str) -> dict:
+    return data("peers.json")["cells"][key]
+
+
+def best_torch_pruning(ratio: float) -> dict:
+    cells = [
+        c
+        for k, c in data("peers.json")["cells"].items()
+        if k.startswith("smollm2|torch-pruning") and k.endswith(f"|{ratio}") and "perplexity" in c
+    ]
+    return min(cells, key=lambda c: c["perplexity"])
+
+
+def draws(recipe: str, ratio: float) -> list[float]:
+    cells = data("minilm-draws.json")["cells"]
+    return [c["accuracy"] for k, c in cells.items() if k.split()[:2] == [recipe, str(ratio)]]
+
+
+def minilm_dense() -> float:
+    return data("minilm-draws.json")["dense"]
+
+
+def time_row(samples: int) -> dict:
+    return next(r for r in data("time.json")["rows"] if r["samples"] == samples)
+
+
+def time_machine() -> str:
+    m = data("time.json")["machine"]
+    return f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}"
+
+
+def scaling() -> float:
+    """The prune time at 1024 samples over that at 128."""
+    return time_row(1024)["prune_seconds"] / time_row(128)["prune_seconds"]
+
+
+def gram_errors() -> list[float]:
+    """Relative errors of the Grams against float64, from gram_precision.md's table (no JSON)."""
+    return [float(r["‖G − G64‖ / ‖G64‖"]) for r in md_table("gram_precision.md", "projection")]
+
+
+def matmul_speedups(kind: str) -> list[float]:
+    rows = data("cpu_matmul.json")["rows"]
+    return [r["speedup"] for r in rows if r["product"].startswith("Gram") == (kind == "gram")]
+
+
+def streaming_row(shape: str, mode: str, criterion: str, date: str | None = None) -> dict:
+    rows = [
+        r for r in data("streaming.json")["rows"] if (r["shape"], r["mode"], r["criterion"]) == (shape, mode, criterion)
+    ]
+    rows = [r for r in rows if date is None or r["date"] == date]
+    return max(rows, key=lambda r: r["date"])
+
+
+def gpu_stream(run: str, criterion: str = "magnitude") -> dict:
+    return next(r for r in data("gpu_stream.json") if r["run"] == run and r["criterion"] == criterion)
+
+
+def gb(mb: float) -> str:
+    """Device memory recorded in MB (10⁶ bytes), printed in GB."""
+    return num(mb / 1000)
+
+
+def gpu_liar_after(shape: str, samples: str, method: str) -> str:
+    for r in md_table("gpu_liar.md", "shape"):
+        if (r["shape"], r["samples"], r["method"]) == (shape, samples, method):
+            return r["after (s)"].strip("*")
+    raise KeyError((shape, samples, method))
+
+
+def latency_default(ratio: float, key: str) -> float:
+    return next(r for r in data("latency_default.json")["rows"] if r["ratio"] == ratio and r.get("default"))[key]
+
+
+def gpu_latency(model: str, key: str) -> float:
+    return next(r for r in data("gpu_latency.json") if r["model"] == model)[key]
+
+
+def head_ratio_ppl(ratio: float, head_ratio) -> float:
+    return next(r for r in data("head_ratio.json")["rows"] if r["ratio"] == ratio and r["head_ratio"] == head_ratio)[
+        "perplexity"
+    ]
+
+
+def kv_ppl(groups: str, ratio: float) -> float:
+    rows = data("kv_groups.json")["rows"]
+    return next(r for r in rows if r["groups"] == groups and r["ratio"] == ratio and "round_heads" not in r)[
+        "perplexity"
+    ]
+
+
+def peak(part: str, setting: str, label: str) -> float:
+    rows = data("peak_memory.json")
+    return next(r for r in rows if (r["part"], r["setting"], r["label"]) == (part, setting, label))["peak_mib"]
+
+
+def product_ratio() -> str | None:
+    """Prune time over its matrix products' time at the GEMM rate of the same run (``bench/speed.py time``):
+    present only once that benchmark writes ``gemm_gflops`` / ``product_seconds`` / ``ratio``."""
+    row = time_row(128)
+    if not all(k in row for k in ("gemm_gflops", "product_seconds", "ratio")):
+        return None
+    return (
+        f"{times(row['ratio'])} the time of its matrix products ({num(row['product_seconds'])} s at the "
+        f"{num(row['gemm_gflops'], 0)} GFLOP/s measured in the same run)"
+    )
+
+
+# ---------------------------------------------------------------- the results index
+
+
+@dataclass(frozen=True)
+class Claim:
+    text: str
+    value: Callable[[], str]
+
+
+@dataclass(frozen=True)
+class Page:
+    """A page of docs/results/: the command that writes it, what kind of machine it needs, its claims."""
+
+    script: str
+    machine: str  # cpu | gpu | jobs
+    claims: tuple[Claim, ...] = ()
+    cpu_times: bool = False  # quotes CPU prune or evaluation times (superseded when before ONEDNN_DATE)
+    stale: str = ""  # why the page needs a re-run, where its date alone does not say
+    data: tuple[str, ...] = field(default=())  # JSON files the page is made from
+
+
+def _c(text: str, value: Callable[[], str]) -> Claim:
+    return Claim(text, value)
+
+
+def pair(a: str, b: str, sep: str = " / ") -> str:
+    return f"{a}{sep}{b}"
+
+
+def span(xs: list[float], digits: int = 1) -> str:
+    """The range of some ratios, as ``2.0×–2.3×``."""
+    return f"{times(min(xs), digits)}–{times(max(xs), digits)}"
+
+
+def engine_ppl(method: str, ratio: float) -> float:
+    return next(r for r in data("engine.json")["rows"] if r["method"] == method and r["ratio"] == ratio)["perplexity"]
+
+
+def unseen_rt(recipe: str, ratio: float) -> float:
+    rows = data("unseen.json")["rows"]
+    return next(r for r in rows if r["recipe"] == recipe and r["ratio"] == ratio)["rotten_tomatoes"]
+
+
+def minilm_cells(name: str, ratio: float, **match) -> list[dict]:
+    cells = data(name)["cells"].values()
+    return [
+        c
+        for c in cells
+        if c["ratio"] == ratio and c.get("positions", "all") == "all" and all(c.get(k) == v for k, v in match.items())
+    ]
+
+
+def block_read(name: str, threads: int) -> float:
+    rows = data(name)["rows"]
+    return next(r for r in rows if r["threads"] == threads and r["read"] == "block" and r["cache"] == "warm")["gb_s"]
+
+
+def _gemma_50() -> str:
+    capped, free, uni = obs_cap(0.5, 1.2, "gemma3"), obs_row("gemma3", 0.5, "obs"), obs_row("gemma3", 0.5, "default")
+    return " / ".join(ppl(r["wikipedia"]) for r in (capped, free, uni))
+
+
+def _versus(fn: Callable[[str, float], float], a: str, b: str) -> str:
+    """``a`` against ``b`` at 20% and at 50%."""
+    return " / ".join(pair(ppl(fn(a, r)), ppl(fn(b, r)), " vs ") for r in (0.2, 0.5))
+
+
+def _refit_peak() -> str:
+    s = "statistics kept, 8824 of 11008 kept"
+    return f"{num(peak('solve', s, 'before (6d6d779)'), 0)} / {num(peak('solve', s, 'after'), 0)} MiB"
+
+
+def _gpu_checks() -> str:
+    rows = md_table("gpu_check.md", "check")
+    return f"{sum(r['result'] == 'ok' for r in rows)} of {len(rows)}"
+
+
+SPEED_AB = "python bench/speed_ab.py --models 0 0.2:default 0.5:default 0.2:64:free 0.5:64:free --prune-samples 128"
+S70 = "70b:128:stream:discard"
+
+PAGES: dict[str, Page] = {
+    "engine.md": Page(
+        "make bench-engine",
+        "cpu",
+        (
+            _c(
+                "SmolLM2-135M, magnitude, held-out perplexity at 20% (none / bias / liar / ls)",
+                lambda: " / ".join(ppl(engine_ppl(m, 0.2)) for m in ("none", "bias", "liar", "ls")),
+            ),
+            _c(
+                "dense perplexity under this page's protocol",
+                lambda: (
+                    f"{num(engine_ppl('dense', 0.0), 2)} on {data('engine.json')['rows'][0]['eval_tokens']:,} tokens"
+                ),
+            ),
+        ),
+        cpu_times=True,
+        data=("engine.json",),
+    ),
+    "criteria.md": Page(
+        "python bench/criteria.py",
+        "cpu",
+        (
+            _c(
+                "best paper criterion at 50%: FLAP + liar / + ls",
+                lambda: pair(ppl(criteria_ppl("flap", "liar", 0.5)), ppl(criteria_ppl("flap", "ls", 0.5))),
+            ),
+            _c(
+                "dense perplexity under this protocol",
+                lambda: f"{num(dense_criteria()[0], 2)} on {dense_criteria()[1]:,} tokens",
+            ),
+        ),
+        data=("criteria.json",),
+    ),
+    "obs_allocation.md": Page(
+        "python bench/obs_allocation.py",
+        "cpu",
+        (
+            _c(
+                "the default recipe on SmolLM2 at 20% / 50% (Wikipedia perplexity)",
+                lambda: " / ".join(ppl(obs_row("smollm2", r, "auto")["wikipedia"]) for r in (0.2, 0.5)),
+            ),
+            _c("Gemma 3 270M at 50%: default (cap 1.2×) / uncapped / uniform", _gemma_50),
+        ),
+        cpu_times=True,
+        data=("obs_allocation.json",),
+    ),
+    "unseen.md": Page(
+        "python bench/unseen.py",
+        "cpu",
+        (
+            _c(
+                "paper FLAP + LIAR vs uniform default at 20%, Rotten Tomatoes text",
+                lambda: pair(ppl(unseen_rt("paper", 0.2)), ppl(unseen_rt("auto", 0.2)), " vs "),
+            ),
+        ),
+        cpu_times=True,
+        data=("unseen.json",),
+    ),
+    "head_ratio.md": Page(
+        "python bench/head_ratio.py",
+        "cpu",
+        (
+            _c(
+                "heads at half the ratio (auto) vs at the ratio (same), 20% / 50%",
+                lambda: _versus(lambda h, r: head_ratio_ppl(r, h), "auto", "same"),
+            ),
+        ),
+        cpu_times=True,
+        data=("head_ratio.json",),
+    ),
+    "kv_groups.md": Page(
+        "python bench/kv_groups.py",
+        "cpu",
+        (
+            _c(
+                "whole key/value groups vs free query heads, 20% / 50%",
+                lambda: _versus(kv_ppl, "whole", "free"),
+            ),
+        ),
+        cpu_times=True,
+        data=("kv_groups.json",),
+    ),
+    "peers.md": Page(
+        "make bench-peers",
+        "cpu",
+        (
+            _c(
+                "SmolLM2 at 20%: our default vs the best Torch-Pruning row",
+                lambda: pair(
+                    ppl(peer("smollm2|ours|default|0.2")["perplexity"]),
+                    ppl(best_torch_pruning(0.2)["perplexity"]),
+                    " vs ",
+                ),
+            ),
+            _c(
+                "MiniLM classifier at 50%: our default with labels (accuracy)",
+                lambda: num(peer("minilm|ours|default|0.5")["accuracy"], 4),
+            ),
+        ),
+        cpu_times=True,
+        data=("peers.json",),
+    ),
+    "minilm.md": Page(
+        "python bench/minilm.py",
+        "cpu",
+        (
+            _c(
+                "LIAR's worst criterion at 30%, share of dense accuracy",
+                lambda: pct(min(c["relative"] for c in minilm_cells("minilm.json", 0.3, method="liar"))),
+            ),
+        ),
+        cpu_times=True,
+        data=("minilm.json",),
+    ),
+    "minilm-select.md": Page(
+        "python bench/minilm.py (the select / obs cells)",
+        "cpu",
+        (
+            _c(
+                "best all-token recipe at 50% (accuracy)",
+                lambda: num(max(c["accuracy"] for c in minilm_cells("minilm-select.json", 0.5)), 4),
+            ),
+        ),
+        cpu_times=True,
+        data=("minilm-select.json",),
+    ),
+    "minilm-draws.md": Page(
+        "python bench/minilm_draws.py",
+        "cpu",
+        (
+            _c(
+                "labelled default at 50%, mean of the calibration draws, share of dense accuracy",
+                lambda: pct(statistics.mean(draws("labelled", 0.5)) / minilm_dense()),
+            ),
+        ),
+        cpu_times=True,
+        data=("minilm-draws.json",),
+    ),
+    "time.md": Page(
+        "make bench-time",
+        "cpu",
+        (
+            _c("CPU prune, paper LIAR, 128 × 128 samples", lambda: f"{num(time_row(128)['prune_seconds'])} s"),
+            _c("time at 1024 samples over 128", lambda: times(scaling())),
+        ),
+        cpu_times=True,
+        data=("time.json",),
+    ),
+    "cpu_matmul.md": Page(
+        "python bench/cpu_matmul.py --threads 2 --tokens 2048",
+        "cpu",
+        (
+            _c(
+                "oneDNN over the BLAS, the run's projections / Gram blocks",
+                lambda: pair(span(matmul_speedups("proj")), span(matmul_speedups("gram"))),
+            ),
+        ),
+        data=("cpu_matmul.json",),
+    ),
+    "gram_precision.md": Page(
+        "python bench/gram_precision.py --device cpu",
+        "cpu",
+        (_c("largest relative error of a Gram against float64", lambda: f"{max(gram_errors()):.2e}"),),
+    ),
+    "latency.md": Page(
+        "make bench-latency",
+        "cpu",
+        (
+            _c(
+                "50% removed, FFN widths ×64: prefill at batch 1, prompt 512",
+                lambda: md_table("latency.md", "model", "batch 1, prompt 512")[-1]["batch 1, prompt 512"],
+            ),
+        ),
+        stale="measured 2026-11-21 with transformers 5.23.0, before the later engine changes",
+        data=("latency.json",),
+    ),
+    "latency_default.md": Page(
+        f"{SPEED_AB} --compile",
+        "cpu",
+        (
+            _c(
+                "default recipe, prefill b8×128 over dense at 20% / 50%",
+                lambda: " / ".join(times(latency_default(r, "b8x128_speedup")) for r in (0.2, 0.5)),
+            ),
+        ),
+        data=("latency_default.json",),
+    ),
+    "latency_kv_groups.md": Page(
+        "python bench/speed_ab.py --compile",
+        "cpu",
+        (_c("whole vs free key/value groups: speed", lambda: "table on the page"),),
+        data=("latency_kv_groups.json",),
+    ),
+    "streaming.md": Page(
+        "python bench/streaming.py",
+        "cpu",
+        (
+            _c(
+                "1.1B-shaped checkpoint, magnitude: peak RSS streamed vs in memory",
+                lambda: pair(
+                    f"{num(streaming_row('1.1b', 'stream', 'magnitude')['peak_rss_mb'], 0)} MB",
+                    f"{num(streaming_row('1.1b', 'memory', 'magnitude')['peak_rss_mb'], 0)} MB",
+                    " vs ",
+                ),
+            ),
+        ),
+        cpu_times=True,
+        data=("streaming.json",),
+    ),
+    "streamed_eval.md": Page(
+        "python bench/streamed_eval.py",
+        "cpu",
+        (
+            _c(
+                "1.1B perplexity + lm-eval: peak RSS in memory vs streamed",
+                lambda: " vs ".join(f"{num(r['peak_rss_mb'], 0)} MB" for r in data("streamed_eval.json")),
+            ),
+        ),
+        cpu_times=True,
+        data=("streamed_eval.json",),
+    ),
+    "block_reads.md": Page(
+        "python bench/block_reads.py --shape 7b --layers 4 --dtype bfloat16",
+        "cpu",
+        (
+            _c(
+                "7B block read, one thread, warm page cache",
+                lambda: f"{num(block_read('block_reads.json', 1), 2)} GB/s",
+            ),
+        ),
+        data=("block_reads.json",),
+    ),
+    "block_reads_gpu_host.md": Page(
+        "python bench/block_reads.py --shape 7b --layers 4 --dtype bfloat16 --device cuda",
+        "gpu",
+        (
+            _c(
+                "7B block read, 4 threads, warm, into pinned memory",
+                lambda: f"{num(block_read('block_reads_gpu_host.json', 4), 1)} GB/s",
+            ),
+        ),
+        data=("block_reads_gpu_host.json",),
+    ),
+    "peak_memory.md": Page(
+        "python bench/peak_memory.py",
+        "cpu",
+        (_c("the FFN's refit at 7B widths, memory beyond the Gram: before / after", _refit_peak),),
+        data=("peak_memory.json",),
+    ),
+    "families.md": Page(
+        "python bench/families.py",
+        "jobs",
+        (
+            _c(
+                "Gemma 3 270M through a job: perplexity of the job vs the reloaded checkpoint",
+                lambda: pair(
+                    num(data("families.json")["ppl_job"], 2), num(data("families.json")["ppl_reloaded"], 2), " vs "
+                ),
+            ),
+        ),
+        cpu_times=True,
+        data=("families.json",),
+    ),
+    "load.md": Page(
+        "python bench/load.py",
+        "jobs",
+        (
+            _c(
+                "worst p95 of a call, 10,000 jobs, 8 clients",
+                lambda: f"{num(max(r['p95_s'] for r in data('load.json')['rows']), 2)} s",
+            ),
+        ),
+        data=("load.json",),
+    ),
+    "reliability.md": Page(
+        "pytest -s tests/jobs/test_faults.py",
+        "jobs",
+        (
+            _c(
+                "fault cases of the job runner (SIGKILL, broker restart, …)",
+                lambda: f"{len(md_table('reliability.md', 'case'))} cases, table on the page",
+            ),
+        ),
+    ),
+    "gpu_liar.md": Page(
+        "python bench/gpu_liar.py --shape 7b|13b --samples 128 1024",
+        "gpu",
+        (
+            _c(
+                "7B-shaped, LIAR, 128 / 1024 samples",
+                lambda: f"{gpu_liar_after('7B', '128', 'liar, holdout 8')} / {gpu_liar_after('7B', '1024', 'liar')} s",
+            ),
+        ),
+    ),
+    "gpu_stream.md": Page(
+        "python bench/gpu_stream.py (bash bench/gpu_all.sh)",
+        "gpu",
+        (
+            _c(
+                "70B-shaped, 128 samples, streamed: peak device memory / time",
+                lambda: pair(f"{gb(gpu_stream(S70)['peak_device_mb'])} GB", f"{num(gpu_stream(S70)['total_s'], 0)} s"),
+            ),
+        ),
+        data=("gpu_stream.json",),
+    ),
+    "gpu_stream_profile.txt": Page(
+        "python bench/gpu_stream.py --profile",
+        "gpu",
+        (_c("torch.profiler table of the 7B streamed run", lambda: "profile"),),
+    ),
+    "gpu_latency.md": Page(
+        "python bench/gpu_latency.py",
+        "gpu",
+        (
+            _c(
+                "7B-shaped at 50%: prefill b8×512 over dense",
+                lambda: times(
+                    gpu_latency("50% ÷128", "prefill_b8x512_tok_s") / gpu_latency("dense", "prefill_b8x512_tok_s")
+                ),
+            ),
+        ),
+        data=("gpu_latency.json", "gpu_latency_compiled.json"),
+    ),
+    "gpu_check.md": Page(
+        "python bench/gpu_check.py",
+        "gpu",
+        (_c("GPU path checks passed", _gpu_checks),),
+    ),
+}
+
+
+DATE = re.compile(r"20\d\d-\d\d-\d\d")
+MACHINES = r"NVIDIA H100[\w ]*?HBM3|NVIDIA H200|AMD EPYC|Intel\(R\) Xeon\(R\)[\w ]*|Intel Xeon|x86_64, 2 (?:CPU )?cores"
+
+
+def page_meta(name: str) -> tuple[str, str, str]:
+    """(dates, machines, torch versions) as the page states them."""
+    page = page_text(name)
+    head = page.split("\n|", 1)[0]  # what the page says above its first table
+    text = head + "".join(json.dumps(data(j), ensure_ascii=False) for j in PAGES[name].data)
+    if not DATE.search(text):
+        text = page
+    dates = sorted(set(DATE.findall(text)))
+    when = "–" if not dates else dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    machines = list(dict.fromkeys(m.strip() for m in re.findall(MACHINES, text)))
+    torches = sorted(set(re.findall(r"torch[ =]{1,2}(\d+\.\d+\.\d+\+\w+)", text)))
+    return when, ", ".join(machines[:2]) or "–", ", ".join(torches) or "–"
+
+
+def status(name: str) -> str:
+    page = PAGES[name]
+    last = page_meta(name)[0].split(" to ")[-1]
+    if page.machine == "gpu":
+        return "GPU run, dated; not re-measurable on the CPU machines"
+    if page.stale:
+        return f"{page.stale}; re-run: `{page.script}`"
+    if page.cpu_times and last < ONEDNN_DATE:
+        return f"its times were measured before the oneDNN products ({ONEDNN_DATE}); re-run: `{page.script}`"
+    return "current"
+
+
+@renderer("index")
+def render_index() -> str:
+    rows = []
+    for name, page in PAGES.items():
+        when, machine, torch = page_meta(name)
+        for claim in page.claims:
+            rows.append([f"[{name}]({name})", claim.text, claim.value(), f"`{page.script}`", when, machine, torch])
+    return table(["page", "claim", "value", "script", "date", "machine", "torch"], rows)
+
+
+@renderer("rerun")
+def render_rerun() -> str:
+    lines = []
+    for name in PAGES:
+        s = status(name)
+        if s != "current":
+            lines.append(f"- [{name}]({name}): {s}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- blocks of the README and docs
+
+
+@renderer("readme")
+def render_readme() -> str:
+    dense, tokens = dense_criteria()
+    t = time_row(128)
+    smollm2 = "; ".join(
+        f"{label} {ppl(fn(0.2))} / {ppl(fn(0.5))}"
+        for label, fn in (
+            ("default", lambda r: peer(f"smollm2|ours|default|{r}")["perplexity"]),
+            ("paper's LIAR with FLAP", lambda r: criteria_ppl("flap", "liar", r)),
+            ("best Torch-Pruning", lambda r: best_torch_pruning(r)["perplexity"]),
+        )
+    )
+    rows = [
+        [
+            "SmolLM2-135M, held-out perplexity, 20% / 50% of block parameters removed",
+            smollm2,
+            f"dense {num(dense, 2)}; {tokens:,} tokens of held-out Wikipedia",
+            "[peers](docs/results/peers.md), [criteria](docs/results/criteria.md)",
+        ],
+        [
+            "MiniLM sentiment classifier, accuracy kept at 50% (default with labels)",
+            f"{pct(statistics.mean(draws('labelled', 0.5)) / minilm_dense())} of dense",
+            f"dense {num(minilm_dense(), 4)}; mean of {len(draws('labelled', 0.5))} calibration draws",
+            "[minilm-draws](docs/results/minilm-draws.md)",
+        ],
+        [
+            "CPU prune, paper LIAR, 20%, 128 × 128 calibration tokens",
+            f"{num(t['prune_seconds'])} s ({times(scaling())} that at 1024 samples)",
+            f"{data('time.json')['date']}, {time_machine()}, oneDNN products",
+            "[time](docs/results/time.md)",
+        ],
+    ]
+    ratio = product_ratio()
+    if ratio:
+        rows.append(["the same prune against the machine", ratio, "same run", "[time](docs/results/time.md)"])
+    s70 = gpu_stream(S70)
+    rows += [
+        [
+            "GPU prune, LLaMA-7B-shaped, LIAR, 128 / 1024 samples",
+            f"{gpu_liar_after('7B', '128', 'liar, holdout 8')} / {gpu_liar_after('7B', '1024', 'liar')} s",
+            "one H100, bf16, random weights",
+            "[gpu_liar](docs/results/gpu_liar.md)",
+        ],
+        [
+            "70B-shaped model streamed on one GPU, 128 samples",
+            f"{gb(s70['peak_device_mb'])} GB of device memory for {num(s70['weights_gb'], 0)} GB of weights",
+            "one H200, bf16, random weights",
+            "[gpu_stream](docs/results/gpu_stream.md)",
+        ],
+        [
+            "pruned SmolLM2 (default recipe), prefill b8×128 over dense, 20% / 50%",
+            " / ".join(times(latency_default(r, "b8x128_speedup")) for r in (0.2, 0.5)),
+            "2-core CPU, float32",
+            "[latency_default](docs/results/latency_default.md)",
+        ],
+    ]
+    return table(["claim", "value", "conditions", "page"], rows)
+
+
+@renderer("default-recipe")
+def render_default_recipe() -> str:
+    rows = [
+        ["paper's LIAR with FLAP (paper-exact)", *(ppl(criteria_ppl("flap", "liar", r)) for r in (0.2, 0.5))],
+        ["uniform shares, OBS selection + `ls` (the default before `obs` counts)"]
+        + [ppl(head_ratio_ppl(r, "auto")) for r in (0.2, 0.5)],
+        ["`obs` counts, no cap", *(ppl(obs_cap(r, 0.0)["wikipedia"]) for r in (0.2, 0.5))],
+        ["`obs` counts, cap 1.2 × the ratio", "–", ppl(obs_cap(0.5, 1.2, "smollm2")["wikipedia"])],
+        [
+            "**the default** (`criterion: auto`)",
+            *(f"**{ppl(obs_row('smollm2', r, 'auto')['wikipedia'])}**" for r in (0.2, 0.5)),
+        ],
+    ]
+    dense, tokens = dense_criteria()
+    note = f"\n\nHeld-out Wikipedia perplexity, dense {num(dense, 2)} ({tokens:,} tokens)."
+    return table(["SmolLM2-135M recipe", "20%", "50%"], rows) + note
+
+
+@renderer("gemma-cap")
+def render_gemma_cap() -> str:
+    capped, free, uni, paper = (
+        obs_cap(0.5, 1.2, "gemma3"),
+        obs_row("gemma3", 0.5, "obs"),
+        obs_row("gemma3", 0.5, "default"),
+        obs_row("gemma3", 0.5, "paper"),
+    )
+    return (
+        f"Gemma 3 270M at 50%: capped {ppl(capped['wikipedia'])}, uncapped {ppl(free['wikipedia'])}, uniform shares "
+        f"{ppl(uni['wikipedia'])}, paper-exact FLAP + LIAR {ppl(paper['wikipedia'])} (Wikipedia perplexity)."
+    )
+
+
+@renderer("encoder-default")
+def render_encoder_default() -> str:
+    d = minilm_dense()
+    rows = [
+        [f"{int(100 * r)}%", *(pct(statistics.mean(draws(k, r)) / d) for k in ("labelled", "unlabelled"))]
+        for r in (0.2, 0.3, 0.5)
+    ]
+    note = f"\n\nShare of dense accuracy ({num(d, 4)}), mean of {len(draws('labelled', 0.5))} calibration draws."
+    return table(["MiniLM, removed", "with labels (Kwon et al. + `ls`)", "without labels"], rows) + note
+
+
+@renderer("head-ratio")
+def render_head_ratio() -> str:
+    parts = ", ".join(
+        f"`{h}` {ppl(head_ratio_ppl(0.2, h))} / {ppl(head_ratio_ppl(0.5, h))}" for h in ("auto", "same", "obs")
+    )
+    return f"`head_ratio`: {parts} (SmolLM2, 20% / 50%, uniform shares, Wikipedia perplexity)."
+
+
+@renderer("kv-groups")
+def render_kv_groups() -> str:
+    return (
+        f"Whole groups {ppl(kv_ppl('whole', 0.2))} / {ppl(kv_ppl('whole', 0.5))} against free query heads "
+        f"{ppl(kv_ppl('free', 0.2))} / {ppl(kv_ppl('free', 0.5))} (SmolLM2, 20% / 50%, Wikipedia perplexity)."
+    )
+
+
+@renderer("onednn")
+def render_onednn() -> str:
+    doc = data("cpu_matmul.json")
+    rows, machine = doc["rows"], doc["machine"]
+
+    def rate(key: str) -> str:
+        return f"{num(min(r[key] for r in rows), 0)}–{num(max(r[key] for r in rows), 0)}"
+
+    text = (
+        f"oneDNN ran the run's projections {span(matmul_speedups('proj'))} and its Gram blocks "
+        f"{span(matmul_speedups('gram'))} as fast as the BLAS ({rate('blas_gflops')} against "
+        f"{rate('onednn_gflops')} GFLOP/s; {machine['cpu']}, {machine['cores']} cores). The paper point now "
+        f"takes {num(time_row(128)['prune_seconds'])} s ({data('time.json')['date']})."
+    )
+    ratio = product_ratio()
+    return text + (f" That is {ratio}." if ratio else "")
+
+
+@renderer("gram-precision")
+def render_gram_precision() -> str:
+    g = gram_errors()
+    return (
+        f"With 256-token chunks the Gram's relative error against float64 is {min(g):.1e}–{max(g):.1e}, "
+        "a float32 product's own rounding."
+    )
+
+
+@renderer("host-memory")
+def render_host_memory() -> str:
+    day = "2026-11-26"
+    rows = [
+        [label, num(r["prune_s"]), num(r["peak_rss_mb"], 0)]
+        for label, r in (
+            ("in memory", streaming_row("135m", "memory", "magnitude", day)),
+            ("streamed, freed memory reused (`auto`)", streaming_row("135m", "auto", "magnitude", day)),
+            ("streamed, every allocation mapped (`stream`)", streaming_row("135m", "stream", "magnitude", day)),
+        )
+    ]
+    return table(["135M-shaped checkpoint, magnitude + LIAR", "prune s", "peak RSS MB"], rows)
+
+
+@renderer("streaming")
+def render_streaming() -> str:
+    s, m = streaming_row("1.1b", "stream", "magnitude"), streaming_row("1.1b", "memory", "magnitude")
+    auto = streaming_row("1.1b", "stream", "auto")
+    return (
+        f"A TinyLlama-1.1B-shaped float32 checkpoint ({num(s['checkpoint_bytes'] / 1e9)} GB) prunes streamed "
+        f"at a peak of {num(s['peak_rss_mb'], 0)} MB RSS against {num(m['peak_rss_mb'], 0)} MB in memory "
+        f"(magnitude, 16 × 128 samples, {s['date']} and {m['date']}); the default recipe streamed peaks at "
+        f"{num(auto['peak_rss_mb'], 0)} MB ({auto['date']})."
+    )
+
+
+@renderer("gpu-stream")
+def render_gpu_stream() -> str:
+    rows = [
+        [r["shape"], str(r["samples"]), r["mode"], r["criterion"], num(r["total_s"]), gb(r["peak_device_mb"])]
+        + [num(r["weights_gb"])]
+        for r in data("gpu_stream.json")
+        if r.get("activations", "device") == "device"
+    ]
+    return table(["shape", "samples", "mode", "criterion", "total s", "peak device GB", "bf16 weights GB"], rows)
+
+
+@renderer("peak-memory")
+def render_peak_memory() -> str:
+    s, r = "statistics kept, 8824 of 11008 kept", "activations device, 0 held aside"
+    solve = f"{num(peak('solve', s, 'before (6d6d779)'), 0)} → {num(peak('solve', s, 'after'), 0)} MiB"
+    run = f"{num(peak('run', r, 'before (6d6d779)'))} → {num(peak('run', r, 'after'))} MiB"
+    return (
+        f"The FFN's refit at 7B widths: {solve} beyond its Gram; a whole 7B-proportioned run: {run} "
+        "(CPU, the engine's own code)."
+    )
+
+
+@renderer("gpu-activations")
+def render_gpu_activations() -> str:
+    return (
+        f"On one H100, 7B-shaped at 1024 samples: {gpu_liar_after('7B', '1024', 'liar')} s with every "
+        "activation on the device (the other activation rows are on the page)."
+    )
+
+
+@renderer("peers")
+def render_peers() -> str:
+    rows = []
+    for r in (0.2, 0.5):
+        tp = best_torch_pruning(r)
+        rows.append(
+            [
+                f"{int(100 * r)}%",
+                ppl(peer(f"smollm2|ours|default|{r}")["perplexity"]),
+                ppl(peer(f"smollm2|ours|best|{r}")["perplexity"]),
+                f"{ppl(tp['perplexity'])} ({tp['label'].removeprefix('Torch-Pruning ')})",
+                ppl(peer(f"smollm2|modelopt|fastnas|{r}")["perplexity"]),
+            ]
+        )
+    dense = data("peers.json")["dense"]["smollm2|ours"]["perplexity"]
+    header = ["SmolLM2, removed", "ours, default", "ours, Kwon counts + OBS + `ls`", "best Torch-Pruning"]
+    note = f"\n\nHeld-out Wikipedia perplexity, dense {num(dense, 2)}; the classifier's rows are on the page."
+    return table([*header, "ModelOpt FastNAS"], rows) + note
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def render_text(text: str) -> str:
+    """``text`` with every generated block replaced by what its renderer returns now."""
+
+    def fill(m: re.Match) -> str:
+        name = m.group(2)
+        if name not in RENDERERS:
+            raise KeyError(f"unknown results block {name!r}; known: {', '.join(sorted(RENDERERS))}")
+        return f"{m.group(1)}{RENDERERS[name]().rstrip()}\n{m.group(4)}"
+
+    return BLOCK.sub(fill, text)
+
+
+def stale_files(root: Path = ROOT) -> list[str]:
+    """The files of ``FILES`` whose committed text differs from what this script renders."""
+    return [f for f in FILES if (root / f).exists() and render_text((root / f).read_text()) != (root / f).read_text()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is not up to date")
+    args = parser.parse_args(argv)
+    stale = stale_files()
+    if args.check:
+        for f in stale:
+            print(f"{f}: generated blocks are out of date (run `make docs`)", file=sys.stderr)
+        return 1 if stale else 0
+    for f in stale:
+        path = ROOT / f
+        path.write_text(render_text(path.read_text()))
+        print(f"rewrote {f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
