@@ -63,20 +63,30 @@ def page_text(name: str) -> str:
     return (RESULTS / name).read_text()
 
 
-def md_table(page: str, first_header: str, has: str | None = None) -> list[dict[str, str]]:
-    """The rows of the first table on ``page`` whose first header cell is ``first_header`` (and which has a
-    column ``has``), each a dict from header to cell."""
-    lines = page_text(page).splitlines()
+def md_tables(page: str, first_header: str, has: str | None = None) -> list[tuple[str, list[dict[str, str]]]]:
+    """Every table on ``page`` whose first header cell is ``first_header`` (and which has a column ``has``):
+    ``(the section heading above it, its rows as dicts from header to cell)``."""
+    lines, found, heading = page_text(page).splitlines(), [], ""
     for i, line in enumerate(lines):
+        heading = line.lstrip("# ") if line.startswith("#") else heading
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("|") and cells[0] == first_header and (has is None or has in cells):
-            rows = []
-            for row in lines[i + 2 :]:
-                if not row.startswith("|"):
-                    break
-                rows.append(dict(zip(cells, (c.strip() for c in row.strip().strip("|").split("|")))))
-            return rows
-    raise KeyError(f"{page}: no table whose first column is {first_header!r}")
+        if line.startswith("|") and (i == 0 or not lines[i - 1].startswith("|")) and cells[0] == first_header:
+            if has is None or has in cells:
+                rows = []
+                for row in lines[i + 2 :]:
+                    if not row.startswith("|"):
+                        break
+                    rows.append(dict(zip(cells, (c.strip() for c in row.strip().strip("|").split("|")))))
+                found.append((heading, rows))
+    return found
+
+
+def md_table(page: str, first_header: str, has: str | None = None) -> list[dict[str, str]]:
+    """The rows of the first table ``md_tables`` finds."""
+    tables = md_tables(page, first_header, has)
+    if not tables:
+        raise KeyError(f"{page}: no table whose first column is {first_header!r}")
+    return tables[0][1]
 
 
 def num(x: float, digits: int = 1) -> str:
@@ -155,8 +165,8 @@ def minilm_dense() -> float:
     return data("minilm-draws.json")["dense"]
 
 
-def time_row(samples: int) -> dict:
-    return next(r for r in data("time.json")["rows"] if r["samples"] == samples)
+def time_row(samples: int, name: str = "time.json") -> dict:
+    return next(r for r in data(name)["rows"] if r["samples"] == samples)
 
 
 def time_machine() -> str:
@@ -229,15 +239,23 @@ def peak(part: str, setting: str, label: str) -> float:
     return next(r for r in rows if (r["part"], r["setting"], r["label"]) == (part, setting, label))["peak_mib"]
 
 
-def product_ratio() -> str | None:
-    """Prune time over its matrix products' time at the GEMM rate of the same run (``bench/speed.py time``):
-    present only once that benchmark writes ``gemm_gflops`` / ``product_seconds`` / ``ratio``."""
-    row = time_row(128)
-    if not all(k in row for k in ("gemm_gflops", "product_seconds", "ratio")):
+# bench/speed.py time writes time.json; with --isa avx2 (a CPU without AVX-512) time_avx2.json
+TIME_FILES = {"time.json": "this CPU's own kernels", "time_avx2.json": "AVX2-only settings"}
+
+
+def product_ratio(name: str = "time.json") -> str | None:
+    """Prune time over its matrix products' time at the GEMM rate measured in the same run (``bench/speed.py
+    time``), at 128 samples: ``None`` unless that file exists and its row has ``gemm_gflops`` and
+    ``product_seconds`` and the ratio (``ratio_to_products``, or ``ratio``)."""
+    if not (RESULTS / name).exists():
+        return None
+    row = time_row(128, name)
+    ratio = row.get("ratio_to_products", row.get("ratio"))
+    if ratio is None or not all(k in row for k in ("gemm_gflops", "product_seconds")):
         return None
     return (
-        f"{times(row['ratio'])} the time of its matrix products ({num(row['product_seconds'])} s at the "
-        f"{num(row['gemm_gflops'], 0)} GFLOP/s measured in the same run)"
+        f"{times(ratio)} the time of its matrix products ({num(row['product_seconds'])} s at the "
+        f"{num(row['gemm_gflops'], 0)} GFLOP/s measured in the same run; prune {num(row['prune_seconds'])} s)"
     )
 
 
@@ -247,7 +265,7 @@ def product_ratio() -> str | None:
 @dataclass(frozen=True)
 class Claim:
     text: str
-    value: Callable[[], str]
+    value: Callable[[], str | None]  # None: the results do not hold this quantity (yet); no row
 
 
 @dataclass(frozen=True)
@@ -262,7 +280,7 @@ class Page:
     data: tuple[str, ...] = field(default=())  # JSON files the page is made from
 
 
-def _c(text: str, value: Callable[[], str]) -> Claim:
+def _c(text: str, value: Callable[[], str | None]) -> Claim:
     return Claim(text, value)
 
 
@@ -466,6 +484,7 @@ PAGES: dict[str, Page] = {
         (
             _c("CPU prune, paper LIAR, 128 × 128 samples", lambda: f"{num(time_row(128)['prune_seconds'])} s"),
             _c("time at 1024 samples over 128", lambda: times(scaling())),
+            _c("the same prune against its matrix products at the measured GEMM rate", product_ratio),
         ),
         cpu_times=True,
         data=("time.json",),
@@ -653,6 +672,26 @@ PAGES: dict[str, Page] = {
 }
 
 
+# Pages a benchmark writes only in some runs: indexed when they exist.
+OPTIONAL_PAGES = {
+    "time_avx2.md": Page(
+        "python bench/speed.py time --isa avx2",
+        "cpu",
+        (
+            _c(
+                "CPU prune, paper LIAR, 128 × 128 samples, AVX2-only settings",
+                lambda: f"{num(time_row(128, 'time_avx2.json')['prune_seconds'])} s",
+            ),
+            _c(
+                "the same prune against its matrix products at the measured GEMM rate",
+                lambda: product_ratio("time_avx2.json"),
+            ),
+        ),
+        data=("time_avx2.json",),
+    ),
+}
+PAGES.update({name: page for name, page in OPTIONAL_PAGES.items() if (RESULTS / name).exists()})
+
 DATE = re.compile(r"20\d\d-\d\d-\d\d")
 MACHINES = r"NVIDIA H100[\w ]*?HBM3|NVIDIA H200|AMD EPYC|Intel\(R\) Xeon\(R\)[\w ]*|Intel Xeon|x86_64, 2 (?:CPU )?cores"
 
@@ -689,7 +728,9 @@ def render_index() -> str:
     for name, page in PAGES.items():
         when, machine, torch = page_meta(name)
         for claim in page.claims:
-            rows.append([f"[{name}]({name})", claim.text, claim.value(), f"`{page.script}`", when, machine, torch])
+            value = claim.value()
+            if value is not None:
+                rows.append([f"[{name}]({name})", claim.text, value, f"`{page.script}`", when, machine, torch])
     return table(["page", "claim", "value", "script", "date", "machine", "torch"], rows)
 
 
@@ -738,9 +779,11 @@ def render_readme() -> str:
             "[time](docs/results/time.md)",
         ],
     ]
-    ratio = product_ratio()
-    if ratio:
-        rows.append(["the same prune against the machine", ratio, "same run", "[time](docs/results/time.md)"])
+    for name, isa in TIME_FILES.items():
+        ratio = product_ratio(name)
+        if ratio:
+            page = name.removesuffix(".json")
+            rows.append(["the same prune against the machine", ratio, isa, f"[{page}](docs/results/{page}.md)"])
     s70 = gpu_stream(S70)
     rows += [
         [
@@ -838,8 +881,8 @@ def render_onednn() -> str:
         f"{rate('onednn_gflops')} GFLOP/s; {machine['cpu']}, {machine['cores']} cores). The paper point now "
         f"takes {num(time_row(128)['prune_seconds'])} s ({data('time.json')['date']})."
     )
-    ratio = product_ratio()
-    return text + (f" That is {ratio}." if ratio else "")
+    ratios = [f"{product_ratio(n)} on {isa}" for n, isa in TIME_FILES.items() if product_ratio(n)]
+    return text + "".join(f" The paper point takes {r}." for r in ratios)
 
 
 @renderer("gram-precision")
@@ -901,10 +944,13 @@ def render_peak_memory() -> str:
 
 @renderer("gpu-activations")
 def render_gpu_activations() -> str:
-    return (
-        f"On one H100, 7B-shaped at 1024 samples: {gpu_liar_after('7B', '1024', 'liar')} s with every "
-        "activation on the device (the other activation rows are on the page)."
-    )
+    rows = [
+        [f"{heading.split(':')[0]}, {heading.rsplit('on one ', 1)[-1]}", r["activations"].split(" (")[0]]
+        + [r[k].strip("*") for k in ("seconds", "peak GB", "× bf16 weights (13.5 GB)")]
+        for heading, table_rows in md_tables("gpu_liar.md", "activations", "peak GB")
+        for r in table_rows
+    ]
+    return table(["7B-shaped, 1024 samples: run", "activations", "s", "peak GB", "× bf16 weights"], rows)
 
 
 @renderer("peers")

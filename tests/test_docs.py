@@ -54,16 +54,21 @@ def test_every_results_page_is_in_the_index_and_every_json_belongs_to_a_page():
     assert not [f for f in files if f.endswith("-notes.md")], "fold notes into docs/design.md's decisions"
 
 
-def test_the_gemm_row_appears_only_when_time_json_has_its_keys(monkeypatch):
+def test_the_gemm_rows_appear_only_when_time_json_has_their_keys(monkeypatch):
+    """bench/speed.py time reports the prune beside its products at the GEMM rate of the same run: the
+    README's and the index's rows for it come from those keys, and are absent without them."""
     row = dict(render_docs.time_row(128))
-    for key in ("gemm_gflops", "product_seconds", "ratio"):
+    for key in ("gemm_gflops", "product_seconds", "ratio_to_products", "ratio"):
         row.pop(key, None)
-    monkeypatch.setattr(render_docs, "time_row", lambda samples: row)
+    monkeypatch.setattr(render_docs, "time_row", lambda samples, name="time.json": row)
+    claim = "the same prune against its matrix products"
     assert render_docs.product_ratio() is None
     assert "against the machine" not in render_docs.render_readme()
-    row.update(gemm_gflops=400.0, product_seconds=16.0, ratio=1.25)
+    assert claim not in render_docs.render_index()
+    row.update(gemm_gflops=400.0, product_seconds=16.0, ratio_to_products=1.25)
     assert render_docs.product_ratio().startswith("1.25× the time of its matrix products (16.0 s at the 400 GFLOP/s")
     assert "against the machine" in render_docs.render_readme()
+    assert claim in render_docs.render_index()
 
 
 def _slug(heading: str) -> str:
