@@ -163,31 +163,32 @@ def _agrees() -> bool:
     return y.shape == ref.shape and bool((y.double() - ref).norm() <= _CHECK_TOLERANCE * ref.norm())
 
 
-def _best_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up: oneDNN compiles a kernel for each new shape
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 @torch.no_grad()
 def measure_rates(repeats: int = TIMED_REPEATS) -> tuple[float, float]:
-    """``(oneDNN, BLAS)`` GFLOP/s on this CPU with the current thread count: the best of ``repeats``
-    runs (after a warm-up) of a projection and of a chunked Gram, each library alike. ~0.5 s."""
+    """``(oneDNN, BLAS)`` GFLOP/s on this CPU with the current thread count: a projection and a
+    chunked Gram through each library, each product's best of ``repeats`` runs after a warm-up, the
+    two libraries' runs interleaved (a burst of load from another process hits both alike). ~0.5 s."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(TIMED_TOKENS, TIMED_CHANNELS, generator=g)
     w = torch.randn(TIMED_CHANNELS, TIMED_CHANNELS, generator=g)
     op = _onednn_op()
-    projection = 2 * TIMED_TOKENS * TIMED_CHANNELS * TIMED_CHANNELS
-    onednn = _best_seconds(lambda: op(x, w, None, "none", [], ""), repeats) + _best_seconds(
-        lambda: _gram_onednn(x, x, [(0, TIMED_CHANNELS)], True, same=True), repeats
-    )
-    blas = _best_seconds(lambda: F.linear(x, w), repeats) + _best_seconds(lambda: x.T @ x, repeats)
-    flop = 2 * projection  # the Gram's multiply-adds equal the projection's at these shapes
-    return flop / onednn / 1e9, flop / blas / 1e9
+    products = {
+        "onednn": (
+            lambda: op(x, w, None, "none", [], ""),
+            lambda: _gram_onednn(x, x, [(0, TIMED_CHANNELS)], True, same=True),
+        ),
+        "blas": (lambda: F.linear(x, w), lambda: x.T @ x),
+    }
+    best = {(lib, i): float("inf") for lib in products for i in range(2)}
+    for rep in range(repeats + 1):  # the first run of each is a warm-up: oneDNN compiles per shape
+        for i in range(2):
+            for lib, fns in products.items():
+                t0 = time.perf_counter()
+                fns[i]()
+                if rep:
+                    best[lib, i] = min(best[lib, i], time.perf_counter() - t0)
+    flop = 2 * 2 * TIMED_TOKENS * TIMED_CHANNELS * TIMED_CHANNELS  # the Gram's equal the projection's
+    return tuple(flop / (best[lib, 0] + best[lib, 1]) / 1e9 for lib in ("onednn", "blas"))
 
 
 def _unit_stride(t: torch.Tensor) -> bool:
