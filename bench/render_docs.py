@@ -455,7 +455,7 @@ PAGES: dict[str, Page] = {
         data=("minilm.json",),
     ),
     "minilm-select.md": Page(
-        "python bench/minilm.py (the select / obs cells)",
+        "python bench/minilm.py --out docs/results/minilm-select.md --methods ls --select criterion|obs",
         "cpu",
         (
             _c(
@@ -704,10 +704,16 @@ def page_meta(name: str) -> tuple[str, str, str]:
     if not DATE.search(text):
         text = page
     dates = sorted(set(DATE.findall(text)))
-    when = "–" if not dates else dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    when = "not stated" if not dates else dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
     machines = list(dict.fromkeys(m.strip() for m in re.findall(MACHINES, text)))
     torches = sorted(set(re.findall(r"torch[ =]{1,2}(\d+\.\d+\.\d+\+\w+)", text)))
-    return when, ", ".join(machines[:2]) or "–", ", ".join(torches) or "–"
+    return when, ", ".join(machines[:2]) or "not stated", ", ".join(torches) or "not stated"
+
+
+def short_status(name: str) -> str:
+    """The index's status column: current, GPU (dated), or what makes it due for a re-run."""
+    s = status(name)
+    return "current" if s == "current" else "GPU, dated" if s.startswith("GPU") else "re-run due (below)"
 
 
 def status(name: str) -> str:
@@ -730,8 +736,9 @@ def render_index() -> str:
         for claim in page.claims:
             value = claim.value()
             if value is not None:
-                rows.append([f"[{name}]({name})", claim.text, value, f"`{page.script}`", when, machine, torch])
-    return table(["page", "claim", "value", "script", "date", "machine", "torch"], rows)
+                row = [f"[{name}]({name})", claim.text, value, f"`{page.script}`", when, machine, torch]
+                rows.append([*row, short_status(name)])
+    return table(["page", "claim", "value", "script", "date", "machine", "torch", "status"], rows)
 
 
 @renderer("rerun")
@@ -774,7 +781,7 @@ def render_readme() -> str:
         ],
         [
             "CPU prune, paper LIAR, 20%, 128 × 128 calibration tokens",
-            f"{num(t['prune_seconds'])} s ({times(scaling())} that at 1024 samples)",
+            f"{num(t['prune_seconds'])} s; 1024 samples: {times(scaling())} as long",
             f"{data('time.json')['date']}, {time_machine()}, oneDNN products",
             "[time](docs/results/time.md)",
         ],
@@ -789,19 +796,20 @@ def render_readme() -> str:
         [
             "GPU prune, LLaMA-7B-shaped, LIAR, 128 / 1024 samples",
             f"{gpu_liar_after('7B', '128', 'liar, holdout 8')} / {gpu_liar_after('7B', '1024', 'liar')} s",
-            "one H100, bf16, random weights",
+            f"{page_meta('gpu_liar.md')[0]}, {page_meta('gpu_liar.md')[1].split(', ')[0]}, bf16, random weights",
             "[gpu_liar](docs/results/gpu_liar.md)",
         ],
         [
             "70B-shaped model streamed on one GPU, 128 samples",
             f"{gb(s70['peak_device_mb'])} GB of device memory for {num(s70['weights_gb'], 0)} GB of weights",
-            "one H200, bf16, random weights",
+            f"{s70['date']}, {s70['device'].split(',')[0]}, bf16, random weights",
             "[gpu_stream](docs/results/gpu_stream.md)",
         ],
         [
             "pruned SmolLM2 (default recipe), prefill b8×128 over dense, 20% / 50%",
             " / ".join(times(latency_default(r, "b8x128_speedup")) for r in (0.2, 0.5)),
-            "2-core CPU, float32",
+            f"{page_meta('latency_default.md')[0]}, {data('latency_default.json')['machine']['cpu']}, "
+            f"{data('latency_default.json')['machine']['cores']} cores, float32",
             "[latency_default](docs/results/latency_default.md)",
         ],
     ]
