@@ -7,6 +7,7 @@ not exist. Standard library only: no model is built.
 """
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from bench import render_docs
 from bench.render_docs import PAGES, RESULTS, ROOT, render_text
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # links and images
 
 
 def test_committed_docs_equal_what_the_results_render():
@@ -69,6 +70,30 @@ def test_the_gemm_rows_appear_only_when_time_json_has_their_keys(monkeypatch):
     assert render_docs.product_ratio().startswith("1.25× the time of its matrix products (16.0 s at the 400 GFLOP/s")
     assert "against the machine" in render_docs.render_readme()
     assert claim in render_docs.render_index()
+
+
+def _commands(doc: Path) -> list[str]:
+    """The ``liar …`` lines of a document's bash blocks, continuation lines joined, comments dropped."""
+    blocks = re.findall(r"```bash\n(.*?)```", doc.read_text(), re.S)
+    text = "\n".join(blocks).replace("\\\n", " ")
+    lines = (line.split(" #")[0].strip().rstrip("&").strip() for line in text.splitlines())
+    return [line for line in lines if line.startswith("liar ")]
+
+
+@pytest.mark.parametrize("doc", [ROOT / "README.md", ROOT / "docs/guide.md", ROOT / "docs/deployment.md"])
+def test_every_command_shown_parses(doc, capsys):
+    """Each ``liar`` command of the docs is accepted by the CLI's own parser (nothing runs)."""
+    from app.cli import build_parser
+
+    commands = _commands(doc)
+    assert commands or doc.name == "deployment.md"
+    parser = build_parser()
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        try:
+            parser.parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"{doc.name}: `{command}` is refused: {capsys.readouterr().err.strip()}")
 
 
 def _slug(heading: str) -> str:
