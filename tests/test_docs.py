@@ -36,6 +36,28 @@ def test_an_unknown_block_is_refused_by_name():
         render_text("<!-- results:no-such-block -->\n<!-- /results -->\n")
 
 
+# A measured quantity: a time, a size, a rate or a speed-up. Percentages are left out (ratios are settings).
+MEASURE = re.compile(r"(?<![\w.])\d[\d,]*(\.\d+)?\s?(s|ms|GB|MB|MiB|GFLOP/s|TFLOP)\b|\d\.\d+\s?×")
+# Settings and sizes worked out from shapes, not measurements: the 70B / 7B activation sizes of the
+# streaming section, the obs cap, the upload limit and the jobs table's refresh.
+NOT_MEASURED = {"1 GB", "17 GB", "2.3 GB", "1.2 ×", "50 MB", "2 s"}
+
+
+def _prose(text: str) -> str:
+    """``text`` without code blocks and generated blocks."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return re.sub(r"<!-- results:[\w-]+ -->.*?<!-- /results -->", "", text, flags=re.S)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/guide.md", "docs/deployment.md", "docs/design.md"])
+def test_no_measurement_is_typed_outside_the_generated_blocks(doc):
+    text = (ROOT / doc).read_text()
+    if doc == "docs/design.md":  # its decisions; the older narrative sections quote their dated runs inline
+        text = text[text.index("## Decisions the measurements settled") :]
+    typed = [m.group(0) for m in MEASURE.finditer(_prose(text))]
+    assert [t for t in typed if t not in NOT_MEASURED] == []
+
+
 def test_the_readme_is_a_front_door():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 250
