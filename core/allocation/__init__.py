@@ -1,5 +1,5 @@
 """Budgets over layers: which heads and neurons each layer keeps, from the criterion's scores."""
 
-from core.allocation.plan import LayerPlan, Plan, allocate
+from core.allocation.plan import Budget, LayerPlan, Plan, allocate
 
-__all__ = ["LayerPlan", "Plan", "allocate"]
+__all__ = ["Budget", "LayerPlan", "Plan", "allocate"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from core.allocation.plan import LayerPlan, Plan, allocate, max_ratio
+from core.allocation.plan import Budget, LayerPlan, Plan, allocate, max_ratio
 from core.criteria.base import Scores
 from core.models.adapter import Adapter
 
@@ -56,39 +56,24 @@ def expand(lp: LayerPlan, n_rep: int) -> LayerPlan:
 
 
 def allocate_groups(
-    scores: list[Scores],
-    adapter: Adapter,
-    costs: list[dict[str, int]],
-    layer_params: list[int],
-    ratio: float,
-    modules: str,
-    allocation: str,
-    round_to: tuple[int, int] = (1, 1),
-    global_search: str = "threshold",
-    head_ratio: float | str = "same",
+    scores: list[Scores], adapter: Adapter, costs: list[dict[str, int]], layer_params: list[int], budget: Budget
 ) -> Plan:
     """:func:`~core.allocation.plan.allocate` keeping whole key/value groups in every layer (same
     arguments); the plain allocation for models without groups of several query heads."""
     if not has_groups(adapter):
-        return allocate(
-            scores, adapter, costs, layer_params, ratio, modules, allocation, round_to, global_search, head_ratio
-        )
+        return allocate(scores, adapter, costs, layer_params, budget)
     n_rep = adapter.n_rep
     view = replace(adapter, n_heads=adapter.n_kv_heads)
-    m_heads, m_neurons = round_to
-    rounding = (m_heads // math.gcd(m_heads, n_rep), m_neurons)
+    m_heads, m_neurons = budget.round_to
+    # head_ratio of the groups: a uniform layer drops round(h · n_kv_heads) whole groups
+    grouped = replace(budget, round_to=(m_heads // math.gcd(m_heads, n_rep), m_neurons))
     try:
         plan = allocate(
             [group_scores(s, n_rep) for s in scores],
             view,
             [group_costs(c, n_rep) for c in costs],
             layer_params,
-            ratio,
-            modules,
-            allocation,
-            rounding,
-            global_search,
-            head_ratio,  # of the groups: a uniform layer drops round(h · n_kv_heads) whole groups
+            grouped,
         )
     except ValueError as exc:  # the reachable ratio: a layer keeps a whole group, not one head
         raise ValueError(str(exc).replace("keeps one head", "keeps one whole key/value group")) from None

@@ -106,22 +106,29 @@ def max_ratio(
     return most / block_params
 
 
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """What an allocation removes and how: ``ratio`` of the block parameters from ``modules``
+    (``heads`` | ``neurons`` | ``both``), spread by ``allocation`` (``uniform`` | ``global``); kept
+    widths in multiples of ``round_to`` (heads, neurons); ``global_search``: the criterion's way to
+    spend a global budget, ``"threshold"`` (one ranking over all units) or ``"fisher"`` (Kwon et
+    al.'s mask search); ``head_ratio``: the heads' part of a uniform layer's share (``same`` |
+    ``auto`` | ``obs`` | a fraction of the heads; see the module docstring)."""
+
+    ratio: float
+    modules: str = "both"
+    allocation: str = "uniform"
+    round_to: tuple[int, int] = (1, 1)
+    global_search: str = "threshold"
+    head_ratio: float | str = "same"
+
+
 def allocate(
-    scores: list[Scores],
-    adapter: Adapter,
-    costs: list[dict[str, int]],
-    layer_params: list[int],
-    ratio: float,
-    modules: str,
-    allocation: str,
-    round_to: tuple[int, int] = (1, 1),
-    global_search: str = "threshold",
-    head_ratio: float | str = "same",
+    scores: list[Scores], adapter: Adapter, costs: list[dict[str, int]], layer_params: list[int], budget: Budget
 ) -> Plan:
-    """Keep-sets per layer removing ``ratio`` of the block parameters. ``global_search`` is the
-    criterion's way to spend a global budget: ``"threshold"`` (one ranking over all units) or
-    ``"fisher"`` (Kwon et al.'s mask search). ``head_ratio``: the heads' part of a uniform layer's
-    share (``same`` | ``auto`` | a fraction of the heads; see the module docstring)."""
+    """Keep-sets per layer removing ``budget.ratio`` of the block parameters (``costs``: each layer's
+    unit costs; ``layer_params``: each layer's parameter count)."""
+    ratio, modules = budget.ratio, budget.modules
     block_params = sum(layer_params)
     reachable = max_ratio(adapter, modules, costs, block_params, scores)
     if ratio > reachable:
@@ -135,23 +142,23 @@ def allocate(
             )
         )
     target = round(ratio * block_params)
-    if allocation == "uniform":
+    if budget.allocation == "uniform":
         active = [p for s, p in zip(scores, layer_params) if any(prunable(s, modules))]
         scale = block_params / sum(active)  # unpruned layers' share moves to the pruned ones
-        heads = head_fraction(min(ratio * scale, 1.0), head_ratio)
+        heads = head_fraction(min(ratio * scale, 1.0), budget.head_ratio)
         layers = [
             _uniform_layer(s, adapter, c, heads, ratio * scale * p, modules)
             for s, c, p in zip(scores, costs, layer_params)
         ]
-    elif allocation == "global":
-        if global_search == "fisher":
+    elif budget.allocation == "global":
+        if budget.global_search == "fisher":
             layers = _kwon_search(scores, adapter, costs, target, modules)
         else:
             layers = _global(scores, adapter, costs, target, modules)
     else:
-        raise ValueError(f"unknown allocation {allocation!r}; choose uniform or global")
-    if round_to != (1, 1):
-        layers = _round(layers, scores, adapter, costs, target, modules, round_to)
+        raise ValueError(f"unknown allocation {budget.allocation!r}; choose uniform or global")
+    if budget.round_to != (1, 1):
+        layers = _round(layers, scores, adapter, costs, target, budget)
     layers = [_rearrange(lp, s, adapter, c) for lp, s, c in zip(layers, scores, costs)]
     return Plan(layers, block_params, target)
 
@@ -398,8 +405,8 @@ def _rebalanced(adapter: Adapter, c: dict[str, int], drop: set[int], removed: in
     return adapter.n_neurons - max(0, min(n, adapter.n_neurons - 1))
 
 
-def _round(layers, scores, adapter: Adapter, costs, target: int, modules: str, round_to) -> list[LayerPlan]:
-    m_heads, m_neurons = round_to
+def _round(layers, scores, adapter: Adapter, costs, target: int, budget: Budget) -> list[LayerPlan]:
+    (m_heads, m_neurons), modules = budget.round_to, budget.modules
     options = []  # per layer: candidate LayerPlans
     for lp, s, c in zip(layers, scores, costs):
         head_order, neuron_order = _orders(s)

@@ -65,7 +65,8 @@ def best_split(
 
 @dataclass
 class SplitState:
-    """The running state of ``head_ratio: obs`` over the block loop."""
+    """The running state of ``head_ratio: obs`` over the block loop: the layers' costs and constraints,
+    and the parameters the layers done so far left to remove (``carry``)."""
 
     costs: list[dict[str, int]]
     multiple: int  # kept FFN widths are multiples of it
@@ -107,21 +108,21 @@ class SplitState:
         n = int(share // self.costs[li]["neuron"]) + self.multiple
         return max(0, min(n, adapter.n_neurons - max(1, self.multiple)))
 
-    def apply(self, li: int, adapter: Adapter, lp: LayerPlan, heads: Curve, neurons: Curve) -> Choice:
-        """Choose layer ``li``'s split and write it into ``lp`` (heads from the head path; the neuron
-        count, with the neuron path's kept set until the FFN's own selection replaces it)."""
+    def apply(self, li: int, adapter: Adapter, lp: LayerPlan, heads: Curve, neurons: Curve) -> LayerPlan:
+        """Layer ``li``'s split as a new plan of the layer (``lp`` is left as it is): heads from the head
+        path, the neurons from the neuron path (the FFN's own selection may replace them, keeping
+        their count). Carries what the split's rounding leaves over to the next layer."""
         share = lp.removed + self.carry
         c = self.costs[li]
         choice = best_split(
             heads, neurons, self.unit_cost(li, adapter), c["neuron"], adapter.n_neurons, self.multiple, share
         )
         if self._groups(adapter):
-            lp.kv_heads = heads.kept(adapter.n_kv_heads, choice.heads_removed)
-            lp.heads = [g * adapter.n_rep + r for g in lp.kv_heads for r in range(adapter.n_rep)]
+            kv_heads = heads.kept(adapter.n_kv_heads, choice.heads_removed)
+            kept = [g * adapter.n_rep + r for g in kv_heads for r in range(adapter.n_rep)]
         else:
-            lp.heads = heads.kept(adapter.n_heads, choice.heads_removed)
-            lp.kv_heads = kv_heads_of(lp.heads, adapter)
-        lp.neurons = torch.tensor(neurons.kept(adapter.n_neurons, choice.neurons_removed), dtype=torch.long)
+            kept = heads.kept(adapter.n_heads, choice.heads_removed)
+            kv_heads = kv_heads_of(kept, adapter)
         self.carry = share - choice.removed
-        lp.removed = choice.removed
-        return choice
+        kept_neurons = torch.tensor(neurons.kept(adapter.n_neurons, choice.neurons_removed), dtype=torch.long)
+        return LayerPlan(kept, kv_heads, kept_neurons, choice.removed)

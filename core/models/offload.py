@@ -26,6 +26,8 @@ CPU the host *is* the device, and auto keeps everything.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -130,24 +132,25 @@ def choose_offload(
     return Offload(device, host=True, recompute=lean is not None)
 
 
-def offload_for(
-    choice: str,
-    model: nn.Module,
-    adapter: Adapter,
-    device,
-    tokens: int,
-    batch_tokens: int,
-    dense: bool = False,
-    held_tokens: int = 0,
-    matrices: float = OBS_MATRICES,
-) -> Offload:
-    """The run's :class:`Offload` for ``tokens`` calibration tokens (``held_tokens`` of them held
-    aside) in batches of ``batch_tokens`` (``choice``: the recipe's ``activations``; ``matrices``: see
-    :func:`block_working_bytes`); sized from the model's first block, whose weights may still be on
-    the meta device (a streamed run)."""
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What a run keeps and solves, as :func:`offload_for` sizes it: ``tokens`` calibration tokens
+    (``held_tokens`` of them held aside) in batches of ``batch_tokens``; ``dense``: error feedback
+    keeps the dense model's states too; ``matrices``: see :func:`block_working_bytes`."""
+
+    tokens: int
+    batch_tokens: int
+    held_tokens: int = 0
+    dense: bool = False
+    matrices: float = OBS_MATRICES
+
+
+def offload_for(choice: str, model: nn.Module, adapter: Adapter, device, work: Workload) -> Offload:
+    """The run's :class:`Offload` for ``work`` (``choice``: the recipe's ``activations``); sized from
+    the model's first block, whose weights may still be on the meta device (a streamed run)."""
     layer = adapter.layers(model)[0]
     itemsize = next(layer.parameters()).element_size()
-    needed = activation_bytes(adapter, tokens, itemsize, dense)
-    lean = activation_bytes(adapter, tokens, itemsize, dense, ffn_tokens=held_tokens)
-    working = block_working_bytes(layer, adapter, batch_tokens, itemsize, matrices)
+    needed = activation_bytes(adapter, work.tokens, itemsize, work.dense)
+    lean = activation_bytes(adapter, work.tokens, itemsize, work.dense, ffn_tokens=work.held_tokens)
+    working = block_working_bytes(layer, adapter, work.batch_tokens, itemsize, work.matrices)
     return choose_offload(choice, device, needed, working, lean=lean)

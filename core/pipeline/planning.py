@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from core import criteria
-from core.allocation import Plan, allocate
+from core.allocation import Budget, Plan, allocate
 from core.allocation.groups import allocate_groups, whole_groups_reach
 from core.allocation.plan import auto_multiple, prunable
 from core.allocation.split import SplitState
@@ -69,17 +69,15 @@ def make_plan(
     groups: str = "free",
 ) -> Plan:
     """The plan of ``recipe`` for these scores; ``groups``: the resolved ``round_to.kv_groups``."""
-    return (allocate_groups if groups == "whole" else allocate)(
-        scores,
-        adapter,
-        *layer_budget(model, adapter),
-        recipe.ratio,
-        recipe.modules,
-        recipe.allocation,
+    budget = Budget(
+        ratio=recipe.ratio,
+        modules=recipe.modules,
+        allocation=recipe.allocation,
         round_to=rounding,
         global_search=criteria.get(recipe.criterion.name).global_search,
         head_ratio=recipe.head_ratio,
     )
+    return (allocate_groups if groups == "whole" else allocate)(scores, adapter, *layer_budget(model, adapter), budget)
 
 
 def obs_split(

@@ -34,7 +34,7 @@ class PruneResult:
     tokenizer: Any
     recipe: Recipe
     adapter: Adapter
-    plan: Plan
+    plan: Plan  # what the run realised: each layer's kept units (the pruned model's widths)
     report: list[LayerReport]
     params_before: int
     params_after: int
@@ -44,6 +44,9 @@ class PruneResult:
     peak_memory_mb: float
     metrics: dict[str, Any] = field(default_factory=dict)
     scores: list[Scores] = field(default_factory=list, repr=False)  # the criterion's scores (reusable)
+    # the plan the allocation made, before the block loop chose units from the calibration statistics
+    # (``reconstruction.select: obs``) or each layer its split (``head_ratio: obs``); None when not kept
+    planned: Plan | None = field(default=None, repr=False)
     # a streamed run's checkpoint, written but not yet finished by :meth:`save` (no metrics, card or
     # SHA256SUMS yet), whether it is in stock form, and the digests of the shards written
     checkpoint: Path | None = None

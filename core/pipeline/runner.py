@@ -8,6 +8,8 @@ pass there), and can stand a pruned sub-module in by a replay of its output from
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -17,7 +19,20 @@ from core.models.modeling_liar import set_module
 from core.models.offload import Offload
 from core.models.streaming import Stop as _Stop
 from core.models.streaming import block_inputs
-from core.stats.accumulate import InputStats
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeptInputs:
+    """Which of a projection's inputs :meth:`BlockRunner.collect` keeps. ``channels`` (an index
+    tensor): only those channels of batches before ``full_from`` — all a replay needs — and whole
+    inputs from ``full_from`` on (the held-aside batches, whose error report needs every channel);
+    None keeps whole inputs throughout. Batches before ``keep_from`` are not kept (None in their
+    place): a block that recomputes the module instead of replaying it keeps only what its error
+    report reads."""
+
+    channels: torch.Tensor | None = None
+    full_from: int = 0
+    keep_from: int = 0
 
 
 class BlockRunner:
@@ -63,24 +78,10 @@ class BlockRunner:
         out = layer(self.offload.fetch(self.hidden[i]), *args, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
-    def collect(
-        self,
-        layer: nn.Module,
-        path: str,
-        sinks: list[InputStats],
-        keep_inputs: bool = False,
-        keep_channels: torch.Tensor | None = None,
-        full_from: int = 0,
-        keep_from: int = 0,
-    ) -> None:
-        """Stream the inputs of ``layer.<path>`` into ``sinks[i]`` for each batch i, then stop the block.
-
-        With ``keep_inputs`` the inputs are also kept (model dtype) so that :meth:`replay` can stand in
-        for the module computing them instead of recomputing it. ``keep_channels`` (an index tensor)
-        stores only those channels of batches before ``full_from`` — all a replay needs — and whole
-        inputs from ``full_from`` on (the held-aside batches, whose error report needs every channel).
-        Batches before ``keep_from`` are not kept (None in their place): a block that recomputes the
-        module instead of replaying it keeps only what its error report reads.
+    def collect(self, layer: nn.Module, path: str, sinks: list, keep: KeptInputs | None = None) -> None:
+        """Stream the inputs of ``layer.<path>`` into ``sinks[i]`` (``add_batch(x, mask)``) for each batch
+        i, then stop the block. With ``keep`` the inputs are also kept (model dtype, as ``keep`` says)
+        so that :meth:`replay` can stand in for the module computing them instead of recomputing it.
         """
         current: list[int] = [0]
         kept: list[torch.Tensor | None] = []
@@ -88,11 +89,11 @@ class BlockRunner:
         def hook(_mod, args):
             i = current[0]
             sinks[i].add_batch(args[0], self.masks[i])
-            if keep_inputs and i < keep_from:
+            if keep is not None and i < keep.keep_from:
                 kept.append(None)
-            elif keep_inputs:
+            elif keep is not None:
                 x = args[0].detach()
-                x = x if keep_channels is None or i >= full_from else select_channels(x, keep_channels)
+                x = x if keep.channels is None or i >= keep.full_from else select_channels(x, keep.channels)
                 kept.append(self.offload.store(x))
             raise _Stop
 
@@ -106,7 +107,7 @@ class BlockRunner:
                     pass
         finally:
             handle.remove()
-        if keep_inputs:
+        if keep is not None:
             self.kept[path] = kept
 
     def kept_rows(self, path: str, start: int) -> torch.Tensor:

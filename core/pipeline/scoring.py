@@ -4,6 +4,7 @@ the dense model (per-channel input statistics, or gradients of the calibration l
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -80,40 +81,47 @@ def hook_output_gains(
     return gains, handles
 
 
+@dataclass(frozen=True, kw_only=True)
+class BlockPass:
+    """How a scoring pass over the blocks runs: where it keeps its activations, how each block comes
+    and goes (``load(i)`` / ``free(i)``: a streamed run reads block i from the checkpoint and frees it
+    after) and what it reports (``progress(i + 1)`` after block i)."""
+
+    offload: Offload | None = None
+    load: Callable[[int], None] | None = None
+    free: Callable[[int], None] | None = None
+    progress: Callable[[int], None] | None = None
+
+
 def score_by_blocks(
-    runner,
-    criterion,
-    opts,
-    adapter: Adapter,
-    layers,
-    device,
-    load=None,
-    free=None,
-    stats_dtype=torch.float64,
-    progress: Callable[[int], None] | None = None,
+    recipe: Recipe, adapter: Adapter, layers, runner: BlockRunner | None = None, blocks: BlockPass | None = None
 ) -> list[Scores]:
-    """Every layer's scores, one block at a time on the dense model's hidden states (``runner``):
-    ``load(i)`` / ``free(i)`` bring block i in and out (streamed execution); the block is run on the
-    calibration data only when the criterion needs its inputs (Gram products in ``stats_dtype``, as
-    the recipe's); ``progress(i + 1)`` after block i. Raw scores (before ``finalize``)."""
+    """Every layer's raw scores (before ``finalize``) by the recipe's criterion, one block at a time on
+    the dense model's hidden states (``runner``): the block is run on the calibration data only when
+    the criterion needs its inputs (Gram products in the recipe's ``stats_dtype``)."""
+    name = recipe.criterion.name
+    criterion, opts = criteria.get(name), parse_options(name, recipe.criterion.options)
+    stats_dtype = getattr(torch, recipe.stats_dtype)
+    blocks = blocks or BlockPass()
     scores = []
     for i, layer in enumerate(layers):
-        if load is not None:
-            load(i)
+        if blocks.load is not None:
+            blocks.load(i)
         data = None
         if criterion.needs == "inputs":
             mask = lambda: runner.masks[runner.batch]  # noqa: E731
-            data, handles = hook_layer_inputs(layer, adapter, device, mask, criterion.second_order, stats_dtype)
+            second = criterion.second_order
+            data, handles = hook_layer_inputs(layer, adapter, runner.device, mask, second, stats_dtype)
             try:
                 runner.advance(layer)
             finally:
                 for h in handles:
                     h.remove()
         scores.append(criterion.score(layer, adapter, i, opts, data))
-        if free is not None:
-            free(i)
-        if progress is not None:
-            progress(i + 1)
+        if blocks.free is not None:
+            blocks.free(i)
+        if blocks.progress is not None:
+            blocks.progress(i + 1)
     return scores
 
 
@@ -141,21 +149,19 @@ def score_layers(
     recipe: Recipe,
     batches: list[CalibrationBatch],
     device,
-    progress: Callable[[int], None] | None = None,
-    offload: Offload | None = None,
+    blocks: BlockPass | None = None,
 ) -> list:
     """Every layer's criterion scores, with the data the criterion needs collected on the dense model
-    (``progress(i)``: after each of the blocks a second-order criterion scores one at a time;
-    ``offload``: where a second-order criterion's block pass keeps its activations)."""
+    (``blocks``: where a second-order criterion's block-by-block pass keeps its activations, and its
+    progress after each block)."""
     name = recipe.criterion.name
     criterion, opts = criteria.get(name), parse_options(name, recipe.criterion.options)
     layers = adapter.layers(model)
     data: list[Any] = [None] * len(layers)
     if criterion.second_order:  # one layer's Gram statistics at a time
-        runner = BlockRunner(model, adapter, batches, device, offload=offload)
-        dtype = getattr(torch, recipe.stats_dtype)
-        scores = score_by_blocks(runner, criterion, opts, adapter, layers, device, stats_dtype=dtype, progress=progress)
-        return criterion.finalize(scores, opts)
+        blocks = blocks or BlockPass()
+        runner = BlockRunner(model, adapter, batches, device, offload=blocks.offload)
+        return criterion.finalize(score_by_blocks(recipe, adapter, layers, runner, blocks), opts)
     if criterion.needs == "inputs":
         data = dense_inputs(model, adapter, batches, device)
     elif criterion.needs == "gradients":

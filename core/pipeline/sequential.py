@@ -16,6 +16,7 @@ the model's dtype) and the statistics of one projection (C_in² in float32/float
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.allocation import Plan
 from core.allocation.groups import kv_index_layers
 from core.criteria import Scores
 from core.data.calibration import CalibrationBatch, calibration_batches
@@ -31,25 +33,22 @@ from core.models.adapter import adapter_for, block_parameters
 from core.models.host_memory import reuse_freed_memory
 from core.models.liar_families import pools_first_token
 from core.models.loading import ensure_pad_token, load_model
-from core.models.offload import OBS_MATRICES, REFIT_MATRICES, Offload, offload_for
+from core.models.offload import OBS_MATRICES, REFIT_MATRICES, Offload, Workload, offload_for
 from core.models.safetensors_io import INDEX, SINGLE
 from core.models.streaming import checkpoint_directory
-from core.pipeline.blocks import BlockIO, Progress, reconstruct_blocks
+from core.pipeline.blocks import reconstruct_blocks
+from core.pipeline.context import BlockIO, ModelSource, Progress, RunContext, RunOptions
 from core.pipeline.measure import BlockSpeed, peak_memory_mb
 from core.pipeline.planning import make_plan, obs_split, resolved_kv_groups, round_to
 from core.pipeline.preflight import as_recipe, check_model_fit
 from core.pipeline.result import PruneResult
-from core.pipeline.scoring import score_layers, split_batches
+from core.pipeline.scoring import BlockPass, score_layers, split_batches
 from core.pipeline.streamed import StreamSource, check_streamable
 from core.spec.criteria import streaming_refusal
 from core.spec.recipe import Recipe
 
 
-def _no_progress(stage: str, done: int, total: int) -> None:
-    pass
-
-
-class _MemorySource:
+class MemorySource:
     """The whole model on its device (loaded from ``recipe.model`` or passed in)."""
 
     def __init__(self, recipe: Recipe, model, tokenizer, calibration):
@@ -66,8 +65,14 @@ class _MemorySource:
         self.io = BlockIO()
         self.reuses_memory = True  # the whole model is held anyway
 
-    def score(self, recipe: Recipe, batches: list[CalibrationBatch], progress=None, offload=None) -> list[Scores]:
-        return score_layers(self.model, self.adapter, recipe, batches, self.device, progress, offload)
+    def score(
+        self, recipe: Recipe, batches: list[CalibrationBatch], progress: Callable[[int], None] | None, offload: Offload
+    ) -> list[Scores]:
+        blocks = BlockPass(offload=offload, progress=progress)
+        return score_layers(self.model, self.adapter, recipe, batches, self.device, blocks)
+
+    def finish(self, result: PruneResult, report: Progress) -> PruneResult:
+        return result  # the pruned model is the result's
 
     def abort(self) -> None:
         pass
@@ -105,42 +110,40 @@ def prune(
     *,
     model: nn.Module | None = None,
     tokenizer: Any = None,
-    calibration: tuple[CalibrationBatch, CalibrationBatch] | None = None,
-    scores: list[Scores] | None = None,
-    progress: Progress | None = None,
-    show_progress: bool = False,
     output_dir: str | Path | None = None,
     overwrite: bool = False,
-    measure_speed: bool = False,
+    **options: Any,
 ) -> PruneResult:
     """Prune and reconstruct a model as the recipe says.
 
-    ``model`` / ``tokenizer`` may be passed to skip loading ``recipe.model``; ``calibration`` —
-    pre-tokenised ``(fit, held_aside)`` batches — to skip the recipe's calibration source; ``scores`` —
-    the :attr:`PruneResult.scores` of an earlier run of the same model and criterion — to skip scoring
-    (criteria do not depend on the ratio or the reconstruction method, so sweeps score once).
-    ``progress(stage, i, n)`` is called at every stage and after every block.
+    ``model`` / ``tokenizer`` may be passed to skip loading ``recipe.model``. With ``output_dir``
+    (where :meth:`PruneResult.save` will write the result) a model read from a directory or the hub
+    is *streamed* (``recipe.execution``, default ``auto``): one block at a time from its shards,
+    written out as it is pruned; the result then holds no model, its checkpoint does. Without it, or
+    for a model object, the whole model is pruned in memory.
 
-    With ``output_dir`` (where :meth:`PruneResult.save` will write the result) a model read from a
-    directory or the hub is *streamed* (``recipe.execution``, default ``auto``): one block at a time
-    from its shards, written out as it is pruned; the result then holds no model, its checkpoint
-    does. Without it, or for a model object, the whole model is pruned in memory.
-
-    ``measure_speed`` times every block on one calibration batch before and after pruning
-    (``block_seconds_dense`` / ``block_seconds_pruned`` / ``block_speedup`` in the metrics).
+    ``options`` are the fields of :class:`RunOptions` (any other keyword is refused):
+    ``calibration`` — pre-tokenised ``(fit, held_aside)`` batches — skips the recipe's calibration
+    source; ``scores`` — the :attr:`PruneResult.scores` of an earlier run of the same model and
+    criterion — skips scoring (criteria do not depend on the ratio or the reconstruction method, so
+    sweeps score once); ``progress(stage, i, n)`` is called at every stage and after every block;
+    ``show_progress`` draws a progress bar; ``measure_speed`` times every block on one calibration
+    batch before and after pruning (``block_seconds_dense`` / ``block_seconds_pruned`` /
+    ``block_speedup`` in the metrics).
     """
+    run = RunOptions.of(options)
     recipe = as_recipe(recipe)
-    report = progress or _no_progress
+    report = run.report
     t_start = time.perf_counter()
     mode, directory = execution_mode(recipe, model, output_dir)
 
     report("load", 0, 1)
+    source: ModelSource
     if mode == "stream":
         source = StreamSource(recipe, directory, output_dir, overwrite, tokenizer)
     else:
-        source = _MemorySource(recipe, model, tokenizer, calibration)
+        source = MemorySource(recipe, model, tokenizer, run.calibration)
     try:
-        speed = BlockSpeed() if measure_speed else None
         # where the application opted in: freed activations reused rather than faulted in again, unless memory
         # is bounded (core/models/host_memory.py); on a CPU, the model's float32 projections through the faster
         # of its two matrix libraries (core/kernels/cpu_matmul.py), removed again on exit
@@ -148,7 +151,7 @@ def prune(
             reuse_freed_memory() if source.reuses_memory else nullcontext(),
             route_linears(source.model, source.device),
         ):
-            result = _run(recipe, source, calibration, scores, report, show_progress, speed)
+            result = source.finish(_run(recipe, source, run), report)
     except BaseException:
         source.abort()
         raise
@@ -159,39 +162,43 @@ def prune(
     return result
 
 
-def _offload(recipe: Recipe, model, adapter, device, fit: CalibrationBatch, held: CalibrationBatch) -> Offload:
+def _offload(recipe: Recipe, source: ModelSource, fit: CalibrationBatch, held: CalibrationBatch) -> Offload:
     """Where this run keeps its calibration activations (``recipe.activations``)."""
-    tokens = fit.input_ids.numel() + held.input_ids.numel()
-    batch_tokens = recipe.calibration.batch_size * fit.input_ids.shape[1]
-    dense = recipe.reconstruction.target == "dense"
-    held_tokens = held.input_ids.numel()
     obs = recipe.reconstruction.resolved_select() == "obs" or recipe.head_ratio == "obs"
-    matrices = OBS_MATRICES if obs or dense else REFIT_MATRICES
-    return offload_for(recipe.activations, model, adapter, device, tokens, batch_tokens, dense, held_tokens, matrices)
+    dense = recipe.reconstruction.target == "dense"
+    work = Workload(
+        tokens=fit.input_ids.numel() + held.input_ids.numel(),
+        batch_tokens=recipe.calibration.batch_size * fit.input_ids.shape[1],
+        held_tokens=held.input_ids.numel(),
+        dense=dense,
+        matrices=OBS_MATRICES if obs or dense else REFIT_MATRICES,
+    )
+    return offload_for(recipe.activations, source.model, source.adapter, source.device, work)
 
 
-def _metrics(recipe: Recipe, adapter, plan, rounding, groups: str, offload: Offload, speed) -> dict[str, Any]:
-    """The run's choices as the result's metrics (what ``auto`` settings resolved to, the plan's means)."""
+def _metrics(ctx: RunContext, plan: Plan, rounding: tuple[int, int]) -> dict[str, Any]:
+    """The run's choices as the result's metrics (what ``auto`` settings resolved to, the realised
+    plan's means)."""
+    recipe, adapter = ctx.recipe, ctx.adapter
     return {
         # what criterion / allocation auto resolved to (the recipe records them too)
         "criterion": recipe.criterion.name,
         "allocation": recipe.allocation,
         "round_to_heads": rounding[0],
         "round_to_neurons": rounding[1],
-        "round_to_kv_groups": groups,
-        "activations": offload.name,
+        "round_to_kv_groups": ctx.kv_groups,
+        "activations": ctx.offload.name,
         "kv_index_layers": kv_index_layers(plan, adapter),
         # the split the allocation chose (head_ratio), as numbers the job record keeps
         "kept_heads_mean": round(sum(len(lp.heads) for lp in plan.layers) / len(plan.layers), 3),
         "kept_neurons_mean": round(sum(len(lp.neurons) for lp in plan.layers) / len(plan.layers), 3),
-        **(speed.metrics() if speed else {}),
+        **(ctx.speed.metrics() if ctx.speed else {}),
     }
 
 
-def _run(
-    recipe: Recipe, source, calibration, scores, report: Progress, show_progress: bool, speed: BlockSpeed | None
-) -> PruneResult:
+def _run(recipe: Recipe, source: ModelSource, options: RunOptions) -> PruneResult:
     model, adapter, device, tokenizer = source.model, source.adapter, source.device, source.tokenizer
+    report = options.report
     check_model_fit(recipe, model.config)
     # what runs is what the result (and the checkpoint's recipe.yaml) records: criterion, allocation
     # and select's auto resolved
@@ -201,13 +208,12 @@ def _run(
     report("load", 1, 1)
 
     report("calibration", 0, 1)
-    fit, held = (
-        calibration if calibration is not None else calibration_batches(recipe.calibration, tokenizer, adapter.kind)
-    )
+    cal = options.calibration
+    fit, held = cal if cal is not None else calibration_batches(recipe.calibration, tokenizer, adapter.kind)
     report("calibration", 1, 1)
-    offload = _offload(recipe, model, adapter, device, fit, held)
+    offload = _offload(recipe, source, fit, held)
 
-    n_layers = adapter.n_layers
+    n_layers, scores = adapter.n_layers, options.scores
     report("scoring", 0, n_layers)
     if scores is None:
         batches = split_batches(fit, recipe.calibration.batch_size)
@@ -223,30 +229,30 @@ def _run(
     block_before = block_parameters(model, adapter)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    reports, layout = reconstruct_blocks(
-        model,
-        adapter,
-        recipe,
-        plan,
-        (fit, held),
-        device,
-        report,
-        show_progress,
-        source.io,
-        speed,
-        groups,
-        split,
-        offload,
+    speed = BlockSpeed() if options.measure_speed else None
+    ctx = RunContext(
+        model=model,
+        adapter=adapter,
+        recipe=recipe,
+        device=device,
+        offload=offload,
+        io=source.io,
+        kv_groups=groups,
+        report=report,
+        show_progress=options.show_progress,
+        speed=speed,
     )
-    model.config.liar_layout = layout
+    done = reconstruct_blocks(ctx, plan, (fit, held), split)
+    model.config.liar_layout = done.layout
     model.config.liar_family = adapter.name
-    result = PruneResult(
+    return PruneResult(
         model=model,
         tokenizer=tokenizer,
         recipe=recipe,
         adapter=adapter,
-        plan=plan,
-        report=reports,
+        plan=done.plan,
+        planned=plan,
+        report=done.reports,
         params_before=params_before,
         params_after=sum(p.numel() for p in model.parameters()),
         block_params_before=block_before,
@@ -254,11 +260,5 @@ def _run(
         seconds=0.0,
         peak_memory_mb=peak_memory_mb(device),
         scores=scores,
-        metrics=_metrics(recipe, adapter, plan, rounding, groups, offload, speed),
+        metrics=_metrics(ctx, done.plan, rounding),
     )
-    if isinstance(source, StreamSource):
-        report("write", 0, 1)
-        result.model = None
-        result.checkpoint, result.stock, result.digests = source.finish(recipe, layout)
-        report("write", 1, 1)
-    return result

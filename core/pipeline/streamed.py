@@ -35,11 +35,13 @@ from core.data.calibration import CalibrationBatch
 from core.models.adapter import Adapter
 from core.models.export import check_output_dir, write_config
 from core.models.loading import ensure_pad_token
+from core.models.offload import Offload
 from core.models.safetensors_io import INDEX, LazyTensor, write_shard
 from core.models.streaming import StreamedModel, host_io_threads
-from core.pipeline.blocks import BlockIO
+from core.pipeline.context import BlockIO, Progress
+from core.pipeline.result import PruneResult
 from core.pipeline.runner import BlockRunner
-from core.pipeline.scoring import score_by_blocks
+from core.pipeline.scoring import BlockPass, score_by_blocks
 from core.spec.criteria import parse_options, streaming_refusal
 from core.spec.recipe import Recipe
 
@@ -166,7 +168,9 @@ class StreamSource:
             self.abort()
             raise
 
-    def score(self, recipe: Recipe, batches: list[CalibrationBatch], progress=None, offload=None) -> list:
+    def score(
+        self, recipe: Recipe, batches: list[CalibrationBatch], progress: Callable[[int], None] | None, offload: Offload
+    ) -> list:
         """Every layer's scores, each block read once (and run on the calibration data when the
         criterion needs its inputs); a weight criterion's pass reads only the parameters it scores.
         Block 0 is then read ahead for the pruning pass."""
@@ -186,19 +190,8 @@ class StreamSource:
             if not criterion.second_order and i + 1 < len(layers):  # no solves while scoring: read on
                 self.sm.prefetch(i + 1, names[i + 1])
 
-        dtype = getattr(torch, recipe.stats_dtype)
-        scores = score_by_blocks(
-            runner,
-            criterion,
-            opts,
-            self.adapter,
-            self.sm.layers,
-            self.device,
-            load,
-            self.sm.free_block,
-            dtype,
-            progress,
-        )
+        blocks = BlockPass(offload=offload, load=load, free=self.sm.free_block, progress=progress)
+        scores = score_by_blocks(recipe, self.adapter, layers, runner, blocks)
         self.sm.prefetch(0)  # beside the plan and the calibration's pass through the embeddings
         return criterion.finalize(scores, opts)
 
@@ -211,7 +204,17 @@ class StreamSource:
     def io(self) -> BlockIO:
         return WriteBlocks(self)
 
-    def finish(self, recipe: Recipe, layout: list[dict]) -> tuple[Path, bool, dict[str, str]]:
+    def finish(self, result: PruneResult, report: Progress) -> PruneResult:
+        """Write what follows the blocks (:meth:`write_rest`); the result then holds the checkpoint
+        instead of the model."""
+        report("write", 0, 1)
+        layout = result.model.config.liar_layout
+        result.model = None
+        result.checkpoint, result.stock, result.digests = self.write_rest(result.recipe, layout)
+        report("write", 1, 1)
+        return result
+
+    def write_rest(self, recipe: Recipe, layout: list[dict]) -> tuple[Path, bool, dict[str, str]]:
         """Write what follows the blocks: zero biases the stock config implies, the index, config,
         bundled code, tokenizer and recipe. Returns ``(directory, stock, digests)``."""
         self.sm.close()

@@ -4,7 +4,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from core.allocation import allocate
+from core.allocation import Budget, allocate
 from core.allocation.groups import allocate_groups
 from core.allocation.plan import head_fraction
 from core.spec.recipe import Recipe
@@ -39,7 +39,7 @@ def _reference_layer(scores, ratio: float, h: float) -> tuple[list[int], int]:
 @pytest.mark.parametrize("head_ratio", ["same", "auto", 0.0, 0.3, 0.9])
 def test_uniform_split_equals_plain_reference(ratio, head_ratio):
     scores = _smol_scores()
-    plan = allocate(scores, SMOL, [SMOL_COSTS] * N, [SMOL_LAYER] * N, ratio, "both", "uniform", head_ratio=head_ratio)
+    plan = allocate(scores, SMOL, [SMOL_COSTS] * N, [SMOL_LAYER] * N, Budget(ratio=ratio, head_ratio=head_ratio))
     h = {"same": ratio, "auto": ratio / 2}.get(head_ratio, head_ratio)
     for lp, s in zip(plan.layers, scores):
         heads, neurons = _reference_layer(s, ratio, h)
@@ -49,8 +49,9 @@ def test_uniform_split_equals_plain_reference(ratio, head_ratio):
 
 def test_auto_keeps_more_heads_than_same_for_the_same_parameters():
     """The point of the default: at 50% SmolLM2's layers keep 7 heads instead of 5, and more neurons go."""
-    args = (_smol_scores(), SMOL, [SMOL_COSTS] * N, [SMOL_LAYER] * N, 0.5, "both", "uniform")
-    same, auto = allocate(*args, head_ratio="same"), allocate(*args, head_ratio="auto")
+    args = (_smol_scores(), SMOL, [SMOL_COSTS] * N, [SMOL_LAYER] * N)
+    same = allocate(*args, Budget(ratio=0.5, head_ratio="same"))
+    auto = allocate(*args, Budget(ratio=0.5, head_ratio="auto"))
     assert {len(lp.heads) for lp in same.layers} == {5} and {len(lp.heads) for lp in auto.layers} == {7}
     assert all(len(a.neurons) < len(s.neurons) for a, s in zip(auto.layers, same.layers))
     assert abs(auto.removed - same.removed) <= N * SMOL_COSTS["neuron"]
@@ -60,16 +61,16 @@ def test_auto_keeps_more_heads_than_same_for_the_same_parameters():
 def test_whole_groups_split_by_groups(head_ratio, groups_left):
     """Under whole key/value groups the fraction counts groups: 50% drops round(1.5) = 2 of SmolLM2's 3
     groups with the paper's split, round(0.75) = 1 with auto, and neurons make up the rest."""
-    plan = allocate_groups(
-        _smol_scores(), SMOL, [SMOL_COSTS] * N, [SMOL_LAYER] * N, 0.5, "both", "uniform", (1, 64), head_ratio=head_ratio
-    )
+    budget = Budget(ratio=0.5, round_to=(1, 64), head_ratio=head_ratio)
+    plan = allocate_groups(_smol_scores(), SMOL, [SMOL_COSTS] * N, [SMOL_LAYER] * N, budget)
     assert all(_whole(lp, 3) and len(lp.kv_heads) == groups_left for lp in plan.layers)
     assert all(len(lp.neurons) % 64 == 0 for lp in plan.layers) and abs(plan.deviation) <= 0.005
 
 
 def test_global_allocation_ignores_the_split():
-    args = (_smol_scores(), SMOL, [SMOL_COSTS] * N, [SMOL_LAYER] * N, 0.3, "both", "global")
-    same, auto = allocate(*args, head_ratio="same"), allocate(*args, head_ratio="auto")
+    args = (_smol_scores(), SMOL, [SMOL_COSTS] * N, [SMOL_LAYER] * N)
+    same = allocate(*args, Budget(ratio=0.3, allocation="global", head_ratio="same"))
+    auto = allocate(*args, Budget(ratio=0.3, allocation="global", head_ratio="auto"))
     assert [lp.heads for lp in same.layers] == [lp.heads for lp in auto.layers]
     assert [lp.neurons.tolist() for lp in same.layers] == [lp.neurons.tolist() for lp in auto.layers]
 

@@ -7,7 +7,7 @@ import torch
 from pydantic import ValidationError
 
 from core import criteria, prune
-from core.allocation import allocate
+from core.allocation import Budget, allocate
 from core.allocation.groups import allocate_groups, whole_groups_reach
 from core.allocation.plan import max_ratio
 from core.criteria import Scores
@@ -56,9 +56,8 @@ def test_plans_keep_whole_groups_within_half_a_point(ratio, rounding, allocation
     """Every allocation (Kwon et al.'s search and rearrangement too) keeps whole groups in every layer,
     and spends what the coarse groups leave in neurons: the ratio lands within ±0.5 points."""
     n = len(_smol_scores())
-    plan = allocate_groups(
-        _smol_scores(samples), SMOL, [SMOL_COSTS] * n, [SMOL_LAYER] * n, ratio, "both", allocation, rounding, search
-    )
+    budget = Budget(ratio=ratio, allocation=allocation, round_to=rounding, global_search=search)
+    plan = allocate_groups(_smol_scores(samples), SMOL, [SMOL_COSTS] * n, [SMOL_LAYER] * n, budget)
     assert all(_whole(lp, SMOL.n_rep) for lp in plan.layers)
     assert abs(plan.deviation) <= 0.005
     assert all(len(lp.neurons) % rounding[1] == 0 for lp in plan.layers)
@@ -77,7 +76,7 @@ def test_plans_keep_whole_groups_within_half_a_point(ratio, rounding, allocation
 def test_free_plans_leave_uneven_groups_that_whole_plans_avoid():
     """The situation the option is for: SmolLM2 at 20% drops 2 of 9 query heads per layer."""
     n = 30
-    args = ([SMOL_COSTS] * n, [SMOL_LAYER] * n, 0.2, "both", "uniform")
+    args = ([SMOL_COSTS] * n, [SMOL_LAYER] * n, Budget(ratio=0.2))
     free = allocate(_smol_scores(), SMOL, *args)
     whole = allocate_groups(_smol_scores(), SMOL, *args)
     assert not any(_whole(lp, 3) for lp in free.layers)  # 7 of 9 heads: never whole groups
@@ -99,7 +98,7 @@ def test_uneven_layers_are_counted(llama_dir, corpus):
 def test_unreachable_ratio_names_the_whole_group():
     n = 30
     with pytest.raises(ValueError, match="keeps one whole key/value group"):
-        allocate_groups(_smol_scores(), SMOL, [SMOL_COSTS] * n, [SMOL_LAYER] * n, 0.3, "heads", "uniform")
+        allocate_groups(_smol_scores(), SMOL, [SMOL_COSTS] * n, [SMOL_LAYER] * n, Budget(ratio=0.3, modules="heads"))
 
 
 def test_recipe_option_validates_and_auto_follows_the_device(llama_dir, corpus):

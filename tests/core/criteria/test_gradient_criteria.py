@@ -9,7 +9,7 @@ import torch
 from pydantic import ValidationError
 
 from core import prune
-from core.allocation.plan import _kwon_search, allocate, greedy_rearrange
+from core.allocation.plan import Budget, _kwon_search, allocate, greedy_rearrange
 from core.criteria import LayerInputs, Scores, score_layer
 from core.criteria.gradients import _per_sample_loss, mask_gradients, weight_gradients
 from core.criteria.kcm import kcm_r2
@@ -342,11 +342,11 @@ def test_layer_ranges_and_rounding_in_allocation(llama_dir):
     scores = [Scores(torch.rand(8, generator=gen), torch.rand(48, generator=gen)) for _ in layers]
     scores[0].prunable_heads = scores[0].prunable_neurons = False
     for allocation in ("uniform", "global"):
-        plan = allocate(scores, adapter, costs, params, 0.2, "both", allocation)
+        plan = allocate(scores, adapter, costs, params, Budget(ratio=0.2, allocation=allocation))
         assert len(plan.layers[0].heads) == 8 and len(plan.layers[0].neurons) == 48
         assert plan.ratio == pytest.approx(0.2, abs=0.01)
     scores[0].prunable_heads = scores[0].prunable_neurons = True
-    plan = allocate(scores, adapter, costs, params, 0.3, "both", "uniform", round_to=(2, 8))
+    plan = allocate(scores, adapter, costs, params, Budget(ratio=0.3, round_to=(2, 8)))
     for lp in plan.layers:
         assert len(lp.heads) % 2 == 0 and len(lp.neurons) % 8 == 0
     assert abs(plan.deviation) < 0.02 and plan.deviation == pytest.approx(

@@ -296,11 +296,12 @@ def test_a_cpu_run_reads_the_next_block_only_after_the_solves_of_this_one(llama_
     from core.pipeline import blocks
 
     events: list[tuple[str, int]] = []
-    fit, prefetch, read_block = blocks._LayerFitter.fit, StreamedModel.prefetch, StreamedModel._read_block
+    prune_part, prefetch, read_block = blocks._prune_part, StreamedModel.prefetch, StreamedModel._read_block
 
-    def logged_fit(self, layer, li, unit, added):
-        fit(self, layer, li, unit, added)
-        events.append(("solved", li))
+    def logged_prune_part(loop, block, *args):
+        lp = prune_part(loop, block, *args)
+        events.append(("solved", block.index))
+        return lp
 
     def logged_prefetch(self, i, names=None):
         events.append(("prefetch", i))
@@ -310,7 +311,7 @@ def test_a_cpu_run_reads_the_next_block_only_after_the_solves_of_this_one(llama_
         events.append(("read " + threading.current_thread().name.split("_")[0], i))
         return read_block(self, i, names)
 
-    monkeypatch.setattr(blocks._LayerFitter, "fit", logged_fit)
+    monkeypatch.setattr(blocks, "_prune_part", logged_prune_part)
     monkeypatch.setattr(StreamedModel, "prefetch", logged_prefetch)
     monkeypatch.setattr(StreamedModel, "_read_block", logged_read)
     recipe = recipe_for(llama_dir, corpus, device="cpu", execution="stream")

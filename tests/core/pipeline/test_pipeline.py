@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from core import prune
-from core.allocation import allocate
+from core.allocation import Budget, allocate
 from core.criteria import score_layer
 from core.data.calibration import decoder_windows, encoder_samples, load_texts
 from core.models.adapter import block_parameters, unit_costs
@@ -58,10 +58,7 @@ def slow_reference(recipe: Recipe, plan=None):
         adapter,
         [unit_costs(ly, adapter) for ly in layers],
         [sum(p.numel() for p in ly.parameters()) for ly in layers],
-        recipe.ratio,
-        recipe.modules,
-        recipe.allocation,
-        head_ratio=recipe.head_ratio,
+        Budget(ratio=recipe.ratio, modules=recipe.modules, allocation=recipe.allocation, head_ratio=recipe.head_ratio),
     )
     fam, method, damp = adapter.family, recipe.reconstruction.method, recipe.reconstruction.damp
 
