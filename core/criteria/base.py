@@ -6,7 +6,8 @@ the layer's *original* query heads and neurons. Each criterion is one module of 
 
 - ``needs = "weights"``: nothing but the layer (magnitude, random);
 - ``needs = "inputs"``: per-channel statistics of the dense model's o_proj / down_proj inputs
-  (:class:`LayerInputs`; FLAP, KCM);
+  (:class:`LayerInputs`; FLAP, KCM), or with ``second_order`` their Gram statistics
+  (:class:`GramInputs`; obs);
 - ``needs = "gradients"``: gradients of the calibration loss, of the structure masks
   (``gradients = "mask"``: SNIP, Kwon) or of the prunable weights (``"weight"``: Taylor).
 
@@ -49,16 +50,23 @@ class Scores:
 
 @dataclass
 class LayerInputs:
-    # per-channel statistics of the inputs of the attention output projection and of the FFN's; None
-    # for a ``second_order`` criterion, whose Gram statistics hold the same sums
+    """Per-channel statistics of the inputs of the attention's output projection and of the FFN's, on
+    the dense model (``needs = "inputs"``)."""
+
     attn: ChannelStats | None = None
     ffn: ChannelStats | None = None
-    # with a criterion's ``second_order``: the Gram statistics of the same inputs, and the mean
-    # squared norm of the residual stream entering the block (per token)
-    attn_gram: InputStats | None = None
-    ffn_gram: InputStats | None = None
-    residual: ChannelStats | None = None
-    # the squared gains of the norms on o_proj's / the FFN's outputs (families with sandwich norms)
+
+
+@dataclass
+class GramInputs:
+    """What a ``second_order`` criterion (obs) gets instead of :class:`LayerInputs`: the Gram
+    statistics of the same inputs (their per-channel sums are in them), the mean squared norm of the
+    residual stream entering the block (per token), and the squared gains of the norms on o_proj's /
+    the FFN's outputs (families with sandwich norms; else None)."""
+
+    attn_gram: InputStats
+    ffn_gram: InputStats
+    residual: ChannelStats
     attn_gain: OutputGain | None = None
     ffn_gain: OutputGain | None = None
 

@@ -29,7 +29,7 @@ from core.allocation.split import SplitState
 from core.data.calibration import CalibrationBatch
 from core.models.adapter import Adapter
 from core.models.modeling_liar import ensure_bias, prune_heads_, prune_neurons_
-from core.pipeline.choosing import ByCriterion, ByObs, ObsSplit
+from core.pipeline.choosing import ByCriterion, ByObs, ObsSplit, Strategy
 from core.pipeline.context import RunContext
 from core.pipeline.fitting import FitData, Reconstruction, Reports, Solved, reconstruction_for
 from core.pipeline.measure import peak_memory_mb
@@ -151,15 +151,14 @@ def _prune_block(loop: _Loop, block: _Block, lp: LayerPlan) -> LayerPlan:
     return lp
 
 
-def _prune_part(loop: _Loop, block: _Block, part: str, lp: LayerPlan, choose: ByCriterion | ByObs | ObsSplit):
+def _prune_part(loop: _Loop, block: _Block, part: str, lp: LayerPlan, choose: Strategy) -> LayerPlan:
     """collect → choose → cut → solve → write for one projection of the block; returns the layer's plan
     with the units this part kept."""
     t0 = time.perf_counter()
-    adapter = loop.run.adapter
-    path = _path(adapter, part)
+    adapter, path = loop.run.adapter, _path(loop.run.adapter, part)
     fit = _collect(loop, block, part, lp, choose)
     lin = block.layer.get_submodule(path)
-    w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
+    w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()  # the unpruned weights
     lp = (choose.heads if part == ATTENTION else choose.neurons)(lp, w, fit.stats)
     keep = _keep_mask(adapter, part, lp)
     if bool(keep.all()):  # the selection kept every unit (head_ratio obs): nothing to cut or refit
@@ -169,25 +168,11 @@ def _prune_part(loop: _Loop, block: _Block, part: str, lp: LayerPlan, choose: By
     solved = fit.solve(w, b, keep.to(w.device), adapter.head_dim if part == ATTENTION else 1)
     fit.free()
     _write(block, path, solved)
-    kept, total = (len(lp.heads), adapter.n_heads) if part == ATTENTION else (len(lp.neurons), adapter.n_neurons)
-    report = LayerReport(
-        layer=block.index,
-        module=part,
-        kept=kept,
-        total=total,
-        error_before=float("nan"),  # filled in by Reports.finish()
-        error_after=float("nan"),
-        measured_on="held-aside" if loop.data.has_held else "calibration",
-        seconds=time.perf_counter() - t0,
-        peak_memory_mb=peak_memory_mb(loop.run.device),
-    )
-    loop.reports.add(report, solved.errors)
+    _report(loop, block, part, lp, solved, time.perf_counter() - t0)
     return lp
 
 
-def _collect(
-    loop: _Loop, block: _Block, part: str, lp: LayerPlan, choose: ByCriterion | ByObs | ObsSplit
-) -> Reconstruction:
+def _collect(loop: _Loop, block: _Block, part: str, lp: LayerPlan, choose: Strategy) -> Reconstruction:
     """Stream the projection's fit inputs into its reconstruction and keep what the block's later
     passes replay: only the planned channels, unless the strategy chooses them from the statistics;
     an FFN recomputed in the output pass keeps only the held-aside inputs (its error report's)."""
@@ -222,6 +207,23 @@ def _write(block: _Block, path: str, solved: Solved) -> None:
         lin.bias.copy_(solved.bias.to(lin.bias.dtype))
 
 
+def _report(loop: _Loop, block: _Block, part: str, lp: LayerPlan, solved: Solved, seconds: float) -> None:
+    adapter = loop.run.adapter
+    kept, total = (len(lp.heads), adapter.n_heads) if part == ATTENTION else (len(lp.neurons), adapter.n_neurons)
+    report = LayerReport(
+        layer=block.index,
+        module=part,
+        kept=kept,  # the units really kept (a selection may change the plan's)
+        total=total,
+        error_before=float("nan"),  # filled in by Reports.finish()
+        error_after=float("nan"),
+        measured_on="held-aside" if loop.data.has_held else "calibration",
+        seconds=seconds,
+        peak_memory_mb=peak_memory_mb(loop.run.device),
+    )
+    loop.reports.add(report, solved.errors)
+
+
 def _start(ctx: RunContext, calibration: tuple[CalibrationBatch, CalibrationBatch], split) -> _Loop:
     """The loop's runner on the calibration batches (the first block's inputs computed) and strategies."""
     recipe, recon = ctx.recipe, ctx.recipe.reconstruction
@@ -246,7 +248,7 @@ def _start(ctx: RunContext, calibration: tuple[CalibrationBatch, CalibrationBatc
     return _Loop(run=ctx, data=data, reports=Reports(), rebuild=rebuild, select=select, split=split)
 
 
-def _chooser(loop: _Loop, block: _Block, lp: LayerPlan) -> ByCriterion | ByObs | ObsSplit:
+def _chooser(loop: _Loop, block: _Block, lp: LayerPlan) -> Strategy:
     """The block's strategy: the run's selection, or under ``head_ratio: obs`` the layer's own split,
     whose FFN error curve is measured here on the still dense block (with the gains of the norms on
     its outputs, sandwich norms: both paths' errors are then the residual stream's)."""

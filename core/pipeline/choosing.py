@@ -97,3 +97,7 @@ class ObsSplit:
 
     def neurons(self, lp: LayerPlan, weight: torch.Tensor, stats: InputStats) -> LayerPlan:
         return self.obs.neurons(lp, weight, stats)
+
+
+Strategy = ByCriterion | ByObs | ObsSplit
+"""A block's unit choice (see the module docstring)."""

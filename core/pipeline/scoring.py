@@ -12,6 +12,7 @@ from torch import nn
 
 from core import criteria
 from core.criteria import LayerInputs, Scores
+from core.criteria.base import GramInputs
 from core.criteria.gradients import check_loss_data, mask_gradients, weight_gradients
 from core.data.calibration import CalibrationBatch
 from core.models.adapter import Adapter
@@ -30,34 +31,35 @@ def hook_layer_inputs(
     second_order: bool = False,
     stats_dtype: torch.dtype = torch.float64,
 ):
-    """``(LayerInputs, hook handles)``: per-channel statistics of the layer's o_proj / down_proj
-    inputs, fed by forward pre-hooks (``mask()``: the current batch's token mask); with
-    ``second_order`` their Gram statistics instead (each batch's product in ``stats_dtype``; the
-    per-channel sums are in them), those of the residual stream entering the block and the gains of
-    the norms on the attention's and the FFN's outputs where the family has them."""
+    """``(inputs, hook handles)``: per-channel statistics of the layer's o_proj / down_proj inputs
+    (:class:`LayerInputs`), fed by forward pre-hooks (``mask()``: the current batch's token mask); with
+    ``second_order`` their Gram statistics instead (:class:`GramInputs`: each batch's product in
+    ``stats_dtype``), those of the residual stream entering the block and the gains of the norms on
+    the attention's and the FFN's outputs where the family has them."""
     fam = adapter.family
     o, ffn = layer.get_submodule(fam.o), layer.get_submodule(fam.ffn_out)
-    entry = LayerInputs()
+    entry: LayerInputs | GramInputs
     if second_order:
-        entry.attn_gram, entry.ffn_gram = (
-            InputStats(o.in_features, stats_dtype, device),
-            InputStats(ffn.in_features, stats_dtype, device),
+        gains, handles = hook_output_gains(layer, adapter, device, mask)
+        entry = GramInputs(
+            attn_gram=InputStats(o.in_features, stats_dtype, device),
+            ffn_gram=InputStats(ffn.in_features, stats_dtype, device),
+            residual=ChannelStats(adapter.hidden, device),
+            attn_gain=gains.get("attn"),
+            ffn_gain=gains.get("ffn"),
         )
         sinks = [(o, entry.attn_gram), (ffn, entry.ffn_gram)]
     else:
-        entry.attn, entry.ffn = ChannelStats(o.in_features, device), ChannelStats(ffn.in_features, device)
+        entry, handles = LayerInputs(ChannelStats(o.in_features, device), ChannelStats(ffn.in_features, device)), []
         sinks = [(o, entry.attn), (ffn, entry.ffn)]
-    handles = [m.register_forward_pre_hook(lambda _m, a, sink=sink: sink.add_batch(a[0], mask())) for m, sink in sinks]
+    handles += [m.register_forward_pre_hook(lambda _m, a, sink=sink: sink.add_batch(a[0], mask())) for m, sink in sinks]
     if second_order:
-        entry.residual = ChannelStats(adapter.hidden, device)
+        residual = entry.residual
 
-        def residual(_m, args, kwargs):
-            entry.residual.add_batch(args[0] if args else kwargs["hidden_states"], mask())
+        def hook(_m, args, kwargs):
+            residual.add_batch(args[0] if args else kwargs["hidden_states"], mask())
 
-        handles.append(layer.register_forward_pre_hook(residual, with_kwargs=True))
-        gains, more = hook_output_gains(layer, adapter, device, mask)
-        entry.attn_gain, entry.ffn_gain = gains.get("attn"), gains.get("ffn")
-        handles += more
+        handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
     return entry, handles
 
 
