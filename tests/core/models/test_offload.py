@@ -16,6 +16,7 @@ import torch
 import core.pipeline.sequential as sequential
 from core import prune
 from core.models.adapter import adapter_for
+from core.models.loading import load_model
 from core.models.offload import Offload, activation_bytes, block_working_bytes, choose_offload
 from core.pipeline.runner import BlockRunner
 from core.spec.recipe import Recipe
@@ -133,8 +134,6 @@ def test_auto_keeps_activations_on_the_device_while_they_fit():
 
 
 def test_block_working_bytes_counts_weights_statistics_and_a_batch(llama_dir):
-    from core.models.loading import load_model
-
     model, _, adapter = load_model(str(llama_dir), "float32", "cpu")
     layer = adapter.layers(model)[0]
     weights = sum(p.numel() * 4 for p in layer.parameters())
@@ -166,11 +165,21 @@ def test_streamed_perplexity_with_hidden_states_elsewhere(llama_dir, corpus, tmp
     assert homes[0].stored == homes[0].fetched > 0  # every window's states stored, each used once
 
 
-def _assert_same_function(a, b, tol=1e-4):
-    """The same shapes, and the same outputs up to float32 rounding: ‖a(x) − b(x)‖ ≤ tol ‖a(x)‖ on
-    random tokens (a wrong FFN output — a skipped norm, the wrong neurons — is off by tens of percent).
-    The weights themselves are not compared tightly: a tiny model's later solves can amplify a 1e-8
-    difference in their inputs to 1e-3 along directions its calibration data hardly excite."""
+# Two runs of the same arithmetic in float64 are told apart only by rounding: eps64 = 2.2e-16 per
+# operation, amplified by the pipeline. The damp-0 least-squares solves of a tiny model on a few
+# hundred calibration tokens are ill-conditioned: its float32 runs land up to 2.3e-4 = 2e3·eps32 from
+# its float64 runs, so float64 rounding reaches about 2e3·eps64 = 5e-13. The bound allows an
+# amplification of 1e6, 500 times that, whatever the CPU's kernels block their sums like, and is
+# still eight orders of magnitude below a wrong FFN (a skipped norm, the wrong neurons: 1e-2 and
+# more). In float32 the same comparison is rounding against rounding: 1.1e-4 on an AVX2-only CPU,
+# 1e-7 with AVX-512, for the same code, which no fixed float32 bound separates from a small bug.
+FLOAT64_ROUNDING = 1e6 * torch.finfo(torch.float64).eps
+
+
+def _assert_same_function(a, b, tol=FLOAT64_ROUNDING):
+    """The same shapes, and the same outputs up to rounding: ‖a(x) − b(x)‖ ≤ tol ‖a(x)‖ on random
+    tokens. The weights themselves are not compared tightly: a tiny model's later solves can amplify
+    a rounding difference in their inputs along directions its calibration data hardly excite."""
     sa, sb = a.state_dict(), b.state_dict()
     assert {k: v.shape for k, v in sa.items()} == {k: v.shape for k, v in sb.items()}
     ids = torch.randint(0, a.config.vocab_size, (3, 20), generator=torch.Generator().manual_seed(0))
@@ -196,16 +205,21 @@ def _assert_same_function(a, b, tol=1e-4):
 )
 def test_a_recomputed_ffn_gives_the_replayed_model(family, kw, request, corpus):
     """activations: recompute runs the pruned FFN in each block's output pass instead of replaying its
-    kept inputs: the same units are kept and the weights agree to float32 rounding (the kept rows of
-    gate / up multiply the same inputs as the dense ones did)."""
+    kept inputs: the same units are kept and the pruned models agree to rounding (the kept rows of
+    gate / up multiply the same inputs as the dense ones did). Both run in float64."""
     model_dir = request.getfixturevalue(f"{family}_dir")
-    replayed = prune(recipe_for(model_dir, corpus, device="cpu", **kw))
-    recomputed = prune(recipe_for(model_dir, corpus, device="cpu", activations="recompute", **kw))
+
+    def run(**extra):  # in float64: the two paths' difference is then far below a logic error's
+        model, tokenizer, _ = load_model(str(model_dir), "float32", "cpu")
+        recipe = recipe_for(model_dir, corpus, device="cpu", **extra, **kw)
+        return prune(recipe, model=model.double(), tokenizer=tokenizer)
+
+    replayed, recomputed = run(), run(activations="recompute")
     for a, b in zip(replayed.plan.layers, recomputed.plan.layers, strict=True):
         assert (a.heads, a.kv_heads, list(map(int, a.neurons))) == (b.heads, b.kv_heads, list(map(int, b.neurons)))
     _assert_same_function(replayed.model, recomputed.model)
     for a, b in zip(replayed.report, recomputed.report, strict=True):
-        assert a.error_after == pytest.approx(b.error_after, rel=1e-3, abs=1e-7)
+        assert a.error_after == pytest.approx(b.error_after, rel=FLOAT64_ROUNDING, abs=1e-12)
     assert recomputed.metrics["activations"] == "recompute" and replayed.metrics["activations"] == "device"
 
 
