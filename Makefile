@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip
 
-.PHONY: run demo test lint format bench-engine clean
+.PHONY: run demo test test-fast test-avx2 screenshots lint format bench-engine clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,10 +20,27 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/liar demo
 
+# every test: the engine's, the job runner's on SQLite and on PostgreSQL + Redis with real workers,
+# the web app's in Chromium (markers slow, integration, browser: pyproject.toml)
 test: $(STAMP)
 	$(BIN)/ruff check core jobs app tests bench
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
+
+# the engine's logic in under two minutes: tests/core, the CLI's and the cross-cutting tests, without
+# the slow matrices (every family, criterion or reconstruction; streamed twins), servers or a browser
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser" tests/core tests/app/test_cli.py $(wildcard tests/test_*.py)
+
+# the engine's tests again as on a CPU without AVX-512: torch's kernels and oneDNN's capped at AVX2
+# (their sums block differently, so every tolerance must hold for both; CI runs this after `test`)
+AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+test-avx2: $(STAMP)
+	$(AVX2) $(BIN)/python -m pytest -q tests/core
+
+# refresh the README's screenshots (the browser tests write them to a temporary folder otherwise)
+screenshots: $(STAMP)
+	$(BIN)/python -m pytest -q -m browser tests/app/test_browser.py --screenshots docs/screenshots
 
 lint: $(STAMP)
 	$(BIN)/ruff check core jobs app tests bench

@@ -1,6 +1,8 @@
-"""Shared fixtures: tiny random models written to a session temp dir (no downloads)."""
+"""Shared fixtures: tiny random models written to a session temp dir (no downloads); the markers'
+rules; where the browser tests' screenshots go."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -19,6 +21,45 @@ from core.models.tiny import tiny_bert, tiny_corpus, tiny_decoder  # noqa: E402
 hf_logging.disable_progress_bar()
 hf_logging.set_verbosity_error()
 torch.set_num_threads(2)
+
+# Fixtures that start servers or worker processes: a test using one is an integration test (marked
+# explicitly in its module; the rule below keeps a new test out of `make test-fast` if it is not).
+INTEGRATION_FIXTURES = {"stack", "faults", "app_server", "login_server"}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--screenshots",
+        metavar="DIR",
+        help="write the browser tests' screenshots to DIR (`make screenshots`: docs/screenshots); "
+        "default: a temporary folder",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+def fast_first(n: int, cases) -> list:
+    """A parametrize list whose first ``n`` cases run in `make test-fast` and the rest are marked slow
+    (`make test` runs them all); a tuple case is a test's several arguments. Marked on one axis of
+    stacked parametrizes, it keeps that axis's first values fast for every value of the others."""
+    return [
+        case if i < n else pytest.param(*(case if isinstance(case, tuple) else (case,)), marks=pytest.mark.slow)
+        for i, case in enumerate(cases)
+    ]
+
+
+@pytest.fixture(scope="session")
+def screenshots_dir(request, tmp_path_factory) -> Path:
+    """The folder the browser tests write their screenshots to: pytest's temporary folder, so that a
+    test run leaves the tracked docs/screenshots/ alone, unless ``--screenshots DIR`` names one."""
+    chosen = request.config.getoption("--screenshots")
+    path = Path(chosen) if chosen else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")

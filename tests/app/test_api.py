@@ -12,6 +12,8 @@ import yaml
 
 from tests.jobs.conftest import wait_for
 
+pytestmark = pytest.mark.integration  # the running app and its worker
+
 
 class _Reader:
     """A file-like view of a response's chunks, for tarfile's stream mode."""

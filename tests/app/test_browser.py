@@ -2,8 +2,9 @@
 
 Two servers: the session's ``app_server`` (no login) for the form, and one with login on for the whole
 path — log in, submit, watch the job live, the dashboard, the model page, download — as two users.
-Screenshots of every page are written to docs/screenshots/. Waits are generous and nothing is timed:
-the tests share two CPU cores with everything else.
+Screenshots of every page go to a temporary folder, or to the folder given by ``--screenshots DIR``
+(or ``LIAR_SCREENSHOTS``): ``make screenshots`` refreshes docs/screenshots/ that way. Waits are
+generous and nothing is timed: the tests share two CPU cores with everything else.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import pytest
 
 from tests.jobs.conftest import wait_for
 
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+pytestmark = pytest.mark.browser
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = [
     "--no-sandbox",
@@ -41,7 +43,6 @@ def browser():
 
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is required for the browser tests (.ci/run installs Debian's chromium)")
-    SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield chromium
@@ -109,13 +110,13 @@ def _table_ids(page, table: str) -> set[int]:
 # --- the form, without login -----------------------------------------------------------------------
 
 
-def test_invalid_form_shows_error_and_creates_no_job(page, app_server):
+def test_invalid_form_shows_error_and_creates_no_job(page, app_server, screenshots_dir):
     before = len(_jobs(app_server["url"]))
     _fill(page, "Model", str(app_server["data"] / "models" / "no-such-model"))
     page.get_by_role("button", name="Submit", exact=True).click()
     status = page.locator("#submit-status")
     status.get_by_text(re.compile("does not exist")).wait_for()
-    page.screenshot(path=str(SHOTS / "new-run-error.png"), full_page=True)
+    page.screenshot(path=str(screenshots_dir / "new-run-error.png"), full_page=True)
     assert "Traceback" not in status.inner_text()
     assert len(_jobs(app_server["url"])) == before
 
@@ -222,12 +223,12 @@ def _ids(status: str) -> list[int]:
     return [int(i) for i in re.findall(r"\d+", status.rsplit("job", 1)[1])]
 
 
-def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_path):
+def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_path, screenshots_dir):
     url, data = login_server["url"], login_server["data"]
     alice = _log_in(browser, url, "alice")
     status = _submit(alice, data, "0.2, 0.4")  # a sweep over two ratios
     assert "of 2 jobs (2 ratios)" in status, status
-    alice.screenshot(path=str(SHOTS / "new-run.png"), full_page=True)
+    alice.screenshot(path=str(screenshots_dir / "new-run.png"), full_page=True)
     a1, a2 = _ids(status)
 
     # watch the first job live: select its row, see it reconstruct layer by layer, then evaluate
@@ -239,7 +240,7 @@ def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_pa
     heading, log = alice.locator("#job-heading"), alice.locator("#job-log")
     heading.get_by_text(re.compile(rf"Job {a1}")).wait_for()
     heading.get_by_text(re.compile(r"RUNNING · reconstruct \(layer \d/2\)")).wait_for(timeout=LONG * 1000)
-    alice.screenshot(path=str(SHOTS / "jobs.png"), full_page=True)
+    alice.screenshot(path=str(screenshots_dir / "jobs.png"), full_page=True)
     wait_for(lambda: "layer 1/2:" in log.inner_text(), timeout=LONG, what="the live log to show layer 1")
     heading.get_by_text(re.compile(r"RUNNING · evaluate ·")).wait_for(timeout=LONG * 1000)  # a stage of its own
     assert "user" in alice.locator("#jobs-table").inner_text()
@@ -261,7 +262,7 @@ def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_pa
     _cell(bob, "jobs-table", a1, 1).click()
     bob.locator("#job-timings").get_by_text("reconstruct").wait_for()
     bob.locator("#job-heading").get_by_text(re.compile("by alice")).wait_for()
-    bob.screenshot(path=str(SHOTS / "jobs-timings.png"), full_page=True)
+    bob.screenshot(path=str(screenshots_dir / "jobs-timings.png"), full_page=True)
 
     # the dashboard: perplexity vs ratio, a line per criterion · method, the dense model as a line
     bob.get_by_role("tab", name="Dashboard").click()
@@ -274,7 +275,7 @@ def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_pa
     tooltip = bob.locator("#vg-tooltip-element")
     wait_for(lambda: "alice" in tooltip.inner_text(), timeout=30, what="the point's tooltip")
     assert str(a1) in tooltip.inner_text()
-    bob.screenshot(path=str(SHOTS / "dashboard.png"), full_page=True)
+    bob.screenshot(path=str(screenshots_dir / "dashboard.png"), full_page=True)
     for metric, title in (("params_after", "parameters after pruning"), ("perplexity", "perplexity (log scale)")):
         bob.get_by_label("Metric", exact=True).click()  # the chart follows the metric at once
         bob.get_by_role("option", name=metric, exact=True).click()
@@ -300,7 +301,7 @@ def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_pa
     downloads.get_by_role("link", name="SHA256SUMS", exact=True).wait_for()
     assert "AutoTokenizer.from_pretrained" in bob.locator("#model-load").inner_text()
     bob.wait_for_timeout(1000)  # let the chart settle before the screenshot
-    bob.screenshot(path=str(SHOTS / "model.png"), full_page=True)
+    bob.screenshot(path=str(screenshots_dir / "model.png"), full_page=True)
     with bob.expect_download() as dl:  # one file, as listed with its sha256
         downloads.get_by_role("link", name="config.json", exact=True).click()
     config = tmp_path / "config.json"

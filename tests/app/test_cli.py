@@ -69,6 +69,7 @@ def test_prune_from_recipe_file_with_override(llama_dir, calib_file, tmp_path, c
     assert all(w % 8 == 0 for w in widths)
 
 
+@pytest.mark.slow
 def test_select_auto_flag_overrides_a_recipe_and_resolves(llama_dir, calib_file, tmp_path, capsys):
     """--select auto (the default, offered as a flag too) undoes a recipe's select and resolves to obs
     before a least-squares refit."""
@@ -83,6 +84,7 @@ def test_select_auto_flag_overrides_a_recipe_and_resolves(llama_dir, calib_file,
     assert Recipe.load(out / "recipe.yaml").reconstruction.select == "obs"
 
 
+@pytest.mark.slow
 def test_activations_recompute_flag_is_recorded(llama_dir, calib_file, tmp_path, capsys):
     """--activations recompute reaches the recipe, and the run reports that it recomputed the FFN."""
     out = tmp_path / "pruned"
@@ -166,6 +168,7 @@ def test_missing_required_flags(tmp_path, capsys):
     assert "give a recipe file or at least --model, --ratio, --calibration" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_demo_runs(tmp_path, capsys):
     assert main(["demo", "--output", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -187,6 +190,7 @@ def lm_task_dir(tmp_path, corpus):
     return d
 
 
+@pytest.mark.slow
 def test_eval_tasks_on_saved_pruned_checkpoint(llama_dir, corpus, lm_task_dir, calib_file, tmp_path, capsys):
     from core import prune
     from core.evaluation.lmeval import evaluate_lm_eval
@@ -280,6 +284,7 @@ def test_dry_run_of_a_labelled_classifier_shows_its_default(bert_dir, corpus, tm
     assert (printed.criterion.name, printed.allocation) == ("magnitude", "uniform")
 
 
+@pytest.mark.slow
 def test_prune_streams_by_default_and_ppl_matches_eval(llama_dir, calib_file, tmp_path, capsys):
     """liar prune streams a model read from a directory; its --ppl (block by block) equals liar eval's
     in memory and liar eval --stream's on the saved checkpoint."""
@@ -301,6 +306,7 @@ def test_prune_streams_by_default_and_ppl_matches_eval(llama_dir, calib_file, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.txt", "pruned"]  # no temporary left
 
 
+@pytest.mark.slow
 def test_stream_refuses_whole_model_gradient_criteria(llama_dir, calib_file, tmp_path, capsys):
     flags = ["--model", str(llama_dir), "--ratio", "0.3", "--calibration", str(calib_file), "--samples", "8"]
     flags += ["--criterion", "snip", "--execution", "stream", "--output", str(tmp_path / "out"), "--quiet"]

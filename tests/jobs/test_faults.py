@@ -38,6 +38,8 @@ from tests.jobs.faults import (
     wait_job,
 )
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture()
 def faults(tmp_path):

@@ -11,6 +11,8 @@ from jobs.db import Job
 from jobs.service import SubmitError
 from tests.jobs.conftest import recipe, restart_redis, wait_for
 
+pytestmark = pytest.mark.integration
+
 
 def _status(service, job_id):
     return service.show(job_id)["status"]

@@ -50,6 +50,7 @@ def test_eight_processes_on_an_empty_sqlite_file(tmp_path):
     _assert_all_succeeded(_start_together(f"sqlite:///{tmp_path / 'fresh.db'}"))
 
 
+@pytest.mark.integration
 def test_eight_processes_on_an_empty_postgres_database():
     if not _pg_available():
         pytest.fail("PostgreSQL on 127.0.0.1:5432 is required (.ci/run starts it)")
@@ -76,7 +77,7 @@ def test_schema_older_or_newer_than_the_code_is_one_sentence(tmp_path, monkeypat
     dispose_all()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
 def empty_database(request, tmp_path):
     """The URL of an empty database of each kind (dropped afterwards)."""
     if request.param == "sqlite":

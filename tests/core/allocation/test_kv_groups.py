@@ -209,6 +209,7 @@ def test_obs_selection_chooses_whole_groups(llama_dir, corpus):
     assert _stock_attention(obs)
 
 
+@pytest.mark.slow
 def test_whole_groups_streamed_equals_in_memory_and_exports_stock(llama_dir, corpus, tmp_path):
     from tests.core.models.test_streaming import _assert_same_checkpoint
 

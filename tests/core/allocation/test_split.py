@@ -8,7 +8,7 @@ from core import prune
 from core.allocation.split import best_split
 from core.spec.recipe import Recipe
 from core.stats.select import Curve, obs_curve, obs_select
-from tests.conftest import recipe_for
+from tests.conftest import fast_first, recipe_for
 from tests.core.stats.test_select import _brute_greedy, _channels, _data, _refit_error, _stats
 
 
@@ -143,6 +143,7 @@ def test_obs_split_end_to_end(llama_dir, corpus, kv):
     assert torch.isfinite(result.model(torch.tensor([[1, 2, 3]])).logits).all()
 
 
+@pytest.mark.slow
 def test_obs_split_streamed_equals_in_memory(llama_dir, corpus, tmp_path):
     """A streamed run chooses the same splits and writes the same checkpoint as one in memory."""
     from tests.core.models.test_streaming import _assert_same_checkpoint, _both
@@ -156,7 +157,7 @@ def test_obs_split_streamed_equals_in_memory(llama_dir, corpus, tmp_path):
     _assert_same_checkpoint(memory_dir, stream_dir)
 
 
-@pytest.mark.parametrize(("attn_scale", "ffn_scale"), [(30.0, 0.03), (0.03, 30.0)])
+@pytest.mark.parametrize(("attn_scale", "ffn_scale"), fast_first(1, [(30.0, 0.03), (0.03, 30.0)]))
 def test_obs_split_weighs_errors_by_the_sandwich_norms_gains(gemma3_dir, corpus, tmp_path, attn_scale, ffn_scale):
     """Gemma's attention and FFN outputs pass their own norms before the residual stream: the split
     compares the two paths' errors in residual units. With the attention's norm scaled up and the

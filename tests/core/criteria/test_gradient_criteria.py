@@ -20,7 +20,7 @@ from core.pipeline.scoring import split_batches
 from core.spec.recipe import Recipe
 from core.stats.accumulate import ChannelStats
 from core.stats.reconstruct import METHODS
-from tests.conftest import recipe_for
+from tests.conftest import fast_first, recipe_for
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +152,8 @@ def _reference_weight_grads(model, adapter, fit, second_order):
     return grad, sq
 
 
-@pytest.mark.parametrize("mode", ["param_first", "param_second", "param_mix", "vectorize"])
-@pytest.mark.parametrize("aggregation", ["sum", "max"])
+@pytest.mark.parametrize("mode", fast_first(2, ["param_first", "param_second", "param_mix", "vectorize"]))
+@pytest.mark.parametrize("aggregation", fast_first(1, ["sum", "max"]))
 def test_taylor_scores_match_loop_reference(mode, aggregation, llama_dir, corpus):
     model, adapter, fit = _setup(llama_dir, corpus)
     second = mode in ("param_second", "param_mix")
@@ -354,6 +354,7 @@ def test_layer_ranges_and_rounding_in_allocation(llama_dir):
     )
 
 
+@pytest.mark.slow  # every criterion × reconstruction × model; each criterion has a reference test of its own
 @pytest.mark.parametrize("name", ["llama", "qwen2", "bert"])
 @pytest.mark.parametrize(
     ("criterion", "allocation", "modules"),
@@ -422,6 +423,7 @@ def test_gradient_criteria_without_the_data_they_need(bert_dir, bert_qa_dir, lla
         )
 
 
+@pytest.mark.slow
 def test_scores_of_one_run_can_be_reused(llama_dir, corpus):
     """Scores depend on neither ratio nor reconstruction: passing them back gives the same prune."""
     first = prune(recipe_for(llama_dir, corpus, ratio=0.2, allocation="global", criterion={"name": "kwon"}))

@@ -159,6 +159,7 @@ def test_obs_cap_limits_every_layer_and_refuses_an_unreachable_ratio(llama_dir, 
         prune(_capped(llama_dir, corpus, 0.6, 0.2))
 
 
+@pytest.mark.slow
 def test_a_soft_cap_changes_nothing_where_the_ratio_is_reachable_and_reaches_it_where_not(llama_dir, corpus):
     """``over_cap: last`` (the default's cap): the same plan as the hard cap when the units within the
     caps reach the ratio; otherwise the ratio is reached, every layer first losing all it may within

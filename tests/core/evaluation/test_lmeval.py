@@ -56,6 +56,7 @@ def _loglikelihood(model, tok, context: str, continuation: str) -> float:
     return sum(float(logp[i - 1, ids[i]]) for i in range(n_ctx, len(ids)))
 
 
+@pytest.mark.slow
 def test_local_tasks_on_pruned_model_match_direct_loglikelihoods(pruned, task_dir, corpus):
     model, tok = pruned
     out = evaluate_lm_eval(model, tok, ["rt_sentiment", "wiki_cloze"], task_dir=task_dir, batch_size=3)
@@ -152,6 +153,7 @@ def test_encoders_are_refused(bert_dir, task_dir):
         evaluate_lm_eval(model, tok, ["rt_sentiment"], task_dir=task_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gemma3", "phi3"])
 def test_lm_eval_on_newer_families_matches_direct_loglikelihoods(name, request, task_dir, corpus):
     """Gemma 3 (sliding-window layers, q/k norms) and Phi-3 (fused projections), pruned unevenly."""

@@ -77,6 +77,7 @@ print(tuned, plain, reused)
 """
 
 
+@pytest.mark.slow
 def test_inside_a_run_freed_activations_are_reused_not_faulted_in_again():
     """In a fresh process where glibc maps every allocation above 64 KiB on its own, each activation
     is faulted in again (40 × 3 × 12 MB); inside :func:`reuse_freed_memory` the heap serves them from

@@ -17,7 +17,7 @@ from core.models.manifest import read_manifest
 from core.models.safetensors_io import CheckpointError, CheckpointReader, write_shard
 from core.models.streaming import StreamedModel, params_on_meta
 from core.pipeline.streamed import ShardWriter, WriteBlocks
-from tests.conftest import recipe_for
+from tests.conftest import fast_first, recipe_for
 
 
 def _both(model_dir, corpus, tmp_path, **kw):
@@ -45,21 +45,24 @@ def _assert_same_checkpoint(memory_dir, stream_dir, atol=1e-6):
 
 @pytest.mark.parametrize(
     ("family", "kw"),
-    [
-        ("llama", {}),
-        ("llama", {"modules": "heads", "reconstruction": {"method": "ls", "damp": 0.0}}),
-        ("llama", {"modules": "neurons", "reconstruction": {"method": "bias"}}),
-        ("llama", {"criterion": {"name": "flap", "options": {"structure": "AL-AM"}}, "allocation": "global"}),
-        ("llama", {"reconstruction": {"method": "mask_tuning"}}),
-        ("llama", {"reconstruction": {"method": "none"}, "calibration": {"holdout_samples": 0}}),
-        ("llama", {"criterion": {"name": "random"}, "allocation": "global"}),
-        ("qwen2", {"criterion": {"name": "flap"}}),
-        ("llama", {"criterion": {"name": "obs"}, "allocation": "global"}),
-        ("qwen2", {"criterion": {"name": "obs", "options": {"max_layer_ratio": 0.8}}, "allocation": "global"}),
-        ("mistral", {"modules": "neurons", "criterion": {"name": "kcm"}}),
-        ("bert", {}),
-        ("bert", {"criterion": {"name": "flap"}, "reconstruction": {"method": "bias"}}),
-    ],
+    fast_first(
+        3,
+        [
+            ("llama", {}),
+            ("llama", {"modules": "heads", "reconstruction": {"method": "ls", "damp": 0.0}}),
+            ("llama", {"modules": "neurons", "reconstruction": {"method": "bias"}}),
+            ("llama", {"criterion": {"name": "flap", "options": {"structure": "AL-AM"}}, "allocation": "global"}),
+            ("llama", {"reconstruction": {"method": "mask_tuning"}}),
+            ("llama", {"reconstruction": {"method": "none"}, "calibration": {"holdout_samples": 0}}),
+            ("llama", {"criterion": {"name": "random"}, "allocation": "global"}),
+            ("qwen2", {"criterion": {"name": "flap"}}),
+            ("llama", {"criterion": {"name": "obs"}, "allocation": "global"}),
+            ("qwen2", {"criterion": {"name": "obs", "options": {"max_layer_ratio": 0.8}}, "allocation": "global"}),
+            ("mistral", {"modules": "neurons", "criterion": {"name": "kcm"}}),
+            ("bert", {}),
+            ("bert", {"criterion": {"name": "flap"}, "reconstruction": {"method": "bias"}}),
+        ],
+    ),
 )
 def test_streamed_equals_in_memory(family, kw, model_dirs, mistral_dir, corpus, tmp_path):
     model_dir = {**model_dirs, "mistral": mistral_dir}[family]
@@ -276,6 +279,7 @@ def test_a_block_read_by_several_threads_equals_one_read_by_one(llama_dir, monke
     assert many._tensor_reads is None
 
 
+@pytest.mark.slow
 def test_a_streamed_run_with_several_io_threads_writes_the_same_checkpoint(llama_dir, corpus, tmp_path, monkeypatch):
     from core.models import streaming
     from core.pipeline import streamed
@@ -341,6 +345,7 @@ def test_streamed_prune_without_prefetch_is_identical(llama_dir, corpus, tmp_pat
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_auto_streams_only_when_saving_a_model_read_from_disk(llama_dir, corpus, tmp_path):
     recipe = recipe_for(llama_dir, corpus, device="cpu")
     assert prune(recipe).metrics["execution"] == "memory"  # the caller wants the model object
@@ -352,6 +357,7 @@ def test_auto_streams_only_when_saving_a_model_read_from_disk(llama_dir, corpus,
     assert prune(snip, output_dir=tmp_path / "snip").metrics["execution"] == "memory"
 
 
+@pytest.mark.slow
 def test_host_memory_is_bounded_when_asked_to_stream_or_short(llama_dir, corpus, tmp_path, monkeypatch):
     """``execution: stream`` maps every allocation (memory first); ``auto`` streaming a model that is a
     small share of the memory available reuses freed memory, as an in-memory run does, and bounds it

@@ -15,7 +15,7 @@ from core.models.loading import load_model
 from core.models.modeling_liar import ensure_bias, prune_layer_
 from core.spec.recipe import Recipe
 from core.stats.reconstruct import METHODS, reconstruct_linear
-from tests.conftest import recipe_for
+from tests.conftest import fast_first, recipe_for
 
 
 def _capture(model, module, batch, kind, positions="all"):
@@ -112,7 +112,7 @@ def _logits(model, tok, kind):
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-@pytest.mark.parametrize("name", ["llama", "qwen2", "bert"])
+@pytest.mark.parametrize("name", fast_first(2, ["llama", "bert", "qwen2"]))
 def test_pipeline_equals_slow_reference(name, method, model_dirs, corpus):
     # the encoder is compared on its hidden states, where float32 rounding of the Gram shows through
     # ls (2.6e-4); float64 statistics compare the positions and the maths, not the rounding
@@ -135,7 +135,7 @@ def test_pipeline_equals_slow_reference(name, method, model_dirs, corpus):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["bias", "liar", "ls", "mask_tuning"])
+@pytest.mark.parametrize("method", fast_first(2, ["bias", "liar", "ls", "mask_tuning"]))
 def test_first_position_reconstruction_equals_slow_reference(method, model_dirs, corpus):
     """``positions: first`` fits the [CLS] token of every calibration text and nothing else."""
     recipe = Recipe.model_validate(
@@ -197,7 +197,7 @@ def test_first_position_is_refused_for_decoders(llama_dir, corpus):
         Recipe.model_validate(recipe_for(llama_dir, corpus, reconstruction={"method": "liar", "positions": "cls"}))
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "bert"])
+@pytest.mark.parametrize("name", fast_first(1, ["llama", "qwen2", "bert"]))
 def test_reconstruction_reduces_held_out_error(name, model_dirs, corpus):
     """On held-aside tokens, LIAR and LS cut the pruned projections' output error."""
     errors = {}
@@ -218,7 +218,7 @@ def test_reconstruction_reduces_held_out_error(name, model_dirs, corpus):
     assert errors["ls"] < errors["none"] and errors["liar"] < errors["none"], errors
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "bert"])
+@pytest.mark.parametrize("name", fast_first(1, ["llama", "qwen2", "bert"]))
 @pytest.mark.parametrize("allocation", ["uniform", "global"])
 @pytest.mark.parametrize("modules", ["both", "heads", "neurons"])
 def test_parameter_count_matches_target(name, allocation, modules, model_dirs, corpus):

@@ -297,6 +297,7 @@ def _peak_in_matrices(call: str) -> float:
     return float(out.stdout)
 
 
+@pytest.mark.slow
 def test_inverse_spd_peaks_at_one_matrix_beyond_its_input():
     # the copy only; a factor and an inverse beside it would make 2–3
     assert _peak_in_matrices("inverse_spd(lambda: g.clone(), 1e-3)") < 1.3
@@ -378,6 +379,7 @@ def test_releasing_the_statistics_does_not_change_the_refit(method):
     assert all(torch.equal(p, q) for p, q in zip(*results, strict=True))
 
 
+@pytest.mark.slow
 def test_solve_spd_in_place_peaks_at_one_matrix_beyond_its_input():
     # the copy only; a factor beside it and the solve's copy would make 3
     assert _peak_in_matrices("solve_spd_in_place(lambda: g.clone(), rhs, 1e-3)") < 1.3
@@ -493,6 +495,7 @@ print(peak / (n * n * 8))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["liar", "ls"])
 @pytest.mark.parametrize("release", [False, True])
 def test_a_refit_holds_what_the_activation_planner_counts(method, release):

@@ -133,6 +133,7 @@ def test_grid_runs_and_writes_results_table_and_plots(tmp_path, llama_dir, texts
         assert f"plots/{png.name}" in md
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_cells_and_new_ratio_runs_only_new_cells(tmp_path, llama_dir, texts, count_prunes):
     grid = write_grid(tmp_path / "grid.yaml", grid_dict(llama_dir, texts))
     out = tmp_path / "out"
@@ -167,6 +168,7 @@ def test_changed_base_recipe_changes_cell_ids(tmp_path, llama_dir, texts):
     assert [c.id for c in again.cells] == [c.id for c in a.cells]
 
 
+@pytest.mark.slow
 def test_interrupted_run_keeps_cells_finished_before(tmp_path, llama_dir, texts, monkeypatch):
     grid = write_grid(tmp_path / "grid.yaml", grid_dict(llama_dir, texts))
     out = tmp_path / "out"
@@ -195,6 +197,7 @@ def test_interrupted_run_keeps_cells_finished_before(tmp_path, llama_dir, texts,
     assert (out / "results.md").exists()
 
 
+@pytest.mark.slow
 def test_failed_cell_is_recorded_and_retried(tmp_path, llama_dir, texts, monkeypatch):
     grid = write_grid(tmp_path / "grid.yaml", grid_dict(llama_dir, texts))
     out = tmp_path / "out"
@@ -226,6 +229,7 @@ def test_failed_cell_is_recorded_and_retried(tmp_path, llama_dir, texts, monkeyp
     assert "failed |" not in (out / "results.md").read_text() and "Failed cells" not in (out / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_metric_callable_and_error_plot_ratio(tmp_path, llama_dir, texts):
     data = grid_dict(
         llama_dir,
@@ -297,6 +301,7 @@ def test_bad_cell_error_names_the_cell_and_counts_the_others(tmp_path, llama_dir
     ]
 
 
+@pytest.mark.slow
 def test_cli_sweep(tmp_path, llama_dir, texts, capsys):
     bad = write_grid(tmp_path / "bad.yaml", _bad(llama_dir, texts, lambda d: d["grid"].update(ratio=[2])))
     assert cli_main(["sweep", str(bad), "--out", str(tmp_path / "o")]) == 2
@@ -317,6 +322,7 @@ def test_cli_sweep(tmp_path, llama_dir, texts, capsys):
     assert (tmp_path / "o" / "results.md").exists()
 
 
+@pytest.mark.slow
 def test_isolated_cells_run_in_subprocesses(tmp_path, llama_dir, texts):
     data = grid_dict(llama_dir, texts, ratios=(0.3,), methods=("liar",), dense=False)
     grid = write_grid(tmp_path / "grid.yaml", data)
