@@ -109,6 +109,17 @@ def _child(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     return json.loads(line[-1][7:])
 
 
+def _configure_as_cli() -> None:
+    """The process-wide choices the ``liar`` command makes (``app/cli/common.py``): a measured run is
+    what a user's run is — float32 CPU products through oneDNN where ``LIAR_CPU_MATMUL`` (default
+    ``auto``) picks it on this CPU, and the allocator policy for the run's memory."""
+    from app.cli.common import configure_engine
+
+    error = configure_engine()
+    if error:
+        sys.exit(error)
+
+
 def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
@@ -155,20 +166,21 @@ def time_one(args: argparse.Namespace) -> dict[str, Any]:
     """One point: load SmolLM2, then time ``core.prune`` with the model already in memory."""
     import torch
 
-    import core.pipeline.blocks as blocks
+    import core.pipeline.fitting as fitting
     import core.pipeline.sequential as pipeline
     from core.kernels import cpu_matmul
     from core.models.loading import load_model
 
     torch.set_num_threads(args.threads)
     _quiet_transformers()
+    _configure_as_cli()
     recipe = _recipe(args.one, args.seq_len, args.ratio, args.batch_size, args.activations)
     t0 = time.perf_counter()
     model, tok, _ = load_model(recipe["model"], "float32", "cpu")
     load_s = time.perf_counter() - t0
 
     solves: list[float] = []
-    real = blocks.reconstruct_from_stats
+    real = fitting.reconstruct_from_stats
 
     def timed(method, *a, **kw):  # the solve of the recipe's method; 'none' (the error baseline) is a slice
         t = time.perf_counter()
@@ -177,14 +189,14 @@ def time_one(args: argparse.Namespace) -> dict[str, Any]:
             solves.append(time.perf_counter() - t)
         return out
 
-    blocks.reconstruct_from_stats = timed
+    fitting.reconstruct_from_stats = timed
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     try:
         t0 = time.perf_counter()
         result = pipeline.prune(recipe, model=model, tokenizer=tok)
         wall = time.perf_counter() - t0
     finally:
-        blocks.reconstruct_from_stats = real
+        fitting.reconstruct_from_stats = real
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     per_layer = sum(r.seconds for r in result.report)
     products = _products(recipe, wall)
@@ -204,7 +216,7 @@ def time_one(args: argparse.Namespace) -> dict[str, Any]:
         "load_average": os.getloadavg()[0],  # the machine's 1-minute load when the point ended
         "mean_error_after": sum(r.error_after for r in result.report) / len(result.report),
         "activations": result.metrics["activations"],
-        "cpu_matmul": cpu_matmul.backend(),  # which library multiplied the float32 products
+        **cpu_matmul.decision().metrics(),  # which library multiplied the float32 products, and why
         "isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default"),
         **products,
     }
@@ -435,6 +447,7 @@ def latency_one(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     _quiet_transformers()
+    _configure_as_cli()  # the prune as the CLI runs it; the timed forwards are the stock model's
     ratio, rounding, groups, heads = (args.one.split(":") + ["", "", ""])[:4]
     ratio, round_neurons, groups, round_heads = float(ratio), int(rounding or 1), groups or "free", int(heads or 1)
     if ratio > 0:
