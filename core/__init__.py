@@ -2,8 +2,9 @@
 
 Public API::
 
-    from core import Recipe, prune, load_pruned, reconstruct_linear, perplexity
+    from core import Recipe, prune, evaluate, load_pruned, reconstruct_linear, perplexity
     result = prune(Recipe.load("recipe.yaml"))
+    evaluate(result, {"type": "perplexity", "text": "wikitext2"})   # in memory or streamed: decided here
     result.save("pruned/")
 
 Names are imported on first use, so ``import core`` (and the CLI's ``--help``) does not load torch.
@@ -22,6 +23,7 @@ _EXPORTS = {
     "load_model": "core.models.loading",
     "load_pruned": "core.models.loading",
     "perplexity": "core.evaluation.perplexity",
+    "evaluate": "core.evaluation.run",
 }
 
 __all__ = sorted(_EXPORTS)

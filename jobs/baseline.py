@@ -1,9 +1,10 @@
 """The dense model's perplexity beside a pruned one's: the baseline of the paper's figures.
 
 A job that evaluates perplexity also records ``perplexity_dense``, the unpruned model's perplexity
-on the same text, windows and dtype. It is measured once — streamed block by block from the model's
-own checkpoint, so the pruned model can stay where it is — and later jobs on the same model and text
-copy it from the job that measured it (a 70B model's dense evaluation is not repeated per ratio).
+on the same text, windows and dtype. It is measured once — by ``core.evaluate``, which reads the model's
+own checkpoint block by block when it would not fit beside the pruned one — and later jobs on the
+same model and text copy it from the job that measured it (a 70B model's dense evaluation is not
+repeated per ratio).
 """
 
 from __future__ import annotations
@@ -57,16 +58,11 @@ def known(sf, recipe: dict[str, Any], ev: dict[str, Any]) -> tuple[float, int] |
 
 
 def measure(result, ev: dict[str, Any]) -> float:
-    """The unpruned model's perplexity on ``ev``'s text, streamed from its checkpoint with the
-    pruned run's tokenizer, device and dtype."""
-    from core.evaluation.perplexity import perplexity_streamed
-    from core.models.streaming import checkpoint_directory
+    """The unpruned model's perplexity on ``ev``'s text, with the pruned run's tokenizer, device and
+    dtype (``core.evaluate`` reads it block by block unless it fits beside the pruned one)."""
+    from core.evaluation.run import evaluate
 
     recipe = result.recipe
-    directory = checkpoint_directory(recipe.model)
-    if directory is None:
-        raise FileNotFoundError(f"cannot read the dense model {recipe.model!r} for its baseline perplexity")
-    out = perplexity_streamed(
-        directory, result.tokenizer, ev["dataset"], device=recipe.device, dtype=recipe.dtype, **window_args(ev)
-    )
+    spec = {**ev, "type": "perplexity"}
+    out = evaluate(recipe.model, spec, tokenizer=result.tokenizer, device=recipe.device, dtype=recipe.dtype)
     return out["perplexity"]

@@ -377,47 +377,18 @@ def _empty_cuda_cache() -> None:
 
 
 def _evaluate(result, ev: dict[str, Any]) -> dict[str, float]:
-    """One stored evaluation, validated at submission (``core.spec.evaluation.JobEvaluation``)."""
-    kind = ev.get("type")
-    if kind == "perplexity":
-        from core.evaluation.perplexity import perplexity, perplexity_streamed
+    """One stored evaluation (validated at submission, ``core.spec.evaluation``) of the pruned model,
+    through ``core.evaluate`` (in memory, or block by block from a streamed run's checkpoint): a
+    perplexity's ``perplexity`` and ``eval_tokens``, lm-eval's ``<task>.<metric>`` and their mean
+    accuracy."""
+    from core.evaluation.run import evaluate
 
-        kwargs = baseline.window_args(ev)
-        if result.streamed:  # block by block from the checkpoint just written
-            recipe = result.recipe
-            out = perplexity_streamed(
-                result.checkpoint, result.tokenizer, ev["dataset"], device=recipe.device, dtype=recipe.dtype, **kwargs
-            )
-        else:
-            out = perplexity(result.model, result.tokenizer, ev["dataset"], **kwargs)
-        return {"perplexity": out["perplexity"], "eval_tokens": out["tokens"]}
-    if kind == "lm_eval":
-        return _lm_eval(result, ev)
-    raise ValueError(f"unknown evaluation type {kind!r}")
+    out = evaluate(result, ev)
+    if ev.get("type") == "lm_eval":
+        from core.evaluation.lmeval import task_metrics
 
-
-def _lm_eval(result, ev: dict[str, Any]) -> dict[str, float]:
-    """lm-eval tasks on the pruned model: in memory, or block by block from a streamed run's checkpoint
-    (a model bigger than the device); metrics ``<task>.<metric>`` and their mean accuracy."""
-    from core.evaluation.lmeval import evaluate_lm_eval, task_metrics
-
-    options = dict(limit=ev.get("limit"), num_fewshot=ev.get("num_fewshot"), task_dir=ev.get("task_dir"))
-    options["batch_size"] = int(ev.get("batch_size", 8))
-    if result.streamed:
-        from core.evaluation.lmeval_streamed import evaluate_lm_eval_streamed
-
-        recipe = result.recipe
-        out = evaluate_lm_eval_streamed(
-            result.checkpoint,
-            ev["tasks"],
-            tokenizer=result.tokenizer,
-            device=recipe.device,
-            dtype=recipe.dtype,
-            **options,
-        )
-    else:
-        out = evaluate_lm_eval(result.model, result.tokenizer, ev["tasks"], **options)
-    return task_metrics(out["summary"])
+        return task_metrics(out["summary"])
+    return {"perplexity": out["perplexity"], "eval_tokens": out["tokens"]}
 
 
 def _finish(

@@ -1,5 +1,5 @@
-"""``liar eval``: perplexity and lm-eval tasks of a model or pruned checkpoint, in memory or read block
-by block (``--stream``, for a model bigger than the device).
+"""``liar eval``: perplexity and lm-eval tasks of a model or pruned checkpoint (``core.evaluate``): in
+memory, or read block by block when it would not fit on its device or ``--stream`` asks.
 
     liar eval DIR --ppl FILE --seq-len 128 --json
     liar eval DIR --tasks rt_sentiment,wiki_cloze --task-dir TASKS --limit 200 --json
@@ -16,44 +16,37 @@ from app.cli.common import DTYPES, fail, run_quietly
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """Perplexity (``--ppl``) and/or lm-eval tasks (``--tasks``) of a model or pruned checkpoint."""
-    from core.models.loading import load_model
-
-    tasks = None
+    """Perplexity (``--ppl``) and/or lm-eval tasks (``--tasks``) of a model or pruned checkpoint,
+    through ``core.evaluate`` (which loads it whole, or reads it block by block when it would not fit
+    or ``--stream`` asks)."""
     if args.task_dir is not None and args.tasks is None:
         return fail("--task-dir needs --tasks")
     if args.ppl is None and args.tasks is None:
         return fail("nothing to evaluate: pass --ppl FILE_OR_NAMED_SET and/or --tasks NAME[,NAME...]")
-    if args.tasks is not None:  # resolve names before loading the model: a typo fails in a second
-        from core.evaluation.tasks import select_tasks
+    from core.evaluation.run import evaluate
 
-        try:
-            tasks = select_tasks(args.tasks, args.task_dir)
-        except (ValueError, FileNotFoundError) as exc:
-            return fail(str(exc))
+    specs = []
+    if args.ppl is not None:
+        windows = dict(seq_len=args.seq_len, batch_size=args.batch_size, max_windows=args.max_windows)
+        specs.append({"type": "perplexity", "text": args.ppl, **windows})
+    if args.tasks is not None:  # names are resolved before the model is read: a typo fails in a second
+        options = dict(task_dir=args.task_dir, limit=args.limit, num_fewshot=args.num_fewshot)
+        specs.append({"type": "lm_eval", "tasks": args.tasks, "batch_size": args.batch_size, **options})
     quiet = args.json or args.quiet
-    if args.stream:
-        return _eval_streamed(args, tasks, quiet)
-    result: dict = {}
+    where = dict(device=args.device, dtype=args.dtype, execution="stream" if args.stream else "auto")
     try:
-        model, tokenizer, adapter = load_model(args.model, args.dtype, args.device)
-        if adapter.kind != "decoder":
-            what = "perplexity" if args.ppl is not None else "lm-eval tasks"
-            return fail(f"{what} needs a causal language model (decoder)")
-        if args.ppl is not None:
-            from core.evaluation.perplexity import perplexity
-
-            result.update(perplexity(model, tokenizer, args.ppl, **_ppl_window_args(args, quiet)))
-        if tasks is not None:
-            result.update(_run_tasks(args, model, tokenizer, tasks, quiet))
-    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        results = run_quietly(quiet, evaluate, args.model, specs, show_progress=not quiet, **where)
+    except (ValueError, RuntimeError, OSError) as exc:
         return fail(str(exc))
-    result["parameters"] = sum(p.numel() for p in model.parameters())
-    return _report_eval(args, result)
-
-
-def _ppl_window_args(args: argparse.Namespace, quiet: bool) -> dict:
-    return dict(seq_len=args.seq_len, batch_size=args.batch_size, max_windows=args.max_windows, show_progress=not quiet)
+    report: dict = {}
+    for spec, out in zip(specs, results):
+        if spec["type"] == "perplexity":
+            report.update({key: out[key] for key in ("perplexity", "nll", "tokens", "windows", "seq_len")})
+        else:
+            report.update(_tasks_result(args, out))
+        if "parameters" in out:
+            report["parameters"] = out["parameters"]
+    return _report_eval(args, report)
 
 
 def _report_eval(args: argparse.Namespace, result: dict) -> int:
@@ -63,52 +56,6 @@ def _report_eval(args: argparse.Namespace, result: dict) -> int:
     else:
         _print_eval(result, args.seq_len)
     return 0
-
-
-def _eval_streamed(args: argparse.Namespace, tasks, quiet: bool) -> int:
-    """``liar eval --stream``: perplexity and/or log-likelihood tasks block by block, for a model
-    bigger than the device."""
-    from core.evaluation.perplexity import perplexity_streamed
-    from core.models.streaming import checkpoint_directory
-
-    directory = checkpoint_directory(args.model)
-    if directory is None:
-        return fail(f"{args.model!r} is neither a local directory nor a hub model reachable from this machine")
-    result: dict = {}
-    try:
-        if args.ppl is not None:
-            result.update(
-                perplexity_streamed(
-                    directory, None, args.ppl, device=args.device, dtype=args.dtype, **_ppl_window_args(args, quiet)
-                )
-            )
-        if tasks is not None:
-            from core.evaluation.lmeval_streamed import evaluate_lm_eval_streamed
-
-            options = dict(batch_size=args.batch_size, limit=args.limit, num_fewshot=args.num_fewshot)
-            options.update(device=args.device, dtype=args.dtype, show_progress=not quiet)
-            harness = run_quietly(quiet, evaluate_lm_eval_streamed, directory, tasks, **options)
-            result.update(_tasks_result(args, harness), parameters=harness["parameters"])
-    except (ValueError, RuntimeError, OSError) as exc:
-        return fail(str(exc))
-    return _report_eval(args, result)
-
-
-def _run_tasks(args: argparse.Namespace, model, tokenizer, tasks, quiet: bool) -> dict:
-    """lm-eval on ``tasks``: their summary and time (and the raw results in ``--results``)."""
-    from core.evaluation.lmeval import evaluate_lm_eval
-
-    harness = run_quietly(
-        quiet,
-        evaluate_lm_eval,
-        model,
-        tokenizer,
-        tasks,
-        batch_size=args.batch_size,
-        limit=args.limit,
-        num_fewshot=args.num_fewshot,
-    )
-    return _tasks_result(args, harness)
 
 
 def _tasks_result(args: argparse.Namespace, harness: dict) -> dict:

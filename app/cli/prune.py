@@ -132,16 +132,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def _perplexity(result, source: str, seq_len: int | None, quiet: bool) -> dict:
-    """Perplexity of the pruned model: in memory, or block by block from a streamed run's checkpoint."""
-    from core.evaluation.perplexity import perplexity, perplexity_streamed
+    """Perplexity of the pruned model (``core.evaluate`` reads a streamed run's checkpoint block by block)."""
+    from core.evaluation.run import evaluate
 
-    recipe = result.recipe
-    kwargs = dict(seq_len=seq_len or recipe.calibration.max_seq_length, show_progress=not quiet)
-    if result.streamed:
-        return perplexity_streamed(
-            result.checkpoint, result.tokenizer, source, device=recipe.device, dtype=recipe.dtype, **kwargs
-        )
-    return perplexity(result.model, result.tokenizer, source, **kwargs)
+    spec = {"type": "perplexity", "text": source, "seq_len": seq_len or result.recipe.calibration.max_seq_length}
+    out = evaluate(result, spec, show_progress=not quiet)
+    return {key: out[key] for key in ("perplexity", "nll", "tokens", "windows", "seq_len")}
 
 
 def _print_prune_summary(recipe, summary: dict, path: Path) -> None:

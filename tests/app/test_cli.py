@@ -2,12 +2,25 @@
 
 import json
 import math
+import os
 import re
 
 import pytest
 
 from app.cli import main
 from core.spec.recipe import Recipe
+
+
+@pytest.fixture(autouse=True)
+def engine_unconfigured():
+    """The engine verbs configure the process as the liar command does (oneDNN route, malloc policy):
+    each test leaves the pytest process as a library user's again."""
+    from core.kernels import cpu_matmul
+    from core.models import host_memory
+
+    yield
+    cpu_matmul.reset()
+    host_memory.configure(False)
 
 
 @pytest.fixture()
@@ -287,7 +300,11 @@ def test_dry_run_of_a_labelled_classifier_shows_its_default(bert_dir, corpus, tm
 @pytest.mark.slow
 def test_prune_streams_by_default_and_ppl_matches_eval(llama_dir, calib_file, tmp_path, capsys):
     """liar prune streams a model read from a directory; its --ppl (block by block) equals liar eval's
-    in memory and liar eval --stream's on the saved checkpoint."""
+    in memory and liar eval --stream's on the saved checkpoint. The command configured the engine for
+    its process (LIAR_CPU_MATMUL's default, auto; the malloc policy), as a library call does not."""
+    from core.kernels import cpu_matmul
+    from core.models import host_memory
+
     out = tmp_path / "pruned"
     flags = ["--model", str(llama_dir), "--ratio", "0.3", "--calibration", str(calib_file), "--samples", "8"]
     flags += ["--seq-len", "24", "--device", "cpu", "--output", str(out), "--quiet", "--json"]
@@ -304,6 +321,15 @@ def test_prune_streams_by_default_and_ppl_matches_eval(llama_dir, calib_file, tm
     assert evals[0] == pytest.approx(summary["perplexity"], rel=1e-5)
     assert evals[1] == pytest.approx(summary["perplexity"], rel=1e-5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.txt", "pruned"]  # no temporary left
+    requested = (os.environ.get("LIAR_CPU_MATMUL") or "auto").strip().lower()
+    assert cpu_matmul.decision().requested == requested and host_memory.tunes()
+
+
+def test_an_unknown_cpu_matmul_choice_fails_in_one_sentence(llama_dir, monkeypatch, capsys):
+    monkeypatch.setenv("LIAR_CPU_MATMUL", "mkl")
+    assert main(["eval", str(llama_dir), "--ppl", "wikitext2"]) == 2
+    err = capsys.readouterr().err
+    assert "LIAR_CPU_MATMUL must be one of auto, onednn, blas, not 'mkl'" in err and "Traceback" not in err
 
 
 @pytest.mark.slow
