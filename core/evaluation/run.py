@@ -61,6 +61,10 @@ def evaluate(
     selections = {i: _tasks(ev) for i, ev in enumerate(evaluations) if ev["type"] == "lm_eval"}  # names first
     if _is_result(subject):
         model, directory, run = _of_result(subject, show_progress)
+    elif not isinstance(subject, (str, Path)):
+        raise ValueError(
+            f"evaluate takes a prune's result or a checkpoint directory / hub id, not {type(subject).__name__}"
+        )
     else:
         model, tokenizer, directory = _open(subject, tokenizer, device, dtype, execution, evaluations)
         run = _Run(tokenizer, device, dtype, show_progress)

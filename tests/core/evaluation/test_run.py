@@ -73,6 +73,13 @@ def test_a_bad_spec_is_refused_in_one_sentence_before_any_model_is_read(spec, me
     assert "\n" not in str(exc.value)
 
 
+def test_what_cannot_be_evaluated_is_refused_in_one_sentence(llama_dir, text_file):
+    with pytest.raises(
+        ValueError, match=r"^evaluate takes a prune's result or a checkpoint directory / hub id, not int$"
+    ):
+        core.evaluate(42, _spec(text_file))
+
+
 def test_an_unknown_execution_is_refused(llama_dir, text_file):
     with pytest.raises(ValueError, match=r"^execution must be one of auto, memory, stream, not 'gpu'$"):
         core.evaluate(llama_dir, _spec(text_file), execution="gpu")
