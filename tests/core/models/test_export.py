@@ -169,7 +169,7 @@ def _assert_explicit_widths(cfg: dict, result) -> None:
         assert cfg["head_dim"] == result.adapter.head_dim
 
 
-@pytest.mark.parametrize("case", fast_first(2, CASES))  # each case reloads in a fresh process
+@pytest.mark.parametrize("case", fast_first(4, CASES))  # fast: both forms, GQA and an encoder
 def test_reload_without_project_gives_same_logits(case, request, corpus, tmp_path, reloader):
     fixture, auto, overrides, stock = CASES[case]
     result = prune(recipe_for(request.getfixturevalue(fixture), corpus, **overrides))
