@@ -174,6 +174,12 @@ def time_machine() -> str:
     return f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}"
 
 
+def products_library(name: str = "time.json") -> str:
+    """Which library multiplied a time page's float32 products (the ``auto`` choice of its runs)."""
+    names = {r.get("cpu_matmul") for r in data(name)["rows"]} - {None}
+    return " / ".join(sorted("oneDNN" if n == "onednn" else "BLAS" for n in names)) or "BLAS"
+
+
 def scaling() -> float:
     """The prune time at 1024 samples over that at 128."""
     return time_row(1024)["prune_seconds"] / time_row(128)["prune_seconds"]
@@ -782,7 +788,7 @@ def render_readme() -> str:
         [
             "CPU prune, paper LIAR, 20%, 128 × 128 calibration tokens",
             f"{num(t['prune_seconds'])} s; 1024 samples: {times(scaling())} as long",
-            f"{data('time.json')['date']}, {time_machine()}, oneDNN products",
+            f"{data('time.json')['date']}, {time_machine()}, {products_library()} products",
             "[time](docs/results/time.md)",
         ],
     ]
@@ -883,11 +889,20 @@ def render_onednn() -> str:
     def rate(key: str) -> str:
         return f"{num(min(r[key] for r in rows), 0)}–{num(max(r[key] for r in rows), 0)}"
 
+    auto = doc.get("auto") or {}
+    chose = ""
+    if auto.get("cpu_matmul_onednn_gflops"):
+        lib = "oneDNN" if auto["cpu_matmul"] == "onednn" else "the BLAS"
+        chose = (
+            f"; `auto` took {lib} there ({num(auto['cpu_matmul_onednn_gflops'], 0)} against "
+            f"{num(auto['cpu_matmul_blas_gflops'], 0)} GFLOP/s in its one-time timing)"
+        )
     text = (
-        f"oneDNN ran the run's projections {span(matmul_speedups('proj'))} and its Gram blocks "
-        f"{span(matmul_speedups('gram'))} as fast as the BLAS ({rate('blas_gflops')} against "
-        f"{rate('onednn_gflops')} GFLOP/s; {machine['cpu']}, {machine['cores']} cores). The paper point now "
-        f"takes {num(time_row(128)['prune_seconds'])} s ({data('time.json')['date']})."
+        f"On the CPU of {page_meta('cpu_matmul.md')[0]}, oneDNN ran the run's projections "
+        f"{span(matmul_speedups('proj'))} and its Gram blocks {span(matmul_speedups('gram'))} as fast as the BLAS "
+        f"({rate('blas_gflops')} against {rate('onednn_gflops')} GFLOP/s; {machine['cpu']}, {machine['cores']} "
+        f"cores){chose}. The paper point takes {num(time_row(128)['prune_seconds'])} s there with "
+        f"{products_library()} products ({data('time.json')['date']})."
     )
     ratios = [f"{product_ratio(n)} on {isa}" for n, isa in TIME_FILES.items() if product_ratio(n)]
     return text + "".join(f" The paper point takes {r}." for r in ratios)
