@@ -25,7 +25,7 @@ from sqlalchemy import select, update
 
 from jobs.artifacts import Served, TarStream, check_name, confined, job_dir
 from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, utcnow
-from jobs.settings import Settings
+from jobs.settings import Settings, redact_url, scrub
 
 # what a list reads: plain rows of every column but the large ones no summary shows (building ORM
 # objects and parsing a thousand reports and timings was most of the dashboard's time: bench/load.py)
@@ -156,7 +156,11 @@ class JobService:
         except Exception as exc:
             with self.sessions.begin() as s:
                 s.delete(s.get(Job, job_id))
-            raise RuntimeError(f"could not queue the job (broker {self.settings.broker_url}): {exc}") from exc
+            url = self.settings.broker_url
+            # the broker's URL may carry its password: the message reaches users (the web app, the API)
+            reason = scrub(str(exc), url) or "no reason given"
+            broker = redact_url(url)
+            raise RuntimeError(f"could not queue the job: the broker at {broker} did not take it ({reason})") from exc
         return job_id
 
     def _send(self, job_id: int) -> None:

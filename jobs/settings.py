@@ -20,6 +20,28 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (``redis://:secret@host:6379/0`` → ``redis://:***@host:6379/0``):
+    what a message shown to users or written to a log may say of a broker or database."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def scrub(text: str, *urls: str) -> str:
+    """``text`` with every password of ``urls`` replaced (an exception's message may quote the URL it
+    was given, or its password alone)."""
+    for url in urls:
+        password = urlsplit(url).password
+        if password:
+            text = text.replace(url, redact_url(url)).replace(password, "***")
+    return text
 
 
 @dataclass(frozen=True)

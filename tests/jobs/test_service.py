@@ -113,6 +113,40 @@ def test_broker_failure_creates_no_job(tmp_path, job_models):
     assert service.list() == []
 
 
+def test_a_broker_failure_never_shows_the_brokers_password(tmp_path, job_models):
+    url = "redis://:s3cret-pw@broker.internal:6379/0"
+
+    class Down(_FakeCelery):
+        def send_task(self, name, args):  # a client error that quotes what it was given
+            raise ConnectionError(f"Error 111 connecting to {url} (password s3cret-pw)")
+
+    settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_url=url)
+    service = JobService(settings, celery_app=Down())
+    with pytest.raises(RuntimeError) as caught:
+        service.submit(recipe(job_models))
+    message = str(caught.value)
+    assert "s3cret-pw" not in message
+    assert "redis://:***@broker.internal:6379/0" in message
+    assert message.startswith("could not queue the job: the broker at")
+    assert service.list() == []
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+        ("redis://user:pw@h/1", "redis://user:***@h/1"),
+        ("postgresql+psycopg://liar:p%40ss@db:5432/liar", "postgresql+psycopg://liar:***@db:5432/liar"),
+        ("redis://h:6379/0", "redis://h:6379/0"),
+        ("filesystem://", "filesystem://"),
+    ],
+)
+def test_redact_url_hides_only_the_password(url, shown):
+    from jobs.settings import redact_url
+
+    assert redact_url(url) == shown
+
+
 def test_sweep_cells_are_the_grid_expansion(service, job_models):
     from core.spec.sweep import expand_grid
 
