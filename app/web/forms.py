@@ -148,18 +148,34 @@ def parse_ratios(text) -> list[float]:
     if not parts:
         raise SubmitError("enter a ratio between 0 and 1 (several, separated by commas, make a sweep)")
     ratios: list[float] = []
+    words, outside = [], []  # every bad one is named, not just the first
     for part in parts:
         try:
             ratio = round(float(part[:-1]) / 100 if part.endswith("%") else float(part), 6)
         except (ValueError, OverflowError):
-            raise SubmitError(f"ratio {part!r} is not a number") from None
+            words.append(repr(part))
+            continue
         if not (0 < ratio < 1) or math.isnan(ratio):
-            raise SubmitError(
-                f"ratio {part} must lie strictly between 0 and 1 (the fraction of the blocks' parameters to remove)"
-            )
-        if ratio not in ratios:
+            outside.append(part)
+        elif ratio not in ratios:
             ratios.append(ratio)
+    problems = []
+    if words:
+        one = len(words) == 1
+        what = f"ratio {words[0]} is not a number" if one else f"ratios {_joined(words)} are not numbers"
+        problems.append(what)
+    if outside:
+        one = len(outside) == 1
+        what = f"ratio {outside[0]} must lie" if one else f"ratios {_joined(outside)} must each lie"
+        problems.append(f"{what} strictly between 0 and 1 (the fraction of the blocks' parameters to remove)")
+    if problems:
+        raise SubmitError("; ".join(problems))
     return ratios
+
+
+def _joined(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def _number(value, name: str, whole: bool = True, minimum: float | None = None) -> int | float:

@@ -347,6 +347,8 @@ def test_any_ratio_out_of_range_is_refused(ratio):
         ("-0.2", "ratio -0.2 must lie"),
         ("nan", "ratio nan must lie"),
         ("0.2, half", "ratio 'half' is not a number"),
+        ("0.2, 1.5, -0.1", r"ratios 1\.5 and -0\.1 must each lie strictly between 0 and 1"),
+        ("x, 0.2, 2, y%", r"ratios 'x' and 'y%' are not numbers; ratio 2 must lie strictly"),
     ],
 )
 def test_a_bad_ratio_is_named_not_clamped(text, message):
