@@ -135,8 +135,10 @@ class JobService:
         group_id: str | None = None,
         evaluations: list[dict] | None = None,
         confine: bool = False,
+        note: str | None = None,
     ) -> int:
-        """Validate and queue one job; ``confine``: a web / API submission (see :meth:`validate`)."""
+        """Validate and queue one job; ``confine``: a web / API submission (see :meth:`validate`);
+        ``note``: said in the job's first log line beside who submitted it (``re-run of job 3``)."""
         data, evals = self.validate(recipe, evaluations, confine)
         with self.sessions.begin() as s:
             job = Job(
@@ -150,7 +152,8 @@ class JobService:
             s.add(job)
             s.flush()
             job_id = job.id
-            s.add(JobLog(job_id=job_id, message=f"submitted by {submitted_by or 'anonymous'}"))
+            said = f"submitted by {submitted_by or 'anonymous'}" + (f" ({note})" if note else "")
+            s.add(JobLog(job_id=job_id, message=said))
         try:
             self._send(job_id)
         except Exception as exc:

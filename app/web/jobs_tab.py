@@ -48,8 +48,12 @@ def build(service: JobService) -> tuple[gr.State, gr.Button]:
     table.select(pick, None, [picked, *panel], api_name=False)
     timer.tick(refresh, [status_filter, picked], [table, *panel], api_name=False)
     status_filter.change(refresh, [status_filter, picked], [table, *panel], api_name=False)
-    for button, action in ((cancel_btn, views.cancel_job), (rerun_btn, views.rerun_job)):
-        button.click(lambda job_id, action=action: action(service, job_id), [picked], [job_msg], api_name=False).then(
+
+    def rerun(job_id, request: gr.Request = None):  # the account that clicked is the new job's submitter
+        return views.rerun_job(service, job_id, request)
+
+    for button, action in ((cancel_btn, lambda job_id: views.cancel_job(service, job_id)), (rerun_btn, rerun)):
+        button.click(action, [picked], [job_msg], api_name=False).then(
             refresh, [status_filter, picked], [table, *panel], api_name=False
         )
     return picked, open_btn

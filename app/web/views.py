@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from app.web import charts, listings
-from app.web.forms import bar, elapsed, shown
+from app.web.forms import bar, elapsed, shown, submitter
 from jobs.service import JobService, SubmitError
 
 STATUSES = ["", "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"]
@@ -140,14 +140,19 @@ def cancel_job(service: JobService, job_id) -> str:
     return f"job {job_id}: cancelled"
 
 
-def rerun_job(service: JobService, job_id) -> str:
-    """Submit a job's recipe and evaluations again, as the same user."""
+def rerun_job(service: JobService, job_id, request: Any = None) -> str:
+    """Submit a job's recipe and evaluations again as a new job of whoever clicked (with login on, the
+    account; without, the original submitter's name, there being no one else to credit), checked as
+    any web submission is: its server-side paths must lie in the folders this server reads from,
+    whoever submitted the original and however."""
     job_id = job_id_of(job_id)
     if job_id is None:
         return shown(NOTHING_PICKED)
     try:
         info = service.show(job_id)
-        new = service.submit(info["recipe"], submitted_by=info["submitted_by"], evaluations=info["evaluations"])
+        by = submitter(info["submitted_by"], request)
+        evaluations, note = info["evaluations"], f"re-run of job {job_id}"
+        new = service.submit(info["recipe"], submitted_by=by, evaluations=evaluations, confine=True, note=note)
     except (KeyError, SubmitError) as exc:
         return shown(exc.args[0])
     return f"re-submitted job {job_id} as job {new}"

@@ -293,6 +293,7 @@ def test_job_actions_and_the_model_page(job_service, llama_dir, tmp_path):
     assert views.model_page(job_service, 7).head == "**no job 7**"
     forms.submit_form(job_service, _form(tmp_path, llama_dir), "ada")
     assert views.rerun_job(job_service, 1) == "re-submitted job 1 as job 2"
+    assert job_service.show(2)["submitted_by"] == "ada"  # no login: the original submitter's name
     heading, log, _ = views.job_panel(job_service, [1, "QUEUED"])  # a selected row
     assert heading.startswith("**Job 1** · QUEUED") and "by ada" in heading and "submitted by ada" in log
     page = views.model_page(job_service, 2)
@@ -301,6 +302,28 @@ def test_job_actions_and_the_model_page(job_service, llama_dir, tmp_path):
     assert page.report == [] and page.layers is None and page.downloads == "" and page.load == ""
     assert views.cancel_job(job_service, 2) == "job 2: cancelled"
     assert views.cancel_job(job_service, 2) == "job 2 had already finished (CANCELLED)"
+
+
+def test_a_rerun_is_the_clicking_accounts_job_and_confined_like_a_web_submission(job_service, llama_dir, tmp_path):
+    class Request:  # what Gradio passes with login on
+        username = "alice"
+
+    forms.submit_form(job_service, _form(tmp_path, llama_dir), "bob")
+    assert views.rerun_job(job_service, 1, Request()) == "re-submitted job 1 as job 2"
+    info = job_service.show(2)
+    assert info["submitted_by"] == "alice"
+    assert info["log"][0]["message"] == "submitted by alice (re-run of job 1)"
+    # a job submitted unconfined (the CLI, on the server) whose data lies outside the folders the web
+    # app reads from is not re-run from the web
+    outside = Path("/tmp") / "liar-rerun-outside-roots.txt"
+    outside.write_text("the quick brown fox jumps over the lazy dog. " * 50)
+    try:
+        recipe = {"model": str(llama_dir), "ratio": 0.3, "calibration": {"dataset": str(outside), "max_seq_length": 16}}
+        cli_job = job_service.submit(recipe, submitted_by="bob")
+        message = views.rerun_job(job_service, cli_job, Request())
+        assert message.startswith("**⚠") and "outside the folders this server reads from" in message
+    finally:
+        outside.unlink()
 
 
 def test_a_pending_cancel_shows_in_the_table_and_the_heading(job_service, llama_dir, tmp_path):
