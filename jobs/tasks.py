@@ -228,18 +228,28 @@ def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None], ch
     from transformers.utils import logging as hf_logging
 
     # imported in the child only (see jobs.celery_app)
-    from core.evaluation.speed import prefill_tokens_per_second
-    from core.models.loading import load_model
+    from core.kernels import cpu_matmul
     from core.pipeline.preflight import as_recipe
     from core.pipeline.sequential import execution_mode, prune
+    from core.process import configure_engine
 
     hf_logging.disable_progress_bar()
-    cpu_matmul = _configure_engine()
+    configure_engine()  # as the liar command does (core/process.py); the choice goes into the metrics
     mode, _ = execution_mode(as_recipe(recipe), None, checkpoint)
     if mode == "stream":
         result = prune(recipe, progress=progress, output_dir=checkpoint, measure_speed=True)
-        result.metrics.update(cpu_matmul.decision().metrics())
-        return result
+    else:
+        result = _prune_in_memory(recipe, progress)
+    result.metrics.update(cpu_matmul.decision().metrics())
+    return result
+
+
+def _prune_in_memory(recipe: dict[str, Any], progress: Callable[[str, int, int], None]):
+    """The model loaded whole, with its end-to-end prefill speed measured before and after pruning."""
+    from core.evaluation.speed import prefill_tokens_per_second
+    from core.models.loading import load_model
+    from core.pipeline.sequential import prune
+
     progress("load", 0, 1)
     model, tokenizer, _ = load_model(recipe["model"], recipe.get("dtype", "auto"), recipe.get("device", "auto"))
     progress("load", 1, 1)
@@ -253,22 +263,7 @@ def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None], ch
     result.metrics.update(
         prefill_tok_s_dense=round(dense, 1), prefill_tok_s=round(pruned, 1), prefill_speedup=round(pruned / dense, 4)
     )
-    result.metrics.update(cpu_matmul.decision().metrics())
     return result
-
-
-def _configure_engine():
-    """The worker's process-wide choices for the engine, made by this job process as the ``liar`` CLI
-    makes them (a library caller of ``core`` gets neither): float32 CPU products through oneDNN where
-    ``LIAR_CPU_MATMUL`` (default ``auto``: where a timing on this CPU finds it faster) says so, and
-    glibc's malloc thresholds tuned to each run. Returns the ``cpu_matmul`` module (its decision goes
-    into the job's metrics)."""
-    from core.kernels import cpu_matmul
-    from core.models import host_memory
-
-    cpu_matmul.configure()
-    host_memory.configure(True)
-    return cpu_matmul
 
 
 def _run_evaluations(

@@ -24,20 +24,19 @@ def quiet_transformers() -> None:
 
 
 def configure_engine() -> str | None:
-    """The process-wide choices the ``liar`` application makes for the engine, once, before a verb
-    runs it (a library caller of ``core`` gets neither): float32 CPU products through oneDNN where
-    ``LIAR_CPU_MATMUL`` (default ``auto``: where a timing on this CPU finds it faster) says so, and
-    glibc's malloc thresholds tuned to each run (``core/models/host_memory.py``). Returns an error
-    sentence, or None."""
-    from core.kernels import cpu_matmul
-    from core.models import host_memory
+    """The engine's process-wide choices (``core/process.py``), made once before a verb runs it;
+    returns an error sentence (an unknown ``LIAR_CPU_MATMUL``), or None."""
+    from core.process import configure_engine
 
     try:
-        cpu_matmul.configure()
+        configure_engine()
     except ValueError as exc:
         return str(exc)
-    host_memory.configure(True)
     return None
+
+
+# what a perplexity evaluation reports (``core.evaluate``'s result, less the parameter count)
+PERPLEXITY_KEYS = ("perplexity", "nll", "tokens", "windows", "seq_len")
 
 
 def run_quietly(quiet: bool, fn, *args, **kwargs):

@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from app.cli.common import DTYPES, fail, run_quietly
+from app.cli.common import DTYPES, PERPLEXITY_KEYS, fail, run_quietly
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -41,7 +41,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     report: dict = {}
     for spec, out in zip(specs, results):
         if spec["type"] == "perplexity":
-            report.update({key: out[key] for key in ("perplexity", "nll", "tokens", "windows", "seq_len")})
+            report.update({key: out[key] for key in PERPLEXITY_KEYS})
         else:
             report.update(_tasks_result(args, out))
         if "parameters" in out:

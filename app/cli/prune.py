@@ -14,7 +14,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from app.cli.common import DTYPES, fail
+from app.cli.common import DTYPES, PERPLEXITY_KEYS, fail
 from app.cli.evaluate import register_eval
 
 
@@ -137,7 +137,7 @@ def _perplexity(result, source: str, seq_len: int | None, quiet: bool) -> dict:
 
     spec = {"type": "perplexity", "text": source, "seq_len": seq_len or result.recipe.calibration.max_seq_length}
     out = evaluate(result, spec, show_progress=not quiet)
-    return {key: out[key] for key in ("perplexity", "nll", "tokens", "windows", "seq_len")}
+    return {key: out[key] for key in PERPLEXITY_KEYS}
 
 
 def _print_prune_summary(recipe, summary: dict, path: Path) -> None:
