@@ -219,12 +219,33 @@ def gpu_liar_after(shape: str, samples: str, method: str) -> str:
     raise KeyError((shape, samples, method))
 
 
+# gpu_liar.md's section of the 2026-11-27 H200 run (its heading starts so)
+LIAR_H200 = "2026-11-27: after the block-loop redesign"
+
+
+def section_rows(page: str, heading: str, first_header: str) -> list[dict[str, str]]:
+    """The rows of the first table under the heading that starts with ``heading``."""
+    return next(rows for h, rows in md_tables(page, first_header) if h.startswith(heading))
+
+
+def gpu_liar_recompute() -> str:
+    r = next(
+        r for r in section_rows("gpu_liar.md", LIAR_H200, "activations") if r["activations"].startswith("recompute")
+    )
+    return f"{r['seconds'].strip('*')} s / {r['× bf16 weights (13.5 GB)'].strip('*')}"
+
+
+def gpu_liar_shape(shape: str, samples: str) -> dict[str, str]:
+    rows = section_rows("gpu_liar.md", LIAR_H200, "shape")
+    return next(r for r in rows if (r["shape"], r["samples"]) == (shape, samples))
+
+
 def latency_default(ratio: float, key: str) -> float:
     return next(r for r in data("latency_default.json")["rows"] if r["ratio"] == ratio and r.get("default"))[key]
 
 
-def gpu_latency(model: str, key: str) -> float:
-    return next(r for r in data("gpu_latency.json") if r["model"] == model)[key]
+def gpu_latency(model: str, key: str, name: str = "gpu_latency.json") -> float:
+    return next(r for r in data(name) if r["model"] == model)[key]
 
 
 def head_ratio_ppl(ratio: float, head_ratio) -> float:
@@ -272,6 +293,7 @@ def product_ratio(name: str = "time.json") -> str | None:
 class Claim:
     text: str
     value: Callable[[], str | None]  # None: the results do not hold this quantity (yet); no row
+    section: str = ""  # the heading its value is read under, when that states its own date and machine
 
 
 @dataclass(frozen=True)
@@ -286,8 +308,8 @@ class Page:
     data: tuple[str, ...] = field(default=())  # JSON files the page is made from
 
 
-def _c(text: str, value: Callable[[], str | None]) -> Claim:
-    return Claim(text, value)
+def _c(text: str, value: Callable[[], str | None], section: str = "") -> Claim:
+    return Claim(text, value, section)
 
 
 def pair(a: str, b: str, sep: str = " / ") -> str:
@@ -632,12 +654,30 @@ PAGES: dict[str, Page] = {
         ),
     ),
     "gpu_liar.md": Page(
-        "python bench/gpu_liar.py --shape 7b|13b --samples 128 1024",
+        "python bench/gpu_liar.py --shape 7b|13b|30b --samples 128 1024",
         "gpu",
         (
             _c(
                 "7B-shaped, LIAR, 128 / 1024 samples",
                 lambda: f"{gpu_liar_after('7B', '128', 'liar, holdout 8')} / {gpu_liar_after('7B', '1024', 'liar')} s",
+            ),
+            _c(
+                "7B-shaped, 1024 samples, FFN inputs recomputed: time / peak device memory over the bf16 weights",
+                gpu_liar_recompute,
+                LIAR_H200,
+            ),
+            _c(
+                "7B-shaped, LIAR, 128 / 1024 samples, error report on the fit statistics",
+                lambda: " / ".join(gpu_liar_shape("7B", n)["seconds"].strip("*") for n in ("128", "1024")) + " s",
+                LIAR_H200,
+            ),
+            _c(
+                "30B-shaped in memory, 1024 samples: time / peak device memory",
+                lambda: pair(
+                    f"{gpu_liar_shape('30B', '1024')['seconds'].strip('*')} s",
+                    f"{gpu_liar_shape('30B', '1024')['peak GB']} GB",
+                ),
+                LIAR_H200,
             ),
         ),
     ),
@@ -667,8 +707,21 @@ PAGES: dict[str, Page] = {
                     gpu_latency("50% ÷128", "prefill_b8x512_tok_s") / gpu_latency("dense", "prefill_b8x512_tok_s")
                 ),
             ),
+            _c(
+                "7B-shaped at 50%: batch-1 decode, compiled + CUDA graph, over dense",
+                lambda: times(
+                    gpu_latency("dense", "decode_graph_compiled_ms", "gpu_latency_compiled.json")
+                    / gpu_latency("50% ÷128", "decode_graph_compiled_ms", "gpu_latency_compiled.json")
+                ),
+            ),
         ),
-        data=("gpu_latency.json", "gpu_latency_compiled.json"),
+        # the latest run's files; the earlier sections' runs keep their date and machine in the name
+        data=(
+            "gpu_latency.json",
+            "gpu_latency_compiled.json",
+            "gpu_latency_2026-11-26_h200.json",
+            "gpu_latency_compiled_2026-11-26_h100.json",
+        ),
     ),
     "gpu_check.md": Page(
         "python bench/gpu_check.py",
@@ -702,11 +755,18 @@ DATE = re.compile(r"20\d\d-\d\d-\d\d")
 MACHINES = r"NVIDIA H100[\w ]*?HBM3|NVIDIA H200|AMD EPYC|Intel\(R\) Xeon\(R\)[\w ]*|Intel Xeon|x86_64, 2 (?:CPU )?cores"
 
 
-def page_meta(name: str) -> tuple[str, str, str]:
-    """(dates, machines, torch versions) as the page states them."""
+def page_meta(name: str, section: str = "") -> tuple[str, str, str]:
+    """(dates, machines, torch versions) as the page states them; with ``section``, as the part of the
+    page under the heading that starts with it states them above its first table."""
     page = page_text(name)
-    head = page.split("\n|", 1)[0]  # what the page says above its first table
-    text = head + "".join(json.dumps(data(j), ensure_ascii=False) for j in PAGES[name].data)
+    if section:
+        start = re.search(rf"^#+ {re.escape(section)}", page, re.M)
+        if start is None:
+            raise KeyError(f"{name}: no heading starting with {section!r}")
+        text = page[start.start() :].split("\n|", 1)[0]
+    else:
+        head = page.split("\n|", 1)[0]  # what the page says above its first table
+        text = head + "".join(json.dumps(data(j), ensure_ascii=False) for j in PAGES[name].data)
     if not DATE.search(text):
         text = page
     dates = sorted(set(DATE.findall(text)))
@@ -738,10 +798,10 @@ def status(name: str) -> str:
 def render_index() -> str:
     rows = []
     for name, page in PAGES.items():
-        when, machine, torch = page_meta(name)
         for claim in page.claims:
             value = claim.value()
             if value is not None:
+                when, machine, torch = page_meta(name, claim.section)
                 row = [f"[{name}]({name})", claim.text, value, f"`{page.script}`", when, machine, torch]
                 rows.append([*row, short_status(name)])
     return table(["page", "claim", "value", "script", "date", "machine", "torch", "status"], rows)
@@ -947,11 +1007,12 @@ def render_streaming() -> str:
 def render_gpu_stream() -> str:
     rows = [
         [r["shape"], str(r["samples"]), r["mode"], r["criterion"], num(r["total_s"]), gb(r["peak_device_mb"])]
-        + [num(r["weights_gb"])]
+        + [num(r["weights_gb"]), f"{r['date']}, {r['device'].split(',')[0]}"]
         for r in data("gpu_stream.json")
         if r.get("activations", "device") == "device"
     ]
-    return table(["shape", "samples", "mode", "criterion", "total s", "peak device GB", "bf16 weights GB"], rows)
+    header = ["shape", "samples", "mode", "criterion", "total s", "peak device GB", "bf16 weights GB", "measured on"]
+    return table(header, rows)
 
 
 @renderer("peak-memory")
