@@ -14,6 +14,14 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
 
+# the serving engines the GGUF export is tested against, each in an environment of its own under
+# ~/.cache/liar/engines (llama.cpp: its Python binding is built from source once, about 10 minutes
+# on 2 cores, and the wheel kept under ~/.cache/liar/wheels)
+ENGINES := $(VENV)/.engines
+$(ENGINES): $(STAMP)
+	$(BIN)/liar engines install llama.cpp
+	touch $(ENGINES)
+
 run: $(STAMP)
 	$(BIN)/liar app
 
@@ -22,21 +30,21 @@ demo: $(STAMP)
 
 # every test: the engine's, the job runner's on SQLite and on PostgreSQL + Redis with real workers,
 # the web app's in Chromium (markers slow, integration, browser: pyproject.toml)
-test: $(STAMP)
+test: $(STAMP) $(ENGINES)
 	$(BIN)/ruff check core jobs app tests bench
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 # the engine's logic in under two minutes: tests/core, the CLI's and the cross-cutting tests, without
 # the slow matrices (every family, criterion or reconstruction; streamed twins), servers or a browser
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(ENGINES)
 	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser" tests/core tests/app/test_cli.py $(wildcard tests/test_*.py)
 
 # the engine's and the CLI's tests again as on a CPU without AVX-512: torch's and oneDNN's kernels
 # capped at AVX2 (their sums block differently, so every tolerance must hold for both; CI runs this
 # after `test`; about 9 minutes here)
 AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-test-avx2: $(STAMP)
+test-avx2: $(STAMP) $(ENGINES)
 	$(AVX2) $(BIN)/python -m pytest -q tests/core tests/app/test_cli.py
 
 # refresh the README's screenshots (the browser tests write them to a temporary folder otherwise)

@@ -174,6 +174,7 @@ calibrated on {r.calibration.num_calibration_samples} × {r.calibration.max_seq_
 
 ## Serving
 {_serving(stock, architecture)}
+{_gguf_note(result.adapter.name)}
 
 ## Metrics
 | metric | value |
@@ -203,11 +204,28 @@ width), the same for every layer, and there is no custom code. Serve it as the o
 `transformers` load, not the engines."""
     return """Not a stock architecture: layers have different widths, or a layer's kept query heads form key/value
 groups of unequal size (served by a key/value index). `config.json` carries the per-layer widths in
-`liar_layout` and the bundled `modeling_liar.py` builds them, so it loads in `transformers` only, with
-`trust_remote_code=True`; serving engines (vLLM, Text Generation Inference, llama.cpp) cannot run it.
+`liar_layout` and the bundled `modeling_liar.py` builds them, so it loads in `transformers` with
+`trust_remote_code=True`; vLLM and Text Generation Inference cannot run this form.
 For a stock checkpoint, prune with `allocation: uniform` and `round_to: {kv_groups: whole}` (every layer
 a stock grouped-query attention), with FFN widths that come out equal in every layer (`round_to:
 {neurons: 1}` does; a coarser multiple may leave neighbouring multiples in different layers)."""
+
+
+GGUF_FAMILIES = ("llama", "mistral", "qwen2")  # what core.serving.gguf_export writes
+
+
+def _gguf_note(family_name: str) -> str:
+    """How to get a llama.cpp file of the checkpoint (the families the GGUF export writes)."""
+    if family_name not in GGUF_FAMILIES:
+        return ""
+    return """
+**llama.cpp / ollama:** `liar export PATH --format gguf --quant q4_k_m` (or `f16`, `q8_0`) writes
+`PATH/NAME-q4_k_m.gguf`, one file with the tokenizer inside, in a form stock llama.cpp runs whatever
+the layers' widths (per-layer widths go in llama.cpp's `deci` architecture): `llama-cli -m FILE`.
+The files written so far are listed below.
+<!-- gguf-files -->
+<!-- /gguf-files -->
+"""
 
 
 def _auto_name(name: str) -> str:

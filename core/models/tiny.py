@@ -65,6 +65,26 @@ def tiny_tokenizer(encoder: bool = False):
     )
 
 
+def tiny_bpe_tokenizer(vocab_size: int = 320):
+    """A byte-level BPE tokenizer (GPT-2's pre-tokenizer) trained on :func:`tiny_corpus`: the kind of
+    tokenizer serving engines re-implement, for tests that hand a model to one (training is
+    deterministic, so every call gives the same vocabulary)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<unk>", "<s>", "</s>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(tiny_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+
+
 def _save(model, tokenizer, path: str | Path) -> Path:
     path = Path(path)
     model.save_pretrained(path)
@@ -91,15 +111,15 @@ _FAMILY_CONFIG = {
 }
 
 
-def tiny_decoder(path: str | Path, family: str = "llama", seed: int = 0, **overrides) -> Path:
+def tiny_decoder(path: str | Path, family: str = "llama", seed: int = 0, tokenizer: str = "words", **overrides) -> Path:
     """A random 2-layer decoder of ``family``: 8 query heads over 4 key/value heads (GQA; OPT: 8 heads),
-    head_dim 8, FFN 48."""
+    head_dim 8, FFN 48; ``tokenizer`` "words" (:func:`tiny_tokenizer`) or "bpe" (:func:`tiny_bpe_tokenizer`)."""
     import transformers
 
     from core.models.liar_families import FAMILIES
 
     fam = FAMILIES[family]
-    tok = tiny_tokenizer()
+    tok = tiny_bpe_tokenizer() if tokenizer == "bpe" else tiny_tokenizer()
     kw = dict(
         vocab_size=len(tok),
         hidden_size=64,

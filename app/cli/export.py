@@ -1,0 +1,106 @@
+"""``liar export``: a pruned checkpoint in a serving engine's format; ``liar engines``: install the engines.
+
+liar export CKPT --format gguf [--quant f16|q8_0|q4_k_m] [--out FILE]
+liar engines install llama.cpp      build llama-cpp-python once (cached wheel) into its own environment
+liar engines status                 which engines this machine has
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from app.cli.common import fail
+
+# llama.cpp built for any x86-64 CPU (no -march=native), without the network client, examples, tools or
+# tests: the library and its Python binding are all the project uses
+_CMAKE_ARGS = (
+    "-DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF "
+    "-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from core.serving.engines import EngineError
+    from core.serving.gguf_export import ExportError, export_gguf
+
+    out = Path(args.out).expanduser() if args.out else None
+    if out is not None and out.exists() and not args.overwrite:
+        return fail(f"{out} exists (pass --overwrite to replace it)")
+    try:
+        path = export_gguf(args.checkpoint, out, quant=args.quant, threads=args.threads)
+    except (ExportError, EngineError) as exc:
+        return fail(str(exc))
+    size = path.stat().st_size / 2**20
+    print(f"wrote {path} ({size:,.1f} MiB); run it with: llama-cli -m {path}")
+    return 0
+
+
+def _wheel(version: str, wheels: Path) -> Path:
+    """The llama-cpp-python wheel, built once from the source release and kept under the cache."""
+    found = sorted(wheels.glob(f"llama_cpp_python-{version}-*.whl"))
+    if found:
+        return found[-1]
+    wheels.mkdir(parents=True, exist_ok=True)
+    print(f"building llama-cpp-python {version} (once; about 10 minutes on 2 cores) …", flush=True)
+    env = {**os.environ, "CMAKE_ARGS": _CMAKE_ARGS, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", f"llama-cpp-python=={version}"]
+    subprocess.run([*cmd, "-w", str(wheels)], env=env, check=True)
+    return sorted(wheels.glob(f"llama_cpp_python-{version}-*.whl"))[-1]
+
+
+def install_llama_cpp() -> Path:
+    """``$LIAR_CACHE/engines/llama-cpp``: a virtual environment with llama-cpp-python (made once)."""
+    from core.serving.engines import LLAMA_CPP_VERSION, cache_dir, engine_dir
+
+    venv = engine_dir("llama-cpp")
+    stamp = venv / ".installed.json"
+    want = {"llama-cpp-python": LLAMA_CPP_VERSION}
+    if stamp.is_file() and json.loads(stamp.read_text()) == want and (venv / "bin" / "python").exists():
+        return venv
+    wheel = _wheel(LLAMA_CPP_VERSION, cache_dir() / "wheels")
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--clear", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, str(wheel)], check=True)
+    stamp.write_text(json.dumps(want))
+    return venv
+
+
+def cmd_engines(args: argparse.Namespace) -> int:
+    from core.serving.engines import llama_cpp_python
+
+    if args.action == "install":
+        try:
+            venv = install_llama_cpp()
+        except subprocess.CalledProcessError as exc:
+            return fail(f"installing llama.cpp failed ({' '.join(map(str, exc.cmd[:4]))} … exited {exc.returncode})")
+        print(f"llama.cpp: {venv}")
+        return 0
+    py = llama_cpp_python()
+    print(f"llama.cpp: {py or 'not installed (liar engines install llama.cpp)'}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write a pruned checkpoint for a serving engine (GGUF for llama.cpp)")
+    p.add_argument("checkpoint", help="a checkpoint folder written by `liar prune` (or any LLaMA/Mistral/Qwen2 one)")
+    p.add_argument("--format", choices=["gguf"], default="gguf", help="gguf: one file for llama.cpp / ollama")
+    p.add_argument(
+        "--quant",
+        choices=["f32", "f16", "q8_0", "q4_k_m"],
+        default="f16",
+        help="weights' type: f16 (default) or f32 written here; q8_0 / q4_k_m by llama.cpp's quantizer",
+    )
+    p.add_argument("--out", help="the .gguf file (default: inside the checkpoint, <name>-<quant>.gguf)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--threads", type=int, default=2, help="threads for the quantizer")
+    p.set_defaults(func=cmd_export)
+    e = sub.add_parser("engines", help="install or list the serving engines the export and its tests use")
+    e.add_argument("action", choices=["install", "status"])
+    e.add_argument("engine", nargs="?", choices=["llama.cpp"], default="llama.cpp")
+    e.set_defaults(func=cmd_engines)
