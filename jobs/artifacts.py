@@ -7,7 +7,9 @@ which hashes while writing; ``core.models.manifest``), and become one ``Artifact
 ``"file"``) beside the row of the directory (kind ``"checkpoint"``). The whole checkpoint as one
 download is an uncompressed tar produced on the fly (:func:`tar_stream`): no temporary file, its exact
 length known in advance. Jobs from before revision 0002 have a ``.tar.gz`` (kind ``"archive"``),
-still listed and served.
+still listed and served. The serving files a recipe's ``export`` asks for (``<name>-<quant>.gguf``)
+are written inside the checkpoint and listed in its ``SHA256SUMS``, so they are files of it like any
+other.
 
 Every path served is checked to lie inside its job's folder (:func:`confined`), and names are
 checked before they are looked up (:func:`check_name`).

@@ -52,6 +52,21 @@ def _check_tasks(model: str, evaluations: list[dict]) -> None:
         select_tasks(e["tasks"], e.get("task_dir"))
 
 
+def _check_export(model: str, forms: list[str]) -> None:
+    """The serving forms a recipe asks for can be written from its model (``core.serving.preflight``:
+    family, rotary scaling, tokenizer, and the engine a quantized form needs): a model that cannot is
+    refused here rather than after hours of pruning. A local folder is checked now; a hub id by the
+    worker, once downloaded and before pruning."""
+    if not forms or not Path(model).expanduser().is_dir():
+        return
+    from core.serving import ExportError, preflight
+
+    try:
+        preflight(Path(model).expanduser(), forms)
+    except ExportError as exc:
+        raise SubmitError(f"invalid recipe: export: {exc}") from None
+
+
 class JobService:
     def __init__(self, settings: Settings | None = None, celery_app=None):
         self.settings = settings or Settings.from_env()
@@ -69,11 +84,18 @@ class JobService:
 
     # --- submission -----------------------------------------------------------------------
     def validate(
-        self, recipe: dict | str | Path, evaluations: list[dict] | None = None, confine: bool = False
+        self,
+        recipe: dict | str | Path,
+        evaluations: list[dict] | None = None,
+        confine: bool = False,
+        check_export: bool = True,
     ) -> tuple[dict, list[dict]]:
-        """The recipe and evaluations as stored, validated (and preflighted against the model's config);
-        raises :class:`SubmitError`. ``confine``: a web or API submission, whose server-side paths must
-        lie in :meth:`Settings.readable_roots` (checked before anything reads them)."""
+        """The recipe and evaluations as stored, validated (and preflighted against the model's config,
+        and against the serving forms its ``export`` asks for); raises :class:`SubmitError`. ``confine``:
+        a web or API submission, whose server-side paths must lie in :meth:`Settings.readable_roots`
+        (checked before anything reads them). ``check_export=False`` skips the serving forms' check
+        (about half a second: it reads the tokenizer) for the cells of a grid whose model and forms
+        were checked once."""
         from core.pipeline.preflight import preflight
         from core.spec.errors import validation_message
         from core.spec.evaluation import job_evaluation
@@ -104,6 +126,8 @@ class JobService:
             preflight(parsed, [int(e["seq_len"]) for e in evals if e.get("seq_len") is not None])
         except ValueError as exc:
             raise SubmitError(f"invalid recipe: {exc}") from None
+        if check_export:
+            _check_export(parsed.model, parsed.export)
         return parsed.model_dump(mode="json", exclude_none=True), evals
 
     def _check_paths(self, recipe: dict, evaluations: list[dict] | None) -> None:
@@ -136,10 +160,11 @@ class JobService:
         evaluations: list[dict] | None = None,
         confine: bool = False,
         note: str | None = None,
+        check_export: bool = True,
     ) -> int:
-        """Validate and queue one job; ``confine``: a web / API submission (see :meth:`validate`);
-        ``note``: said in the job's first log line beside who submitted it (``re-run of job 3``)."""
-        data, evals = self.validate(recipe, evaluations, confine)
+        """Validate and queue one job; ``confine``, ``check_export``: see :meth:`validate`; ``note``:
+        said in the job's first log line beside who submitted it (``re-run of job 3``)."""
+        data, evals = self.validate(recipe, evaluations, confine, check_export)
         with self.sessions.begin() as s:
             job = Job(
                 recipe=data,
@@ -198,9 +223,10 @@ class JobService:
             cells = expand_grid(base, axes)
         except GridError as exc:
             raise SubmitError(f"invalid recipe: {'; '.join(exc.problems)}") from None
-        recipes = [self.validate(cell.recipe, evals)[0] for cell in cells]
+        # every cell has the base's model and serving forms, checked above
+        recipes = [self.validate(cell.recipe, evals, check_export=False)[0] for cell in cells]
         group = uuid.uuid4().hex[:12]
-        return group, [self.submit(r, submitted_by, group, evals) for r in recipes]
+        return group, [self.submit(r, submitted_by, group, evals, check_export=False) for r in recipes]
 
     # --- queries --------------------------------------------------------------------------
     def list(

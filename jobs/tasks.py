@@ -87,6 +87,11 @@ class DiskFull(Exception):
     """The export ran out of disk space or quota; the message names the folder, in one sentence."""
 
 
+class ExportRefused(Exception):
+    """The worker found, before pruning, that the model cannot be written in the serving forms asked
+    for; the message says why, in one sentence."""
+
+
 def _artifacts(job_id: int, checkpoint: Path, files: list[FileEntry]) -> list[Artifact]:
     """The rows of an exported checkpoint: the directory, then one per file (sizes and sha256 from
     its ``SHA256SUMS``; see ``jobs.artifacts``)."""
@@ -118,12 +123,14 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
         recipe, evaluations = retry_on_disconnect(partial(_load_job, sf, job_id))
         _log(sf, job_id, f"started on {worker}")
         _fresh_dir(out_dir)
+        forms = list(recipe.get("export") or [])
+        _check_export(recipe["model"], forms)  # on this worker (its llama.cpp), a hub model once downloaded
         result = _prune(recipe, progress, out_dir / "checkpoint")
         _run_evaluations(sf, job_id, recipe, result, evaluations, progress)
         metrics = result.summary()
-        progress("export", 0, 1)
-        checkpoint, files = _export(sf, job_id, result, out_dir)
-        progress("export", 1, 1)
+        progress("export", 0, 1 + len(forms))
+        checkpoint, files = _export(sf, job_id, result, out_dir, forms, progress, metrics)
+        progress("export", 1 + len(forms), 1 + len(forms))
         artifacts = _artifacts(job_id, checkpoint, files)
         retry_on_disconnect(partial(_record_success, sf, job_id, result, metrics, artifacts, clock))
         _log(sf, job_id, "succeeded")
@@ -137,7 +144,7 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
         raise
     except Exception as exc:
         shutil.rmtree(out_dir, ignore_errors=True)
-        if isinstance(exc, DiskFull):
+        if isinstance(exc, (DiskFull, ExportRefused)):
             error = str(exc)
         elif is_no_space(exc):  # while the engine wrote (a streamed run writes its shards as it goes)
             filename = getattr(exc, "filename", None)
@@ -292,15 +299,45 @@ def _run_evaluations(
         progress("evaluate", steps, steps)
 
 
-def _export(sf, job_id: int, result, out_dir: Path) -> tuple[Path, list[FileEntry]]:
-    """Save the checkpoint into ``out_dir`` (emptied before pruning); returns it and its files (from its SHA256SUMS).
-    Running out of disk space or quota raises :class:`DiskFull` (the caller removes ``out_dir``)."""
+def _check_export(model: str, forms: list[str]) -> None:
+    """Before any pruning, ``core.serving.preflight`` on this worker: the submission checked a local
+    folder on the machine that took it, but a quantized form needs llama.cpp *here*, and a hub model is
+    first seen here (downloaded now, as the streamed prune would, into the same cache). A model whose
+    files cannot be had (the prune will say why) is left to the prune. Raises :class:`ExportRefused`."""
+    if not forms:
+        return
+    from core.models.streaming import checkpoint_directory
+    from core.serving import ExportError, preflight
+
+    directory = checkpoint_directory(model)
+    if directory is None:
+        return
+    try:
+        preflight(directory, forms)
+    except ExportError as exc:
+        raise ExportRefused(f"export {', '.join(forms)} refused before pruning: {exc}") from None
+
+
+def _export(
+    sf, job_id: int, result, out_dir: Path, forms: list[str], progress: Callable, metrics: dict[str, Any]
+) -> tuple[Path, list[FileEntry]]:
+    """Save the checkpoint into ``out_dir`` (emptied before pruning), then write the serving ``forms``
+    into it (:func:`_serving_files`); returns it and its files (from its SHA256SUMS, the serving files
+    included). Running out of disk space or quota while saving raises :class:`DiskFull` (the caller
+    removes ``out_dir``)."""
     try:
         _check_free_space(result, out_dir)
         checkpoint = result.save(out_dir / "checkpoint")
-        files, hashed = checkpoint_files(checkpoint)
     except DiskFull:
         raise
+    except Exception as exc:
+        if not is_no_space(exc):
+            raise
+        raise DiskFull(_no_space_message(exc, out_dir)) from exc
+    if forms:
+        _serving_files(sf, job_id, checkpoint, forms, progress, metrics)
+    try:
+        files, hashed = checkpoint_files(checkpoint)
     except Exception as exc:
         if not is_no_space(exc):
             raise
@@ -308,6 +345,31 @@ def _export(sf, job_id: int, result, out_dir: Path) -> tuple[Path, list[FileEntr
     if hashed:
         _log(sf, job_id, f"{checkpoint} had no SHA256SUMS: its files were hashed after writing", "WARNING")
     return checkpoint, files
+
+
+def _serving_files(
+    sf, job_id: int, checkpoint: Path, forms: list[str], progress: Callable, metrics: dict[str, Any]
+) -> None:
+    """Write each serving form into the saved checkpoint (``core.serving.export``: inside it, listed in
+    its SHA256SUMS and model card), one step of the ``export`` stage each (step 0 saved the
+    checkpoint). A form that fails costs neither the checkpoint nor the job: a WARNING line names the
+    form and the reason, and the metrics count the forms written (``export_written``) and failed
+    (``export_failed``)."""
+    from core.serving import export
+
+    written = failed = 0
+    for i, form in enumerate(forms, start=1):
+        progress("export", i, 1 + len(forms))
+        try:
+            (path,) = export(checkpoint, [form], threads=len(os.sched_getaffinity(0)))
+        except Exception as exc:  # ExportError, llama.cpp's EngineError, a full disk: the prune stands
+            failed += 1
+            reason = str(exc) or type(exc).__name__
+            _log(sf, job_id, f"export {form} failed; the checkpoint is kept: {reason}", "WARNING")
+        else:
+            written += 1
+            _log(sf, job_id, f"export {form}: {path.name} ({path.stat().st_size / 2**20:,.1f} MiB)")
+    metrics.update(export_written=written, export_failed=failed)
 
 
 def _no_space_message(exc: BaseException, directory: Path) -> str:

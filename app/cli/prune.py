@@ -2,7 +2,7 @@
 
     liar prune RECIPE.yaml --output DIR
     liar prune --model M --criterion magnitude --ratio 0.5 --reconstruction liar \\
-               --calibration FILE --samples 128 --seq-len 128 --output DIR
+               --calibration FILE --samples 128 --seq-len 128 --output DIR [--export gguf-q4_k_m]
     liar eval …                     (app.cli.evaluate)
     liar demo                       # prune a tiny random model end to end (no downloads)
 """
@@ -31,6 +31,7 @@ def recipe_from_args(args: argparse.Namespace):
         "device": args.device,
         "execution": args.execution,
         "activations": args.activations,
+        "export": args.export,
     }
     if args.recipe:
         recipe = Recipe.load(args.recipe)
@@ -103,6 +104,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
         try:
             preflight(recipe)
+            _check_export(recipe, download=False)
         except ValueError as exc:
             return fail(str(exc))
         kind = model_kind(recipe.model)  # the recipe as it will run, where the model is known offline
@@ -112,6 +114,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from core.pipeline.sequential import prune
 
     try:
+        _check_export(recipe, download=True)  # before hours of pruning, not after
         result = prune(recipe, show_progress=not args.quiet, output_dir=out, overwrite=args.overwrite)
     except (ValueError, RuntimeError, OSError) as exc:
         return fail(str(exc))
@@ -123,12 +126,51 @@ def cmd_prune(args: argparse.Namespace) -> int:
         return fail(str(exc))
     finally:
         result.discard()
+    written, failed = _serving_files(path, recipe.export)
     summary = result.summary()
     if args.json:
-        print(json.dumps({**summary, "output": str(path)}, indent=2))
+        served = {"export": written, "export_failed": failed} if recipe.export else {}
+        print(json.dumps({**summary, "output": str(path), **served}, indent=2))
     else:
         _print_prune_summary(recipe, summary, path)
-    return 0
+        for form, file in written.items():
+            print(f"{form}: {file} ({Path(file).stat().st_size / 2**20:,.1f} MiB)")
+    return 1 if failed else 0
+
+
+def _check_export(recipe, download: bool) -> None:
+    """``core.serving.preflight`` on the model when the recipe asks for serving forms: a local folder,
+    or (``download``) a hub model fetched as the streamed prune would fetch it; ``ValueError``
+    (``ExportError``) with the sentence. A dry run does not download."""
+    if not recipe.export:
+        return
+    from core.models.streaming import checkpoint_directory
+    from core.serving import preflight
+
+    local = Path(recipe.model).expanduser()
+    directory = local if local.is_dir() else checkpoint_directory(recipe.model) if download else None
+    if directory is not None:  # else the prune says why the model cannot be had
+        preflight(directory, recipe.export)
+
+
+def _serving_files(checkpoint: Path, forms: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Write each serving form into the saved checkpoint; ({form: file}, {form: why it failed}). A
+    failure is a warning on stderr (and exit status 1): the checkpoint stays, and ``liar export`` can
+    write the form later."""
+    import sys
+
+    from core.serving import export
+
+    written, failed = {}, {}
+    for form in forms:
+        try:
+            (file,) = export(checkpoint, [form])
+        except Exception as exc:  # ExportError, llama.cpp's EngineError, a full disk: the prune stands
+            failed[form] = str(exc) or type(exc).__name__
+            print(f"liar: warning: export {form} failed; the checkpoint is kept: {failed[form]}", file=sys.stderr)
+        else:
+            written[form] = str(file)
+    return written, failed
 
 
 def _perplexity(result, source: str, seq_len: int | None, quiet: bool) -> dict:
@@ -219,6 +261,7 @@ def register(sub) -> None:
 _FLAG_NAMES = (
     "model modules ratio allocation head_ratio round_neurons kv_groups criterion reconstruction damp select target "
     "positions paper calibration samples seq_len holdout label_field seed batch_size dtype device execution activations"
+    " export"
 )
 RECIPE_FLAGS = tuple(_FLAG_NAMES.split())
 
@@ -293,6 +336,15 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         "FFN's kept inputs are computed again instead of kept: less memory, ~18%% more block work); host (pinned "
         "host memory, copied in as each block uses them) for calibration sets too big for the device; auto (the "
         "default) picks device, then recompute, then host, the first that fits",
+    )
+    p.add_argument(
+        "--export",
+        action="append",
+        metavar="FORM",
+        help="also write the checkpoint in this serving form after saving it (repeat for several; the recipe's "
+        "export): gguf-f16, gguf-q8_0 or gguf-q4_k_m — GGUF for llama.cpp and ollama, q4_k_m about a quarter of "
+        "f16's size, the quantized ones by llama.cpp's quantizer (liar engines install llama.cpp); checked "
+        "against the model before pruning",
     )
 
 

@@ -19,8 +19,8 @@ import yaml
 
 from core.models.liar_families import family_of, supported_families_text, unsupported_reason
 from core.spec.criteria import CRITERIA as _CRITERIA
+from core.spec.recipe import EXPORT_FORMATS, NAMED_DATASETS, Recipe
 from core.spec.recipe import METHODS as _METHODS
-from core.spec.recipe import NAMED_DATASETS, Recipe
 from jobs.service import JobService, SubmitError
 
 METHODS = list(_METHODS)
@@ -37,6 +37,11 @@ NAMED_SETS = list(NAMED_DATASETS)
 MAX_UPLOAD_MB = 50
 ROUND_CHOICES = ["auto", 1, 8, 16, 32, 64, 128]
 KV_GROUP_CHOICES = ["free", "whole", "auto"]  # round_to.kv_groups; the first is the recipe's default
+SERVING_FORMS = list(EXPORT_FORMATS)  # the recipe's export: files written into the checkpoint after it is saved
+SERVING_INFO = (
+    "GGUF runs in llama.cpp and ollama; q4_k_m is about a quarter of f16's size; quantized forms need "
+    "llama.cpp on the worker"
+)
 # the fields of build_recipe, in the order the New-run tab passes them
 RECIPE_FIELDS = (
     "model",
@@ -54,6 +59,7 @@ RECIPE_FIELDS = (
     "samples",
     "seq_len",
     "seed",
+    "export",
 )
 NO_EVALUATION = "(none)"
 MAX_FORM_JOBS = 48  # ratios × methods one form submission may queue (a bigger grid: `liar sweep` or the API)
@@ -207,9 +213,11 @@ def build_recipe(
     samples,
     seq_len,
     seed,
+    export=None,
 ) -> dict[str, Any]:
     """The recipe dict of the form's fields (not yet validated by the recipe schema; ``ratio``: the
-    first of :func:`parse_ratios`); raises SubmitError."""
+    first of :func:`parse_ratios`; ``export``: the serving forms ticked, checked by the recipe);
+    raises SubmitError."""
     if not model or not str(model).strip():
         raise SubmitError("choose a model: a Hugging Face id or a local directory")
     source = upload if upload else calibration
@@ -231,6 +239,7 @@ def build_recipe(
     round_to.update({"kv_groups": groups} if groups != KV_GROUP_CHOICES[0] else {})
     rounding = {"round_to": round_to} if round_to else {}
     fields = _record_fields(text_field, label_field)
+    serving = {"export": list(export)} if export else {}  # none: the recipe stays as short as before
     return {
         "model": str(model).strip(),
         "modules": modules,
@@ -246,6 +255,7 @@ def build_recipe(
             "max_seq_length": _number(seq_len, "sequence length", minimum=2),
             "seed": _number(seed, "seed"),
         },
+        **serving,
     }
 
 
@@ -325,10 +335,9 @@ def from_form(service: JobService, form) -> FormRun:
             f"queues at most {MAX_FORM_JOBS} (use `liar sweep` for a bigger grid)"
         )
     evals = evaluations_for(evaluate, recipe["calibration"]["max_seq_length"]) + task_evaluation(tasks, task_dir)
-    for ratio in ratios:
-        for m in methods:
-            cell = {**recipe, "ratio": ratio, "reconstruction": {**recipe["reconstruction"], "method": m}}
-            service.validate(cell, evals, confine=True)
+    for i, (ratio, m) in enumerate((ratio, m) for ratio in ratios for m in methods):
+        cell = {**recipe, "ratio": ratio, "reconstruction": {**recipe["reconstruction"], "method": m}}
+        service.validate(cell, evals, confine=True, check_export=i == 0)  # one model, one set of forms
     recipe["reconstruction"]["method"] = methods[0]
     return FormRun(recipe, evals, list(methods), ratios)
 

@@ -1,13 +1,17 @@
-"""A job's downloads and stage timings as the web app shows them (Markdown) and the API returns them
-(plain values) — no Gradio; used by ``forms`` and ``api``."""
+"""A job's downloads, serving files and stage timings as the web app shows them (Markdown) and the API
+returns them (plain values) — no Gradio; used by ``forms`` and ``api``."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from app.web.downloads import file_url, tar_url
 from jobs.service import JobService
 from jobs.timings import rows as timing_rows
+
+SERVING_SUFFIXES = (".gguf",)  # the files a recipe's export writes into the checkpoint
+_EXPORT_FAILED = re.compile(r"export \S+ failed")  # the worker's warning for a form it could not write
 
 
 def size_text(n: int | None) -> str:
@@ -52,6 +56,19 @@ def downloads_markdown(service: JobService, job_id: int) -> str:
         whole = f"**[⬇ Whole checkpoint as one file — {files[0]['name']}]({listing['checkpoint_tar']})**"
     table = "\n".join(f"| [{f['name']}]({f['url']}) | {size_text(f['size'])} | `{f['sha256'] or '–'}` |" for f in files)
     return f"### Download\n\n{whole}\n\n| file | size | sha256 |\n|---|---:|---|\n{table}"
+
+
+def serving_markdown(listing: dict[str, Any], log: list[dict[str, Any]] | None = None) -> str:
+    """The model page's serving files (what a recipe's ``export`` wrote into the checkpoint: GGUF for
+    llama.cpp and ollama), one link each with its size and the command that runs it, then each form
+    that could not be written with the reason from the job's log; empty when there is neither."""
+    files = [f for f in listing["files"] if f["kind"] == "file" and f["name"].endswith(SERVING_SUFFIXES)]
+    failed = [x["message"] for x in log or [] if x["level"] == "WARNING" and _EXPORT_FAILED.match(x["message"])]
+    if not files and not failed:
+        return ""
+    lines = [f"- [{f['name']}]({f['url']}) — {size_text(f['size'])} · `llama-cli -m {f['name']}`" for f in files]
+    lines += [f"- ⚠ {message}" for message in failed]
+    return "### Serving files\n\n" + "\n".join(lines)
 
 
 def timings_markdown(timings: dict[str, Any] | None, steps: bool = True) -> str:

@@ -68,7 +68,8 @@ def _pruning_column(models: list[str]) -> dict:
 
 
 def _data_column(texts: list[str], eval_texts: list[str]) -> dict:
-    """Calibration data, the held-out text to evaluate on, and who submits."""
+    """Calibration data, the held-out text to evaluate on, the serving files to write (folded away
+    under "Output"), and who submits."""
     c = {}
     c["calibration"] = gr.Dropdown(
         texts,
@@ -111,6 +112,10 @@ def _data_column(texts: list[str], eval_texts: list[str]) -> dict:
             "decoders only; block by block for models bigger than the GPU",
         )
         c["task_dir"] = gr.Textbox("", label="Task folder", info="local task YAMLs (optional), a server-side folder")
+    with gr.Accordion("Output", open=False):
+        c["export"] = gr.CheckboxGroup(
+            forms.SERVING_FORMS, value=[], label="Serving files", info=forms.SERVING_INFO, elem_id="serving-files"
+        )
     c["user"] = gr.Textbox(
         label="Your name", value=os.environ.get("USER", ""), info="recorded with the job; with login on, the account is"
     )
@@ -162,6 +167,7 @@ def build(service: JobService, models: list[str], texts: list[str], eval_texts: 
         samples,
         seq_len,
         seed,
+        export,
         evaluate,
         tasks,
         task_dir,
@@ -170,7 +176,7 @@ def build(service: JobService, models: list[str], texts: list[str], eval_texts: 
         request: gr.Request = None,
     ):
         form = (model, modules, ratio, allocation, round_neurons, kv_groups, criterion, damp, calibration, upload)
-        form += (text_field, label_field, samples, seq_len, seed, evaluate, tasks, task_dir, methods)
+        form += (text_field, label_field, samples, seq_len, seed, export, evaluate, tasks, task_dir, methods)
         return _status(forms.submit_form(service, form, forms.submitter(user, request)))
 
     def submit_yaml_text(text: str, evaluate, tasks, task_dir, user, request: gr.Request | None = None):

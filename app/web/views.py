@@ -190,9 +190,15 @@ def model_page(service: JobService, job_id) -> ModelPage:
         yaml.safe_dump(info["recipe"], sort_keys=False),
         report,
         charts.layer_errors(info["report"]),
-        listings.downloads_markdown(service, info["id"]),
+        _downloads(service, info),
         load_snippet(ckpt),
     )
+
+
+def _downloads(service: JobService, info: dict[str, Any]) -> str:
+    """The serving files (if the recipe asked for any), then every file of the checkpoint."""
+    serving = listings.serving_markdown(listings.download_listing(service, info["id"]), info["log"])
+    return "\n\n".join(x for x in (serving, listings.downloads_markdown(service, info["id"])) if x)
 
 
 def _metric_text(value: float) -> str:

@@ -20,6 +20,7 @@ Example::
     dtype: auto
     device: auto
     activations: auto        # GPU: calibration activations on the device, or in host memory when too big
+    export: []               # serving files written into the checkpoint: gguf-f16 | gguf-q8_0 | gguf-q4_k_m
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ MAX_BATCH = 4_096
 MAX_CALIBRATION_TOKENS = 2**24  # samples × sequence length: ≈ 137 GB of a 7B model's bf16 hidden states
 # reconstruction methods (implemented in core.stats.reconstruct, which checks it matches this list)
 METHODS = ("none", "bias", "mask_tuning", "liar", "ls")
+# the serving forms ``export`` may ask for (written by core.serving, whose FORMATS is this tuple): GGUF for
+# llama.cpp / ollama in float16, or quantized by llama.cpp's own quantizer
+EXPORT_FORMATS = ("gguf-f16", "gguf-q8_0", "gguf-q4_k_m")
 
 
 class _Strict(BaseModel):
@@ -256,6 +260,13 @@ class Recipe(_Strict):
         "recomputed); or auto: the first of device, recompute, host that fits in the free device memory beside "
         "a block's work (a CPU run keeps them where it computes: auto is device there, host is recompute)",
     )
+    export: list[str] = Field(
+        default_factory=list,
+        description=f"serving files written into the checkpoint after it is saved, each listed in its "
+        f"SHA256SUMS and model card: any of {', '.join(EXPORT_FORMATS)} (GGUF runs in llama.cpp and ollama; "
+        "q4_k_m is about a quarter of f16's size; the quantized forms need llama.cpp where the run happens). "
+        "Checked against the model before any pruning; a form named twice is written once",
+    )
 
     @model_validator(mode="after")
     def _criterion_fits(self) -> Recipe:
@@ -348,6 +359,19 @@ class Recipe(_Strict):
         if looks_local and not Path(v).expanduser().is_dir():
             raise ValueError(f"model path {v!r} does not exist or is not a directory")
         return v
+
+    @field_validator("export", mode="before")
+    @classmethod
+    def _export(cls, v: Any) -> Any:
+        if isinstance(v, str):  # ``export: gguf-f16`` reads as a list of one
+            v = [v]
+        if not isinstance(v, (list, tuple)):
+            return v  # pydantic names the wrong type
+        bad = [repr(x) for x in v if x not in EXPORT_FORMATS]
+        if bad:
+            what = f"{bad[0]} is not a serving form" if len(bad) == 1 else f"{', '.join(bad)} are not serving forms"
+            raise ValueError(f"{what}; choose from {', '.join(EXPORT_FORMATS)}")
+        return list(dict.fromkeys(v))  # in the order given, each once
 
     @field_validator("device")
     @classmethod

@@ -357,3 +357,90 @@ def test_default_recipe_and_the_paper_flag(llama_dir, calib_file, tmp_path, caps
     saved = Recipe.load(tmp_path / "paper" / "recipe.yaml")
     assert (saved.reconstruction.method, saved.reconstruction.select, saved.head_ratio) == ("liar", "criterion", "same")
     capsys.readouterr()
+
+
+# --- serving forms: --export / the recipe's export -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bpe_models(tmp_path_factory):
+    """A tiny LLaMA GGUF export can write (byte-level BPE tokenizer) and a Gemma 3 it cannot."""
+    from core.models.tiny import tiny_decoder
+
+    base = tmp_path_factory.mktemp("bpe_models")
+    return {
+        "llama": tiny_decoder(base / "llama", tokenizer="bpe"),
+        "gemma3": tiny_decoder(base / "gemma3", family="gemma3", tokenizer="bpe"),
+    }
+
+
+def _prune_args(model, calib_file, out, *extra) -> list[str]:
+    return [
+        "prune",
+        "--model",
+        str(model),
+        "--ratio",
+        "0.3",
+        "--calibration",
+        str(calib_file),
+        "--samples",
+        "8",
+        "--seq-len",
+        "32",
+        "--output",
+        str(out),
+        "--quiet",
+        *extra,
+    ]
+
+
+def test_prune_writes_the_serving_forms_after_saving(bpe_models, calib_file, tmp_path, capsys):
+    from core.models.manifest import read_manifest
+
+    out = tmp_path / "pruned"
+    code = main(_prune_args(bpe_models["llama"], calib_file, out, "--export", "gguf-f16", "--json"))
+    assert code == 0, capsys.readouterr().err
+    report = json.loads(capsys.readouterr().out)
+    gguf = out / "pruned-f16.gguf"
+    assert report["export"] == {"gguf-f16": str(gguf)} and report["export_failed"] == {}
+    assert gguf.read_bytes()[:4] == b"GGUF" and gguf.name in {e.name for e in read_manifest(out)}
+    assert Recipe.from_yaml((out / "recipe.yaml").read_text()).export == ["gguf-f16"]
+
+
+def test_prune_refuses_a_model_it_cannot_export_before_pruning(bpe_models, calib_file, tmp_path, capsys):
+    out = tmp_path / "never"
+    for dry_run in ((), ("--dry-run",)):
+        code = main(_prune_args(bpe_models["gemma3"], calib_file, out, "--export", "gguf-f16", *dry_run))
+        err = capsys.readouterr().err
+        assert code == 2 and "GGUF export writes the LLaMA, Mistral and Qwen2 families" in err
+        assert "Traceback" not in err and not out.exists()
+    code = main(_prune_args(bpe_models["llama"], calib_file, out, "--export", "gguf-f5"))
+    assert code == 2 and "'gguf-f5' is not a serving form; choose from gguf-f16" in capsys.readouterr().err
+
+
+def test_prune_keeps_the_checkpoint_when_an_export_fails(bpe_models, calib_file, tmp_path, capsys, monkeypatch):
+    import core.serving
+
+    def refuse(checkpoint, forms, threads=2):
+        raise core.serving.ExportError("no room for the GGUF")
+
+    monkeypatch.setattr(core.serving, "export", refuse)
+    out = tmp_path / "pruned"
+    code = main(_prune_args(bpe_models["llama"], calib_file, out, "--export", "gguf-f16"))
+    captured = capsys.readouterr()
+    assert code == 1 and (out / "config.json").is_file() and "saved to" in captured.out
+    assert "liar: warning: export gguf-f16 failed; the checkpoint is kept: no room for the GGUF" in captured.err
+
+
+def test_the_export_flag_names_every_serving_form():
+    """The help is written out (the CLI starts without pydantic): a form added to the recipe's list
+    must be added to it too."""
+    import argparse
+
+    from app.cli.prune import add_recipe_flags
+    from core.spec.recipe import EXPORT_FORMATS
+
+    parser = argparse.ArgumentParser()
+    add_recipe_flags(parser)
+    (flag,) = [a for a in parser._actions if a.dest == "export"]
+    assert all(form in flag.help for form in EXPORT_FORMATS)

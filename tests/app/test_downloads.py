@@ -127,3 +127,24 @@ def test_sizes_read_as_a_download_bar_counts():
     assert listings.size_text(999) == "999 B" and listings.size_text(1500) == "1.5 kB"
     assert listings.size_text(9_600_000_000) == "9.6 GB" and listings.size_text(None) == "–"
     assert listings.timings_markdown(None) == ""
+
+
+def test_the_model_page_offers_the_serving_files(job_service, corpus, tmp_path_factory):
+    """A job whose recipe asks for a GGUF: the model page lists it (size, how to run it) above the
+    checkpoint's files, and it downloads like any of them."""
+    from core.models.tiny import tiny_decoder
+
+    model = tiny_decoder(tmp_path_factory.mktemp("serving") / "llama-bpe", tokenizer="bpe")
+    calibration = {"texts": corpus, "num_calibration_samples": 8, "max_seq_length": 24}
+    job_id = job_service.submit({"model": str(model), "ratio": 0.3, "calibration": calibration, "export": ["gguf-f16"]})
+    assert execute(job_id, job_service.settings) == "SUCCEEDED", job_service.show(job_id)["error"]
+    gguf = next(f for f in job_service.downloads(job_id) if f["name"].endswith("-f16.gguf"))
+    links = views.model_page(job_service, job_id).downloads
+    serving, files = links.split("### Download")
+    row = f"- [{gguf['name']}](jobs/{job_id}/files/{gguf['name']}) — {listings.size_text(gguf['size'])}"
+    assert serving.startswith("### Serving files") and row in serving and f"`llama-cli -m {gguf['name']}`" in serving
+    assert f"| [{gguf['name']}](jobs/{job_id}/files/{gguf['name']}) |" in files  # and among the checkpoint's files
+    app = FastAPI()
+    app.include_router(downloads.router(job_service))
+    got = TestClient(app).get(f"/jobs/{job_id}/files/{gguf['name']}")
+    assert got.status_code == 200 and got.content[:4] == b"GGUF" and len(got.content) == gguf["size"]

@@ -42,6 +42,7 @@ def _fields(tmp_path, **over) -> dict:
         samples=16,
         seq_len=32,
         seed=0,
+        export=[],
     )
     values.update(over)
     return values
@@ -480,3 +481,53 @@ def test_uploads_are_stored_in_the_data_dir_by_content(job_service, tmp_path):
     with pytest.raises(forms.SubmitError, match="the limit is"):
         forms.store_upload(job_service, str(big))
     assert len(list(job_service.settings.uploads_dir.iterdir())) == 1  # the big one was not stored
+
+
+# --- serving files (the recipe's export) ---------------------------------------------------------
+
+
+def test_serving_files_land_in_the_recipe_and_its_yaml(job_service, tmp_path_factory, tmp_path):
+    from core.models.tiny import tiny_decoder
+
+    assert forms.SERVING_FORMS == ["gguf-f16", "gguf-q8_0", "gguf-q4_k_m"]  # the recipe's names, in its order
+    assert "export" not in build_recipe(**_fields(tmp_path))  # none ticked: the recipe stays as before
+    base = tmp_path_factory.mktemp("serving")
+    llama = tiny_decoder(base / "llama-bpe", tokenizer="bpe")
+    message, text, path = forms.validate_form(job_service, _form(tmp_path, llama, export=["gguf-f16"]))
+    assert (
+        message == "✓ valid" and yaml.safe_load(text)["export"] == ["gguf-f16"] and "export:" in Path(path).read_text()
+    )
+    assert Recipe.from_yaml(text).export == ["gguf-f16"]
+    form = _form(tmp_path, llama, methods=["liar", "ls"], ratio="0.2, 0.3", export=["gguf-f16"])
+    assert forms.submit_form(job_service, form, "ada").endswith("jobs 1, 2, 3, 4")
+    assert all(job_service.show(i)["recipe"]["export"] == ["gguf-f16"] for i in (1, 2, 3, 4))
+    # a model the forms cannot be written from is refused in one line, before anything is queued
+    gemma = tiny_decoder(base / "gemma3", family="gemma3", tokenizer="bpe")
+    message, text, _ = forms.validate_form(job_service, _form(tmp_path, gemma, export=["gguf-f16"]))
+    assert message.startswith("**⚠ invalid recipe: export: GGUF export writes the LLaMA, Mistral and Qwen2 families")
+    assert text == "" and "\n" not in message
+    assert forms.submit_form(job_service, _form(tmp_path, gemma, export=["gguf-f16"]), "ada").startswith("**⚠ invalid")
+    assert forms.submit_yaml(
+        job_service, f"model: {gemma}\nratio: 0.3\nexport: [gguf-f16]\ncalibration: {{texts: [a b]}}\n", "(none)", None
+    ).startswith("**⚠ invalid recipe: export: GGUF export")
+    assert len(job_service.list()) == 4
+
+
+def test_the_model_page_lists_serving_files_and_failed_forms():
+    files = [
+        {"name": "config.json", "size": 700, "sha256": "a" * 64, "kind": "file", "url": "jobs/3/files/config.json"},
+        {"name": "c-f16.gguf", "size": 2_400_000, "sha256": "b" * 64, "kind": "file", "url": "jobs/3/files/c-f16.gguf"},
+    ]
+    failed = "export gguf-q4_k_m failed; the checkpoint is kept: llama.cpp is not installed"
+    log = [
+        {"level": "INFO", "message": "export gguf-f16: c-f16.gguf (2.3 MiB)"},
+        {"level": "WARNING", "message": failed},
+    ]
+    from app.web import listings
+
+    text = listings.serving_markdown({"files": files}, log)
+    assert text == (
+        "### Serving files\n\n- [c-f16.gguf](jobs/3/files/c-f16.gguf) — 2.4 MB · `llama-cli -m c-f16.gguf`\n"
+        f"- ⚠ {failed}"
+    )
+    assert listings.serving_markdown({"files": files[:1]}, log[:1]) == ""  # no export asked

@@ -178,3 +178,122 @@ def test_invalid_sweep_creates_no_job(service, job_models):
         with pytest.raises(SubmitError, match=message):
             service.submit_sweep(recipe(job_models), **{"ratios": [0.2], **kwargs})
     assert service.list() == [] and service.celery.sent == []
+
+
+# --- serving forms (the recipe's export) ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def serving_models(tmp_path_factory):
+    """Tiny decoders GGUF export can and cannot write: LLaMA with a byte-level BPE tokenizer (can), the
+    default WordLevel tokenizer and a Gemma 3 (cannot)."""
+    from core.models.tiny import tiny_decoder
+
+    base = tmp_path_factory.mktemp("serving_models")
+    return {
+        "llama": tiny_decoder(base / "llama-bpe", tokenizer="bpe"),
+        "words": tiny_decoder(base / "llama-words"),
+        "gemma3": tiny_decoder(base / "gemma3-bpe", family="gemma3", tokenizer="bpe"),
+    }
+
+
+def test_a_model_that_cannot_be_exported_is_refused_at_submission(service, job_models, serving_models):
+    refusals = {
+        "gemma3": "invalid recipe: export: GGUF export writes the LLaMA, Mistral and Qwen2 families; this checkpoint "
+        "is Gemma 3",
+        "words": "invalid recipe: export: cannot write the tokenizer into the GGUF: it is WordLevel",
+    }
+    for name, message in refusals.items():
+        with pytest.raises(SubmitError) as caught:
+            service.submit(recipe(job_models, model=str(serving_models[name]), export=["gguf-f16"]))
+        assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+        with pytest.raises(SubmitError, match="GGUF"):  # a sweep checks once, before any cell is queued
+            service.submit_sweep(recipe(job_models, model=str(serving_models[name]), export=["gguf-f16"]), [0.2, 0.3])
+    with pytest.raises(SubmitError, match="export: 'gguf-q5' is not a serving form; choose from gguf-f16"):
+        service.submit(recipe(job_models, model=str(serving_models["llama"]), export=["gguf-q5"]))
+    assert service.list() == [] and service.celery.sent == []  # nothing queued
+    # without export, the same models are pruned as before; the LLaMA with a BPE tokenizer is accepted
+    assert service.submit(recipe(job_models, model=str(serving_models["words"]))) == 1
+    assert service.submit(recipe(job_models, model=str(serving_models["llama"]), export=["gguf-f16"])) == 2
+    assert service.show(2)["recipe"]["export"] == ["gguf-f16"]
+
+
+def _artifact_files(info) -> dict:
+    return {a["name"]: a for a in info["artifacts"] if a["kind"] == "file"}
+
+
+def test_a_job_writes_its_serving_files_into_the_checkpoint(service, job_models, serving_models):
+    from core.models.manifest import read_manifest
+
+    job_id = service.submit(recipe(job_models, model=str(serving_models["llama"]), export=["gguf-f16"]))
+    assert execute(job_id, service.settings) == "SUCCEEDED", service.show(job_id)["error"]
+    info = service.show(job_id)
+    checkpoint = service.artifact(job_id)
+    gguf = [name for name in _artifact_files(info) if name.endswith(".gguf")]
+    assert gguf == [f"{checkpoint.name}-f16.gguf"]
+    assert (checkpoint / gguf[0]).read_bytes()[:4] == b"GGUF"
+    listed = {e.name: e for e in read_manifest(checkpoint)}
+    assert listed[gguf[0]].sha256 == _artifact_files(info)[gguf[0]]["sha256"]  # in SHA256SUMS, as served
+    assert gguf[0] in (checkpoint / "README.md").read_text()
+    assert service.file(job_id, gguf[0]).size == (checkpoint / gguf[0]).stat().st_size  # downloadable
+    assert info["metrics"]["export_written"] == 1 and info["metrics"]["export_failed"] == 0
+    assert any(x["message"].startswith(f"export gguf-f16: {gguf[0]} (") for x in info["log"])
+    export_stage = next(s for s in info["timings"]["stages"] if s["stage"] == "export")
+    assert len(export_stage["steps"]) == 2  # saving the checkpoint, then the form
+
+
+def test_an_export_that_fails_after_the_prune_keeps_the_checkpoint(service, job_models, serving_models, monkeypatch):
+    import core.serving
+
+    def refuse(checkpoint, forms, threads=2):
+        raise core.serving.ExportError("llama.cpp did not answer 'quantize' within 600 s")
+
+    monkeypatch.setattr(core.serving, "export", refuse)
+    job_id = service.submit(recipe(job_models, model=str(serving_models["llama"]), export=["gguf-f16", "gguf-q8_0"]))
+    assert execute(job_id, service.settings) == "SUCCEEDED"
+    info = service.show(job_id)
+    checkpoint = service.artifact(job_id)
+    assert (checkpoint / "config.json").is_file() and "config.json" in _artifact_files(info)
+    assert not any(name.endswith(".gguf") for name in _artifact_files(info))
+    assert info["error"] is None and info["metrics"]["params_after"] > 0  # the prune's result stands
+    assert info["metrics"]["export_written"] == 0 and info["metrics"]["export_failed"] == 2
+    warnings = [x["message"] for x in info["log"] if x["level"] == "WARNING"]
+    assert warnings == [
+        f"export {form} failed; the checkpoint is kept: llama.cpp did not answer 'quantize' within 600 s"
+        for form in ("gguf-f16", "gguf-q8_0")
+    ]
+
+
+def test_the_worker_checks_the_forms_again_before_pruning(service, job_models, serving_models, monkeypatch):
+    """The machine that took the job is not always the one that runs it (llama.cpp may be missing
+    there), and a hub model is first seen by the worker: it checks before any pruning."""
+    import core.pipeline.sequential
+    import core.serving
+
+    job_id = service.submit(recipe(job_models, model=str(serving_models["llama"]), export=["gguf-q4_k_m"]))
+
+    def lacks_llama_cpp(model_dir, forms):
+        raise core.serving.ExportError("gguf-q4_k_m needs llama.cpp's quantizer, which this machine lacks")
+
+    def never(*args, **kwargs):
+        raise AssertionError("pruned before the export check")
+
+    monkeypatch.setattr(core.serving, "preflight", lacks_llama_cpp)
+    monkeypatch.setattr(core.pipeline.sequential, "prune", never)
+    assert execute(job_id, service.settings) == "FAILED"
+    info = service.show(job_id)
+    assert info["error"] == (
+        "export gguf-q4_k_m refused before pruning: gguf-q4_k_m needs llama.cpp's quantizer, which this machine lacks"
+    )
+    assert info["artifacts"] == [] and not (service.settings.artifacts_dir / f"job-{job_id}").exists()
+
+
+def test_a_sweep_checks_its_serving_forms_once(service, job_models, serving_models, monkeypatch):
+    """Its cells share the model and the forms; the check reads the tokenizer (~0.5 s on SmolLM2)."""
+    import core.serving
+
+    calls = []
+    monkeypatch.setattr(core.serving, "preflight", lambda model_dir, forms: calls.append((model_dir, forms)))
+    base = recipe(job_models, model=str(serving_models["llama"]), export=["gguf-f16"])
+    _, ids = service.submit_sweep(base, ratios=[0.2, 0.3], methods=["bias", "ls"])
+    assert len(ids) == 4 and calls == [(serving_models["llama"], ["gguf-f16"])]

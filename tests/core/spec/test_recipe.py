@@ -246,3 +246,41 @@ def test_the_default_recipe_runs_and_records_what_it_resolved_to(ratio, expected
         assert (saved.criterion.name, saved.allocation) == expected
         assert saved.criterion.options == result.recipe.criterion.options  # the cap above 30%, if any
     _assert_same_checkpoint(memory_dir, stream_dir)
+
+
+# --- export: the serving forms written into the checkpoint ---------------------------------------
+
+
+def test_export_names_serving_forms_and_round_trips(llama_dir, corpus):
+    from core.serving import FORMATS
+    from core.spec.recipe import EXPORT_FORMATS
+
+    assert FORMATS == EXPORT_FORMATS  # one list of names, kept in core.spec (torch-free)
+    assert Recipe.model_validate(recipe_for(llama_dir, corpus)).export == []  # none unless asked
+    recipe = Recipe.model_validate(recipe_for(llama_dir, corpus, export=["gguf-q4_k_m", "gguf-f16"]))
+    assert recipe.export == ["gguf-q4_k_m", "gguf-f16"]  # in the order given
+    assert "export:\n- gguf-q4_k_m\n- gguf-f16\n" in recipe.to_yaml()
+    assert Recipe.from_yaml(recipe.to_yaml()) == recipe
+    # a form named twice is written once; a single name reads as a list of one
+    assert Recipe.model_validate(recipe_for(llama_dir, corpus, export=["gguf-f16", "gguf-f16"])).export == ["gguf-f16"]
+    one = recipe.to_yaml().replace("export:\n- gguf-q4_k_m\n- gguf-f16\n", "export: gguf-q8_0\n")
+    assert Recipe.from_yaml(one).export == ["gguf-q8_0"]
+
+
+@pytest.mark.parametrize(
+    ("export", "message"),
+    [
+        (["gguf"], "export: 'gguf' is not a serving form; choose from gguf-f16, gguf-q8_0, gguf-q4_k_m"),
+        (
+            ["gguf-f16", "vllm", "q4"],
+            "export: 'vllm', 'q4' are not serving forms; choose from gguf-f16, gguf-q8_0, gguf-q4_k_m",
+        ),
+        (3, "export: Input should be a valid list"),
+    ],
+)
+def test_an_unknown_export_form_is_one_sentence_naming_the_forms(export, message, llama_dir, corpus):
+    from core.spec.errors import validation_message
+
+    with pytest.raises(ValidationError) as caught:
+        Recipe.model_validate(recipe_for(llama_dir, corpus, export=export))
+    assert validation_message(caught.value) == message
