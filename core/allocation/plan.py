@@ -113,7 +113,8 @@ class Budget:
     widths in multiples of ``round_to`` (heads, neurons); ``global_search``: the criterion's way to
     spend a global budget, ``"threshold"`` (one ranking over all units) or ``"fisher"`` (Kwon et
     al.'s mask search); ``head_ratio``: the heads' part of a uniform layer's share (``same`` |
-    ``auto`` | ``obs`` | a fraction of the heads; see the module docstring)."""
+    ``auto`` | ``obs`` | a fraction of the heads; see the module docstring); ``uniform_heads``: a
+    global plan whose layers all keep the same number of query heads (:func:`_global_uniform_heads`)."""
 
     ratio: float
     modules: str = "both"
@@ -121,6 +122,7 @@ class Budget:
     round_to: tuple[int, int] = (1, 1)
     global_search: str = "threshold"
     head_ratio: float | str = "same"
+    uniform_heads: bool = False  # global: every layer keeps the same number of query heads
 
 
 def allocate(
@@ -153,6 +155,8 @@ def allocate(
     elif budget.allocation == "global":
         if budget.global_search == "fisher":
             layers = _kwon_search(scores, adapter, costs, target, modules)
+        elif budget.uniform_heads and modules == "both":
+            layers = _global_uniform_heads(scores, adapter, costs, target, budget)
         else:
             layers = _global(scores, adapter, costs, target, modules)
     else:
@@ -269,6 +273,33 @@ def _global(scores, adapter: Adapter, costs, target: int, modules: str) -> list[
             f"{removed / max(target, 1):.0%} of the budget (criterion obs: raise or remove max_layer_ratio)"
         )
     return _from_drops(adapter, costs, drop_heads, drop_neurons)
+
+
+def _global_uniform_heads(scores, adapter: Adapter, costs, target: int, budget: Budget) -> list[LayerPlan]:
+    """A global plan whose every layer keeps the same number of query heads (``query_heads: uniform``:
+    vLLM's DeciLM form states one query-head count for all layers): each layer drops its ``k``
+    lowest-scored heads, ``k`` the heads' share of a uniform plan at this ratio (``head_ratio``), and
+    one global ranking of neurons spends the rest of the budget, so FFN widths (and the key/value heads
+    the kept heads leave) still differ per layer. A criterion that leaves some layer's heads alone
+    leaves every layer's: ``k`` is then 0."""
+    orders = [_orders(s) for s in scores]
+    k = round(head_fraction(budget.ratio, budget.head_ratio) * adapter.n_heads)
+    k = min(k, adapter.n_heads - 1) if all(prunable(s, "both")[0] for s in scores) else 0
+
+    def heads_only(k: int) -> list[LayerPlan]:
+        return [_layer_plan(adapter, c, set(o[0][:k]), 0, o[1]) for o, c in zip(orders, costs)]
+
+    plans = heads_only(k)
+    while k > 0 and sum(lp.removed for lp in plans) > target:  # the neurons must still have a share
+        k -= 1
+        plans = heads_only(k)
+    capacity = sum((adapter.n_neurons - 1) * c["neuron"] for s, c in zip(scores, costs) if prunable(s, "both")[1])
+    while k < adapter.n_heads - 1 and k and sum(lp.removed for lp in plans) + capacity < target:
+        k += 1  # ... and when they cannot make up the rest, more heads go (as in a uniform layer)
+        plans = heads_only(k)
+    spent = sum(lp.removed for lp in plans)
+    neurons = _global(scores, adapter, costs, target - spent, "neurons")
+    return [LayerPlan(h.heads, h.kv_heads, n.neurons, h.removed + n.removed) for h, n in zip(plans, neurons)]
 
 
 def _kwon_search(scores: list[Scores], adapter: Adapter, costs, target: int, modules: str) -> list[LayerPlan]:

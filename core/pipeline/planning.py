@@ -76,6 +76,7 @@ def make_plan(
         round_to=rounding,
         global_search=criteria.get(recipe.criterion.name).global_search,
         head_ratio=recipe.head_ratio,
+        uniform_heads=recipe.query_heads == "uniform",
     )
     return (allocate_groups if groups == "whole" else allocate)(scores, adapter, *layer_budget(model, adapter), budget)
 

@@ -1,0 +1,65 @@
+"""After the prune: a checkpoint in the forms serving engines run.
+
+``FORMATS`` names every form ``export`` writes; recipes, jobs, the CLI and the web form offer these
+names. ``preflight`` checks, before any pruning, that a model can be written in the asked forms (its
+family, rotary scaling and tokenizer; the engine a quantized form needs), so a late failure never
+costs a finished prune.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.serving.card import VLLM_DIR, list_forms
+from core.serving.gguf_export import ExportError, check_exportable, export_gguf, verify_checkpoint
+from core.spec.recipe import EXPORT_FORMATS
+
+# form name → GGUF weight type; "vllm": vLLM's DeciLM form in the checkpoint's ``vllm/`` folder
+GGUF_FORMATS = {"gguf-f16": "f16", "gguf-q8_0": "q8_0", "gguf-q4_k_m": "q4_k_m"}
+FORMATS = EXPORT_FORMATS  # the names live in core.spec, which recipes validate with (torch-free)
+
+
+def _unknown(names: list[str]) -> None:
+    bad = [n for n in names if n not in FORMATS]
+    if bad:
+        raise ExportError(f"unknown export form {', '.join(map(repr, bad))}: the forms are {', '.join(FORMATS)}")
+
+
+def preflight(model_dir: str | Path, formats: list[str], engines: bool = True) -> None:
+    """``ExportError`` when the model in ``model_dir`` (pruned or not) cannot be written in ``formats``;
+    ``engines``: also that the engines a form needs are here (off where the run happens elsewhere)."""
+    from core.models.config_file import read_config
+    from core.serving.engines import INSTALL_HINT, llama_cpp_python
+    from core.serving.vllm_form import check_vllm_family
+
+    _unknown(formats)
+    directory = Path(model_dir).expanduser()
+    if any(f in GGUF_FORMATS for f in formats):
+        check_exportable(directory)
+    if "vllm" in formats:
+        check_vllm_family(read_config(directory))
+    quantized = [f for f in formats if GGUF_FORMATS.get(f) in ("q8_0", "q4_k_m")]
+    if engines and quantized and llama_cpp_python() is None:
+        raise ExportError(f"{quantized[0]} needs llama.cpp's quantizer, which this machine lacks: {INSTALL_HINT}")
+
+
+def export(checkpoint: str | Path, formats: list[str], threads: int = 2) -> list[Path]:
+    """Write each of ``formats`` inside ``checkpoint`` (listed in its card and ``SHA256SUMS``); the
+    weights are checked against ``SHA256SUMS`` once, before the first."""
+    from core.serving.vllm_form import export_vllm
+
+    _unknown(formats)
+    checkpoint = Path(checkpoint).expanduser()
+    if formats:
+        verify_checkpoint(checkpoint)
+    written = []
+    for f in formats:
+        if f == "vllm":
+            written.append(export_vllm(checkpoint, checkpoint / VLLM_DIR, overwrite=True, verify=False))
+            list_forms(checkpoint)
+        else:
+            written.append(export_gguf(checkpoint, quant=GGUF_FORMATS[f], threads=threads, verify=False))
+    return written
+
+
+__all__ = ["FORMATS", "ExportError", "export", "preflight"]

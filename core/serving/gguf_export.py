@@ -25,7 +25,6 @@ written; the file is written beside its target and renamed into place.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +34,11 @@ import torch
 
 from core.models.config_file import read_config
 from core.models.liar_families import FAMILIES
-from core.models.manifest import MANIFEST, file_sha256, read_manifest, write_manifest
+from core.models.manifest import MANIFEST, file_sha256, read_manifest
 from core.models.safetensors_io import CheckpointError, CheckpointReader
+from core.serving.card import list_forms
 from core.serving.gguf_vocab import Vocab, VocabError, read_vocab, write_vocab
+from core.serving.layout import LayerShape, Tensors, head_rows, layers_of
 
 FAMILIES_GGUF = ("llama", "mistral", "qwen2")
 DTYPES = ("f16", "f32")
@@ -46,23 +47,6 @@ _SCALING_BY_FACTOR = ("default", "linear", "llama3")  # rotary types that divide
 
 class ExportError(ValueError):
     """The checkpoint cannot be written as GGUF (the message says why and what would work)."""
-
-
-@dataclass(frozen=True)
-class LayerShape:
-    """One block as llama.cpp will see it."""
-
-    q_heads: list[int]  # rows of q_proj (positions in the checkpoint), in llama.cpp's order
-    kv_rows: list[int]  # for each llama.cpp key/value head, its position in the checkpoint's k/v
-    n_ff: int
-
-    @property
-    def n_head(self) -> int:
-        return len(self.q_heads)
-
-    @property
-    def n_kv(self) -> int:
-        return len(self.kv_rows)
 
 
 @dataclass(frozen=True)
@@ -91,30 +75,11 @@ def _family(config: dict) -> str:
     )
 
 
-def _layer_shape(entry: dict, n_heads: int, n_kv: int) -> LayerShape:
-    """llama.cpp's view of a layer with kept heads ``entry['heads']`` over ``entry['kv_heads']``."""
-    heads, kv_heads, rep = list(entry["heads"]), list(entry["kv_heads"]), n_heads // n_kv
-    position = {kv: i for i, kv in enumerate(kv_heads)}
-    reads = [position[h // rep] for h in heads]  # each kept query head's key/value head (checkpoint position)
-    order = sorted(range(len(heads)), key=lambda i: reads[i])  # stable: groups become contiguous
-    sizes = [reads.count(j) for j in range(len(kv_heads)) if reads.count(j)]
-    group = math.gcd(*sizes)
-    kv_rows = [j for j in range(len(kv_heads)) for _ in range(reads.count(j) // group)]
-    return LayerShape(q_heads=order, kv_rows=kv_rows, n_ff=int(entry["neurons"]))
-
-
 def plan(directory: str | Path) -> GgufPlan:
     """How the checkpoint in ``directory`` becomes GGUF; ``ExportError`` when it cannot."""
     config = read_config(directory)
     family = _family(config)
-    n_heads = config["num_attention_heads"]
-    n_kv = config.get("num_key_value_heads") or n_heads
-    head_dim = config.get("head_dim") or config["hidden_size"] // n_heads
-    layout = config.get("liar_layout")
-    if layout is None:  # a stock checkpoint: every layer as the config says
-        full = {"heads": list(range(n_heads)), "kv_heads": list(range(n_kv)), "neurons": config["intermediate_size"]}
-        layout = [full] * config["num_hidden_layers"]
-    layers = [_layer_shape(e, n_heads, n_kv) for e in layout]
+    layers, head_dim = layers_of(config)
     _check_rope(config)
     p = GgufPlan(arch="deci", family=family, layers=layers, head_dim=head_dim, config=config)
     regrouped = any(x.q_heads != sorted(x.q_heads) or len(set(x.kv_rows)) != x.n_kv for x in layers)
@@ -164,30 +129,7 @@ def _pairwise(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, 2, half, *shape[1:]).transpose(1, 2).reshape(shape)
 
 
-class _Tensors:
-    """A checkpoint's tensors by Hugging Face name, as float32 CPU tensors, or (``meta``) as shapes only:
-    the writer runs the same conversion twice, first on shapes for the file's tensor table, then on
-    the data, so no more than one tensor is in memory at a time."""
-
-    def __init__(self, reader: CheckpointReader, meta: bool):
-        self.reader, self.meta = reader, meta
-
-    def has(self, name: str) -> bool:
-        return name in self.reader
-
-    def get(self, name: str) -> torch.Tensor:
-        if self.meta:
-            return torch.empty(self.reader.entries[name].shape, device="meta")
-        return self.reader.read(name, dtype=torch.float32)
-
-
-def _head_rows(w: torch.Tensor, heads: list[int], head_dim: int) -> torch.Tensor:
-    """The row blocks of ``heads`` (in that order) of a per-head projection or its bias."""
-    index = torch.tensor([h * head_dim + j for h in heads for j in range(head_dim)], device=w.device)
-    return w.index_select(0, index)
-
-
-def _layer_tensors(src: _Tensors, p: GgufPlan, i: int):
+def _layer_tensors(src: Tensors, p: GgufPlan, i: int):
     """(GGUF name, tensor) of block ``i``."""
     x, hd, pre, out = p.layers[i], p.head_dim, f"model.layers.{i}.", f"blk.{i}."
     yield out + "attn_norm.weight", src.get(pre + "input_layernorm.weight")
@@ -196,10 +138,10 @@ def _layer_tensors(src: _Tensors, p: GgufPlan, i: int):
         for kind in ("weight", "bias"):
             name = f"{pre}self_attn.{proj}_proj.{kind}"
             if src.has(name):
-                t = _head_rows(src.get(name), heads, hd)
+                t = head_rows(src.get(name), heads, hd)
                 yield f"{out}attn_{proj}.{kind}", t if proj == "v" else _pairwise(t, n)
     o = src.get(pre + "self_attn.o_proj.weight")
-    yield out + "attn_output.weight", _head_rows(o.T, x.q_heads, hd).T
+    yield out + "attn_output.weight", head_rows(o.T, x.q_heads, hd).T
     if src.has(pre + "self_attn.o_proj.bias"):
         yield out + "attn_output.bias", src.get(pre + "self_attn.o_proj.bias")
     for proj in ("gate", "up", "down"):
@@ -209,7 +151,7 @@ def _layer_tensors(src: _Tensors, p: GgufPlan, i: int):
                 yield f"{out}ffn_{proj}.{kind}", src.get(name)
 
 
-def _all_tensors(src: _Tensors, p: GgufPlan, factors: np.ndarray | None):
+def _all_tensors(src: Tensors, p: GgufPlan, factors: np.ndarray | None):
     yield "token_embd.weight", src.get("model.embed_tokens.weight")
     for i in range(len(p.layers)):
         yield from _layer_tensors(src, p, i)
@@ -262,12 +204,12 @@ def write_gguf(directory: str | Path, out: str | Path, dtype: str = "f16") -> Pa
     try:
         _metadata(writer, p, directory.name, int(file_type))
         write_vocab(writer, vocab)
-        for name, t in _all_tensors(_Tensors(reader, meta=True), p, factors):
+        for name, t in _all_tensors(Tensors(reader, meta=True), p, factors):
             writer.add_tensor_info(name, tuple(t.shape), as_type(t), t.numel() * as_type(t).itemsize)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for _, t in _all_tensors(_Tensors(reader, meta=False), p, factors):
+        for _, t in _all_tensors(Tensors(reader, meta=False), p, factors):
             writer.write_tensor_data(np.ascontiguousarray(t.numpy().astype(as_type(t))))
         writer.close()
         os.replace(tmp, out)
@@ -317,7 +259,9 @@ def check_exportable(directory: Path) -> GgufPlan:
     return p
 
 
-def export_gguf(directory: str | Path, out: str | Path | None = None, quant: str = "f16", threads: int = 2) -> Path:
+def export_gguf(
+    directory: str | Path, out: str | Path | None = None, quant: str = "f16", threads: int = 2, verify: bool = True
+) -> Path:
     """The checkpoint in ``directory`` as one GGUF file at ``out`` (default: inside the checkpoint,
     ``<name>-<quant>.gguf``, added to its ``SHA256SUMS``). ``quant`` f32 / f16 are written here;
     q8_0 / q4_k_m are the f16 file quantized by llama.cpp's own quantizer (``liar engines install``).
@@ -334,7 +278,8 @@ def export_gguf(directory: str | Path, out: str | Path | None = None, quant: str
     if quant in ("q8_0", "q4_k_m") and llama_cpp_python() is None:
         raise ExportError(f"{quant} needs llama.cpp's quantizer, which is not installed: {INSTALL_HINT}")
     check_exportable(directory)
-    verify_checkpoint(directory)
+    if verify:
+        verify_checkpoint(directory)
     if quant in ("f32", "f16"):
         write_gguf(directory, out, dtype=quant)
     else:
@@ -348,29 +293,5 @@ def export_gguf(directory: str | Path, out: str | Path | None = None, quant: str
             f16.unlink(missing_ok=True)
             tmp.unlink(missing_ok=True)
     if inside:
-        _list_in_card(directory)
-        if (directory / MANIFEST).is_file():
-            known = {e.name: e.sha256 for e in read_manifest(directory) if e.name != "README.md"}
-            write_manifest(directory, known)
+        list_forms(directory)
     return out
-
-
-_CARD_MARKS = ("<!-- gguf-files -->", "<!-- /gguf-files -->")
-
-
-def _list_in_card(directory: Path) -> None:
-    """List the checkpoint's GGUF files, with the command for each, in its model card (README.md)."""
-    card = directory / "README.md"
-    if not card.is_file():
-        return
-    text = card.read_text()
-    start, end = _CARD_MARKS
-    if start not in text or end not in text:
-        text = text.rstrip("\n") + f"\n\n## GGUF files\n{start}\n{end}\n"
-    rows = [
-        f"- `{f.name}` ({f.stat().st_size / 2**20:,.1f} MiB): `llama-cli -m {f.name}`"
-        for f in sorted(directory.glob("*.gguf"))
-    ]
-    head, rest = text.split(start, 1)
-    tail = rest.split(end, 1)[1]
-    card.write_text(head + start + "\n" + "".join(r + "\n" for r in rows) + end + tail)

