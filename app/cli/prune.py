@@ -32,6 +32,7 @@ def recipe_from_args(args: argparse.Namespace):
         "execution": args.execution,
         "activations": args.activations,
         "export": args.export,
+        "query_heads": args.query_heads,
     }
     if args.recipe:
         recipe = Recipe.load(args.recipe)
@@ -261,7 +262,7 @@ def register(sub) -> None:
 _FLAG_NAMES = (
     "model modules ratio allocation head_ratio round_neurons kv_groups criterion reconstruction damp select target "
     "positions paper calibration samples seq_len holdout label_field seed batch_size dtype device execution activations"
-    " export"
+    " export query_heads"
 )
 RECIPE_FLAGS = tuple(_FLAG_NAMES.split())
 
@@ -288,6 +289,12 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         help="uniform allocation: fraction of each layer's query heads removed, the neurons making up the rest "
         "— auto (default: half the ratio, measured best), same (the layer's ratio, the paper's split), obs (each "
         "layer's split with the least output error on the OBS error curves), or a number in [0, 1)",
+    )
+    p.add_argument(
+        "--query-heads",
+        choices=["free", "uniform"],
+        help="uniform: every layer keeps the same number of query heads, FFN widths still per layer "
+        "(query_heads; vLLM's form needs it); free (default)",
     )
     p.add_argument(
         "--round-neurons",

@@ -174,7 +174,7 @@ calibrated on {r.calibration.num_calibration_samples} × {r.calibration.max_seq_
 
 ## Serving
 {_serving(stock, architecture)}
-{_gguf_note(result.adapter.name)}
+{_serving_forms(result.adapter.name)}
 
 ## Metrics
 | metric | value |
@@ -205,24 +205,30 @@ width), the same for every layer, and there is no custom code. Serve it as the o
     return """Not a stock architecture: layers have different widths, or a layer's kept query heads form key/value
 groups of unequal size (served by a key/value index). `config.json` carries the per-layer widths in
 `liar_layout` and the bundled `modeling_liar.py` builds them, so it loads in `transformers` with
-`trust_remote_code=True`; vLLM and Text Generation Inference cannot run this form.
+`trust_remote_code=True`; serving engines read other forms of it (below).
 For a stock checkpoint, prune with `allocation: uniform` and `round_to: {kv_groups: whole}` (every layer
 a stock grouped-query attention), with FFN widths that come out equal in every layer (`round_to:
 {neurons: 1}` does; a coarser multiple may leave neighbouring multiples in different layers)."""
 
 
-GGUF_FAMILIES = ("llama", "mistral", "qwen2")  # what core.serving.gguf_export writes
+SERVED_FAMILIES = ("llama", "mistral", "qwen2")  # the families core.serving writes GGUF and vLLM forms of
 
 
-def _gguf_note(family_name: str) -> str:
-    """How to get a llama.cpp file of the checkpoint (the families the GGUF export writes)."""
-    if family_name not in GGUF_FAMILIES:
+def _serving_forms(family_name: str) -> str:
+    """How to get the checkpoint's engine forms (the families ``core.serving`` writes), and the list of
+    those already written (filled in by ``core.serving.card``)."""
+    if family_name not in SERVED_FAMILIES:
         return ""
     return """
 **llama.cpp / ollama:** `liar export PATH --format gguf --quant q4_k_m` (or `f16`, `q8_0`) writes
 `PATH/NAME-q4_k_m.gguf`, one file with the tokenizer inside, in a form stock llama.cpp runs whatever
 the layers' widths (per-layer widths go in llama.cpp's `deci` architecture): `llama-cli -m FILE`.
-The files written so far are listed below.
+
+**vLLM:** `liar export PATH --format vllm` writes `PATH/vllm/` in vLLM's DeciLM form (per-layer
+key/value heads and FFN widths; every layer must keep the same number of query heads, which a
+recipe with `query_heads: uniform` guarantees): `vllm serve PATH/vllm --trust-remote-code`.
+
+The serving files written so far (a recipe's `export` writes them with the checkpoint):
 <!-- gguf-files -->
 <!-- /gguf-files -->
 """

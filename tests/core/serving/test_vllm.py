@@ -30,6 +30,8 @@ from tests.conftest import recipe_for
 
 PROMPTS = [[2, 55, 301, 268, 311], [7, 8, 9], [100, 101, 102, 103, 104, 105, 106], [2, 20], [250, 30, 40, 50]]
 NEW_TOKENS = 32
+# each test starts a vLLM server (about a minute): `make test` runs them, `make test-fast` does not
+pytestmark = pytest.mark.slow
 SERVE = ("--trust-remote-code", "--dtype", "float32", "--max-model-len", "256", "--enforce-eager")
 # 8 query heads of 64 over 4 key/value heads; each layer keeps 4 query heads, in groups of 2+2 over two
 # key/value heads, 1+1+1+1 over four, and 2+1+1 (repeated to four key/value heads for vLLM)
