@@ -1,0 +1,170 @@
+"""Depth pruning's least-squares stand-in: a span of whole blocks replaced by one linear map, folded
+into the down projection of the block before it, so the result is the stock architecture with fewer
+layers.
+
+Let block ``s - 1`` be the last block kept before the span ``[s, e)``. Its residual stream after the
+attention is ``r``, its FFN adds ``m = z W_downᵀ + b`` (``z``: the FFN's hidden activations), and the
+span maps ``h = r + m`` to ``y``. The stand-in keeps ``r`` and replaces ``m`` by ``m T`` with
+
+    T = argmin_T ‖m T − (y − r)‖² + λ ‖T‖²  =  (mᵀm + λ I)⁻¹ mᵀ(y − r),
+
+the map ReplaceMe fits (arXiv 2505.02819) written as a refit of the FFN's output: ``m T = z (W_downᵀ T)
++ b T``, i.e. ``W_down ← Tᵀ W_down`` and ``b ← b T``. The statistics ``mᵀm`` and ``mᵀ(y − r)`` are
+summed over batches in float64 (:class:`SpanFit`), as the width refits are, and the damping is relative
+to the Gram's mean diagonal. This needs a pre-norm block whose FFN output joins the residual stream
+as it is: a family with a norm on the FFN's output (Gemma's sandwich norms) cannot take the fold, and
+nor can a span that starts at the first block (there is no FFN before it to fold into).
+
+:func:`plain_error` and :func:`angular_distance` are the span scores of plain removal and of ShortGPT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from core.models.adapter import Adapter
+
+
+class DepthError(ValueError):
+    """A span that cannot be replaced as asked (the message says why)."""
+
+
+@dataclass
+class SpanFit:
+    """Streamed least squares for one span: ``add_batch`` per calibration batch, then ``solve``."""
+
+    width: int
+    gram: torch.Tensor = field(init=False)  # mᵀm, float64
+    cross: torch.Tensor = field(init=False)  # mᵀ(y − r), float64
+    target_sq: float = 0.0  # ‖y − r‖², for the relative error
+    rows: int = 0
+
+    def __post_init__(self) -> None:
+        self.gram = torch.zeros(self.width, self.width, dtype=torch.float64)
+        self.cross = torch.zeros(self.width, self.width, dtype=torch.float64)
+
+    def add_batch(self, m: torch.Tensor, delta: torch.Tensor) -> None:
+        """``m``: the FFN output of the block before the span; ``delta``: ``y − r`` (tokens × width)."""
+        m, delta = m.reshape(-1, self.width).double().cpu(), delta.reshape(-1, self.width).double().cpu()
+        self.gram += m.T @ m
+        self.cross += m.T @ delta
+        self.target_sq += float((delta * delta).sum())
+        self.rows += m.shape[0]
+
+    def solve(self, damp: float = 0.01) -> torch.Tensor:
+        """``T`` (width × width, float64), the damping ``damp`` × the Gram's mean diagonal."""
+        if self.rows == 0:
+            raise DepthError("no calibration tokens reached the span")
+        lam = damp * float(self.gram.diagonal().mean())
+        reg = self.gram + lam * torch.eye(self.width, dtype=torch.float64)
+        return torch.linalg.solve(reg, self.cross)
+
+    def relative_error(self, t: torch.Tensor) -> float:
+        """‖m T − (y − r)‖² / ‖y − r‖² on the summed statistics (the fit's own tokens)."""
+        if self.target_sq == 0.0:
+            return 0.0
+        residual = self.target_sq - 2 * float((t * self.cross).sum()) + float((t * (self.gram @ t)).sum())
+        return max(residual, 0.0) / self.target_sq
+
+
+def check_foldable(adapter: Adapter, start: int) -> None:
+    if start < 1:
+        raise DepthError("a span starting at the first block has no FFN before it to fold its stand-in into")
+    if adapter.family.ffn_output_norm is not None:
+        raise DepthError(
+            f"{adapter.family.label or adapter.family.name} normalises the FFN's output before the residual "
+            "stream, so a linear stand-in cannot be folded into the down projection"
+        )
+
+
+def fold(model: nn.Module, adapter: Adapter, start: int, t: torch.Tensor) -> None:
+    """``W_down ← Tᵀ W_down`` and ``b ← b T`` in block ``start - 1`` (see the module docstring)."""
+    check_foldable(adapter, start)
+    down = adapter.layers(model)[start - 1].get_submodule(adapter.family.ffn_out)
+    with torch.no_grad():
+        w = down.weight
+        down.weight.copy_((t.T.to(torch.float64) @ w.double()).to(w.dtype))
+        if down.bias is not None:
+            down.bias.copy_((down.bias.double() @ t.to(torch.float64)).to(down.bias.dtype))
+
+
+def remove_blocks(model: nn.Module, adapter: Adapter, drop: list[int]) -> None:
+    """Take blocks ``drop`` out of the model: the kept ones renumbered (their attention's ``layer_idx``,
+    which the key/value cache reads), the config's layer count and per-layer lists trimmed."""
+    layers = adapter.layers(model)
+    drop_set = set(drop)
+    if len(drop_set) >= len(layers):
+        raise DepthError("removing every block leaves no model")
+    kept = [layer for i, layer in enumerate(layers) if i not in drop_set]
+    for new_index, layer in enumerate(kept):
+        attn = layer.get_submodule(adapter.family.attn)
+        if hasattr(attn, "layer_idx"):
+            attn.layer_idx = new_index
+    parent_path, _, name = adapter.family.layers.rpartition(".")
+    parent = model.base_model.get_submodule(parent_path) if parent_path else model.base_model
+    setattr(parent, name, nn.ModuleList(kept))
+    cfg = model.config
+    for key in ("layer_types", "liar_layout"):
+        values = getattr(cfg, key, None)
+        if isinstance(values, list) and len(values) == len(layers):
+            setattr(cfg, key, [v for i, v in enumerate(values) if i not in drop_set])
+    cfg.num_hidden_layers = len(kept)
+
+
+def angular_distance(h_in: torch.Tensor, h_out: torch.Tensor) -> float:
+    """ShortGPT's span score: the mean angle between a token's residual stream before and after the
+    span, over π (0: the span changes no direction)."""
+    a, b = h_in.reshape(-1, h_in.shape[-1]).double(), h_out.reshape(-1, h_out.shape[-1]).double()
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=-1).clamp(-1.0, 1.0)
+    return float(torch.arccos(cos).mean() / torch.pi)
+
+
+def plain_error(h_in: torch.Tensor, h_out: torch.Tensor) -> float:
+    """Plain removal's relative error ‖h_in − h_out‖² / ‖h_out‖² (the span passes its input on)."""
+    d = h_out.double() - h_in.double()
+    return float((d * d).sum() / (h_out.double() ** 2).sum().clamp_min(1e-300))
+
+
+def _hidden(output) -> torch.Tensor:
+    return output[0] if isinstance(output, tuple) else output
+
+
+@torch.no_grad()
+def fit_span(model: nn.Module, adapter: Adapter, batches, start: int, end: int) -> tuple[SpanFit, dict[str, float]]:
+    """The least-squares statistics of replacing blocks ``[start, end)`` (see the module docstring) over
+    ``batches`` (dicts of ``input_ids`` and ``attention_mask``), and the span's plain-removal and
+    angular scores on the same tokens. Hooks read ``m`` (block ``start - 1``'s down projection), ``h``
+    (that block's output, so ``r = h − m``) and ``y`` (block ``end - 1``'s output)."""
+    check_foldable(adapter, start)
+    layers = adapter.layers(model)
+    if not start < end <= len(layers):
+        raise DepthError(f"span [{start}, {end}) is not inside the model's {len(layers)} blocks")
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [
+        layers[start - 1]
+        .get_submodule(adapter.family.ffn_out)
+        .register_forward_hook(lambda mod, inp, out: seen.__setitem__("m", out)),
+        layers[start - 1].register_forward_hook(lambda mod, inp, out: seen.__setitem__("h", _hidden(out))),
+        layers[end - 1].register_forward_hook(lambda mod, inp, out: seen.__setitem__("y", _hidden(out))),
+    ]
+    fit = SpanFit(width=model.config.hidden_size)
+    plain_num = plain_den = angle_sum = 0.0
+    count = 0
+    try:
+        for batch in batches:
+            mask = batch["attention_mask"].bool()
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            m, h, y = (seen[k][mask] for k in ("m", "h", "y"))
+            fit.add_batch(m, y.double() - h.double() + m.double())
+            d = y.double() - h.double()
+            plain_num += float((d * d).sum())
+            plain_den += float((y.double() ** 2).sum())
+            angle_sum += angular_distance(h, y) * h.shape[0]
+            count += h.shape[0]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return fit, {"plain_error": plain_num / max(plain_den, 1e-300), "angular_distance": angle_sum / max(count, 1)}
