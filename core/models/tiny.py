@@ -85,6 +85,33 @@ def tiny_bpe_tokenizer(vocab_size: int = 320):
     )
 
 
+def tiny_spm_tokenizer(vocab_size: int = 400):
+    """A SentencePiece-style BPE tokenizer as LLaMA 2 and Mistral 7B ship it in ``tokenizer.json``
+    ("▁" for spaces and before the text, ``<0xNN>`` byte-fallback tokens in the vocabulary, a
+    beginning-of-sequence token added), trained on :func:`tiny_corpus` (deterministic)."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials + byte_tokens)
+    tok.train_from_iterator(tiny_corpus(), trainer=trainer)
+    spec = json.loads(tok.to_str())  # the byte tokens stay in the vocabulary, not among the added tokens
+    spec["added_tokens"] = [a for a in spec["added_tokens"] if a["content"] in specials]
+    spec["pre_tokenizer"] = None
+    tok = Tokenizer.from_str(json.dumps(spec))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
 def _save(model, tokenizer, path: str | Path) -> Path:
     path = Path(path)
     model.save_pretrained(path)
@@ -113,13 +140,14 @@ _FAMILY_CONFIG = {
 
 def tiny_decoder(path: str | Path, family: str = "llama", seed: int = 0, tokenizer: str = "words", **overrides) -> Path:
     """A random 2-layer decoder of ``family``: 8 query heads over 4 key/value heads (GQA; OPT: 8 heads),
-    head_dim 8, FFN 48; ``tokenizer`` "words" (:func:`tiny_tokenizer`) or "bpe" (:func:`tiny_bpe_tokenizer`)."""
+    head_dim 8, FFN 48; ``tokenizer`` "words" (:func:`tiny_tokenizer`), "bpe" (:func:`tiny_bpe_tokenizer`) or
+    "spm" (:func:`tiny_spm_tokenizer`)."""
     import transformers
 
     from core.models.liar_families import FAMILIES
 
     fam = FAMILIES[family]
-    tok = tiny_bpe_tokenizer() if tokenizer == "bpe" else tiny_tokenizer()
+    tok = {"bpe": tiny_bpe_tokenizer, "spm": tiny_spm_tokenizer}.get(tokenizer, tiny_tokenizer)()
     kw = dict(
         vocab_size=len(tok),
         hidden_size=64,

@@ -125,13 +125,25 @@ def test_scaled_rotary_goes_into_rope_freqs(tmp_path):
     assert_same_logits(src, gguf, tmp_path, TOL["f32"])
 
 
-def test_tokenizer_in_the_file_splits_text_as_transformers(bpe_models, tmp_path):
-    src = bpe_models["llama"]
+@pytest.mark.parametrize("kind", ["bpe", "spm"])
+def test_tokenizer_in_the_file_splits_text_as_transformers(kind, tmp_path):
+    """Byte-level BPE (SmolLM2, LLaMA 3, Qwen2) and SentencePiece-style BPE (LLaMA 2, Mistral: "▁"
+    spaces, byte fallback for characters outside the vocabulary, a beginning-of-sequence token)."""
+    src = tiny_decoder(tmp_path / kind, family="mistral" if kind == "spm" else "llama", tokenizer=kind)
     gguf = export_gguf(src, tmp_path / "m.gguf", quant="f16")
-    texts = ["The model layer 123 prunes 4567 heads.", "  two  spaces, and\nnew lines!", "fast slow river city"]
+    texts = [
+        "The model layer 123 prunes 4567 heads.",
+        "  two  spaces, and\nnew lines! ü €",
+        "fast slow river city",
+        "x",
+    ]
     got = call_llama_cpp({"op": "tokenize", "model": str(gguf), "texts": texts})["ids"]
     tok = AutoTokenizer.from_pretrained(src)
     assert got == [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    meta = call_llama_cpp({"op": "info", "model": str(gguf)})["metadata"]
+    assert meta["tokenizer.ggml.model"] == ("llama" if kind == "spm" else "gpt2")
+    assert (meta.get("tokenizer.ggml.add_bos_token") == "true") == (kind == "spm")  # as transformers adds it
+    assert_same_logits(src, gguf, tmp_path, TOL["f16"])
 
 
 def test_quantized_files_run_and_stay_close(bpe_models, tmp_path):
@@ -167,7 +179,7 @@ def test_refusals_name_the_problem_and_write_nothing(bpe_models, tmp_path):
     words = tiny_decoder(tmp_path / "words")
     for src, message in (
         (gemma, "GGUF export writes the LLaMA, Mistral and Qwen2 families; this checkpoint is Gemma 3"),
-        (words, "it is WordLevel"),
+        (words, "it is WordLevel, and GGUF export writes BPE tokenizers"),
     ):
         before = {p.name for p in src.iterdir()}
         with pytest.raises(ExportError, match=message):
