@@ -46,9 +46,13 @@ class SpanFit:
         self.gram = torch.zeros(self.width, self.width, dtype=torch.float64)
         self.cross = torch.zeros(self.width, self.width, dtype=torch.float64)
 
-    def add_batch(self, m: torch.Tensor, delta: torch.Tensor) -> None:
-        """``m``: the FFN output of the block before the span; ``delta``: ``y − r`` (tokens × width)."""
+    def add_batch(self, m: torch.Tensor, delta: torch.Tensor, scale: torch.Tensor | None = None) -> None:
+        """``m``: the FFN output of the block before the span; ``delta``: ``y − r`` (tokens × width);
+        ``scale``: a weight per token row (both sides multiplied by it), None for plain least squares."""
         m, delta = m.reshape(-1, self.width).double().cpu(), delta.reshape(-1, self.width).double().cpu()
+        if scale is not None:
+            w = scale.reshape(-1, 1).double().cpu()
+            m, delta = m * w, delta * w
         self.gram += m.T @ m
         self.cross += m.T @ delta
         self.target_sq += float((delta * delta).sum())
@@ -132,8 +136,17 @@ def _hidden(output) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
+def token_scale(y: torch.Tensor) -> torch.Tensor:
+    """``1 / ‖y_t‖`` per token: the fit then weighs each token's direction, as the next block's RMS norm
+    reads it, instead of letting the few tokens with massive activations (the first token's residual
+    stream is orders of magnitude larger) decide the map."""
+    return 1.0 / y.double().norm(dim=-1).clamp_min(1e-12)
+
+
 @torch.no_grad()
-def fit_span(model: nn.Module, adapter: Adapter, batches, start: int, end: int) -> tuple[SpanFit, dict[str, float]]:
+def fit_span(
+    model: nn.Module, adapter: Adapter, batches, start: int, end: int, normalise: bool = True
+) -> tuple[SpanFit, dict[str, float]]:
     """The least-squares statistics of replacing blocks ``[start, end)`` (see the module docstring) over
     ``batches`` (dicts of ``input_ids`` and ``attention_mask``), and the span's plain-removal and
     angular scores on the same tokens. Hooks read ``m`` (block ``start - 1``'s down projection), ``h``
@@ -158,7 +171,7 @@ def fit_span(model: nn.Module, adapter: Adapter, batches, start: int, end: int) 
             mask = batch["attention_mask"].bool()
             model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
             m, h, y = (seen[k][mask] for k in ("m", "h", "y"))
-            fit.add_batch(m, y.double() - h.double() + m.double())
+            fit.add_batch(m, y.double() - h.double() + m.double(), token_scale(y) if normalise else None)
             d = y.double() - h.double()
             plain_num += float((d * d).sum())
             plain_den += float((y.double() ** 2).sum())

@@ -52,13 +52,18 @@ def _raw(model, adapter, batches, start, end):
     return m, h - m, y
 
 
+@pytest.mark.parametrize("normalise", [True, False])
 @pytest.mark.parametrize("span", [(1, 2), (1, 3), (2, 4)])
-def test_streamed_fit_equals_float64_lstsq(tmp_path, span):
+def test_streamed_fit_equals_float64_lstsq(tmp_path, span, normalise):
     model, _ = _model(tmp_path)
     adapter = adapter_for(model)
     batches = _batches(model.config.vocab_size)
-    fit, scores = fit_span(model, adapter, batches, *span)
-    m, r, y = _raw(model, adapter, batches, *span)
+    fit, scores = fit_span(model, adapter, batches, *span, normalise=normalise)
+    m_raw, r_raw, y = _raw(model, adapter, batches, *span)
+    h = r_raw + m_raw
+    plain = float(((y - h) ** 2).sum() / (y**2).sum())
+    w = 1.0 / y.norm(dim=1, keepdim=True) if normalise else torch.ones(len(y), 1, dtype=torch.float64)
+    m, r, y = m_raw * w, r_raw * w, y * w  # each token's row weighted by 1/‖y‖ (or not): the same least squares
     assert fit.rows == m.shape[0] == 2 * 40 * 3 - (3 + 6 + 9)
     expected = torch.linalg.lstsq(m, y - r).solution  # QR on the raw rows; the fit solves normal equations,
     got = fit.solve(damp=0.0)  # whose conditioning is the square of theirs: compare as a whole
@@ -66,8 +71,7 @@ def test_streamed_fit_equals_float64_lstsq(tmp_path, span):
     t = fit.solve(damp=0.01)
     direct = float(((m @ t - (y - r)) ** 2).sum() / ((y - r) ** 2).sum())
     assert fit.relative_error(t) == pytest.approx(direct, rel=1e-8)
-    h = r + m
-    assert scores["plain_error"] == pytest.approx(float(((y - h) ** 2).sum() / (y**2).sum()), rel=1e-9)
+    assert scores["plain_error"] == pytest.approx(plain, rel=1e-9)
     one = SpanFit(width=m.shape[1])  # one batch of everything: the same statistics
     one.add_batch(m, y - r)
     torch.testing.assert_close(one.gram, fit.gram) and torch.testing.assert_close(one.cross, fit.cross)
