@@ -359,6 +359,21 @@ def _refit_peak() -> str:
     return f"{num(peak('solve', s, 'before (6d6d779)'), 0)} / {num(peak('solve', s, 'after'), 0)} MiB"
 
 
+def serving_decode_speedup() -> str | None:
+    """The 50% model's llama.cpp decode speed over dense at q4_k_m / f16, beside what its weight bytes allow."""
+    sm = data("serving.json")["summary"]
+    if "decode_speedup_50" not in sm:
+        return None  # speeds not measured yet
+    got, allow = sm["decode_speedup_50"], sm["bytes_ratio"]
+    return " / ".join(f"{times(got[q])} (bytes allow {times(allow[q])})" for q in ("q4_k_m", "f16"))
+
+
+def serving_ppl_diff() -> str:
+    """llama.cpp's perplexity at f16 against ours on the same windows, dense / 20% / 50%."""
+    diffs = data("serving.json")["summary"]["ppl_f16_rel_diff"]
+    return " / ".join(f"{100 * diffs[k]:+.3f}%" for k in ("dense", "0.2", "0.5"))
+
+
 def _gpu_checks() -> str:
     rows = md_table("gpu_check.md", "check")
     return f"{sum(r['result'] == 'ok' for r in rows)} of {len(rows)}"
@@ -589,6 +604,15 @@ PAGES: dict[str, Page] = {
         ),
         cpu_times=True,
         data=("streamed_eval.json",),
+    ),
+    "serving.md": Page(
+        "python bench/serving.py",
+        "cpu",
+        (
+            _c("GGUF in llama.cpp, 50% removed: batch-1 decode over dense at q4_k_m / f16", serving_decode_speedup),
+            _c("GGUF f16 in llama.cpp: perplexity against ours, dense / 20% / 50%", serving_ppl_diff),
+        ),
+        data=("serving.json",),
     ),
     "block_reads.md": Page(
         "python bench/block_reads.py --shape 7b --layers 4 --dtype bfloat16",
