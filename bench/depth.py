@@ -95,6 +95,14 @@ def span_statistics(model, adapter, batches, length: int, normalise: bool):
     return rows
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the architecture."""
+    try:
+        return next(x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--blocks", type=int, default=8)
@@ -128,7 +136,7 @@ def main() -> None:
     }
     results = {
         "date": dt.date.today().isoformat(),
-        "machine": platform.processor() or platform.machine(),
+        "machine": cpu_model(),
         "torch": torch.__version__,
         "blocks_removed": args.blocks,
         "weighting": "none" if args.plain_ls else "per-token 1/‖y‖",

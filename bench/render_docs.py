@@ -359,6 +359,23 @@ def _refit_peak() -> str:
     return f"{num(peak('solve', s, 'before (6d6d779)'), 0)} / {num(peak('solve', s, 'after'), 0)} MiB"
 
 
+def depth_ls_over_plain() -> str:
+    """The stand-in's perplexity over plain removal's on the same span (the best plain span)."""
+    d = data("depth.json")
+    rows = [r for r in d["rows"] if "perplexity" in r]
+    plain = min((r for r in rows if r["method"] == "none"), key=lambda r: r["perplexity"])
+    ls = next(r for r in rows if r["method"] == "ls" and r["start"] == plain["start"])
+    span = f"{plain['start']}–{plain['start'] + d['blocks_removed'] - 1}"
+    return f"{num(ls['perplexity'], 1)} vs {num(plain['perplexity'], 1)} (blocks {span})"
+
+
+def query_heads_cost() -> str:
+    """Wikipedia perplexity of the default recipe and of the same with query_heads uniform, per ratio."""
+    rows = {(r["ratio"], r["query_heads"]): r["wikipedia"] for r in data("query_heads.json")["rows"]}
+    ratios = sorted({ratio for ratio, _ in rows})
+    return " / ".join(f"{num(rows[(x, 'free')], 1)} vs {num(rows[(x, 'uniform')], 1)}" for x in ratios)
+
+
 def serving_decode_speedup() -> str | None:
     """The 50% model's llama.cpp decode speed over dense at q4_k_m / f16, beside what its weight bytes allow."""
     sm = data("serving.json")["summary"]
@@ -613,6 +630,23 @@ PAGES: dict[str, Page] = {
             _c("GGUF f16 in llama.cpp: perplexity against ours, dense / 20% / 50%", serving_ppl_diff),
         ),
         data=("serving.json",),
+    ),
+    "depth.md": Page(
+        "python bench/depth.py",
+        "cpu",
+        (
+            _c(
+                "SmolLM2, 8 of 30 blocks removed: least-squares stand-in vs plain removal, perplexity",
+                depth_ls_over_plain,
+            ),
+        ),
+        data=("depth.json",),
+    ),
+    "query_heads.md": Page(
+        "python bench/query_heads.py",
+        "cpu",
+        (_c("SmolLM2 default recipe vs query_heads uniform (vLLM's form), perplexity at 20% / 50%", query_heads_cost),),
+        data=("query_heads.json",),
     ),
     "block_reads.md": Page(
         "python bench/block_reads.py --shape 7b --layers 4 --dtype bfloat16",
@@ -901,6 +935,20 @@ def render_readme() -> str:
             f"{page_meta('latency_default.md')[0]}, {data('latency_default.json')['machine']['cpu']}, "
             f"{data('latency_default.json')['machine']['cores']} cores, float32",
             "[latency_default](docs/results/latency_default.md)",
+        ],
+        [
+            "the default recipe's checkpoints in stock llama.cpp (GGUF f16): perplexity against ours, "
+            "dense / 20% / 50%",
+            serving_ppl_diff(),
+            f"{page_meta('serving.md')[0]}, SmolLM2-135M, same token windows",
+            "[serving](docs/results/serving.md)",
+        ],
+        [
+            "what vLLM's form costs (`query_heads: uniform`), SmolLM2 perplexity at 20% / 50%",
+            query_heads_cost().replace(" vs ", " → "),
+            f"{data('query_heads.json')['date']}, default recipe → the same with every layer keeping as many "
+            "query heads",
+            "[query_heads](docs/results/query_heads.md)",
         ],
     ]
     return table(["claim", "value", "conditions", "page"], rows)
