@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import platform
 import random
 import re
 import shutil
@@ -267,3 +268,15 @@ def smollm2_recipe(
             "batch_size": 16,
         },
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (the results pages name the machine by it), else what
+    ``platform`` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -19,13 +19,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import platform
+import os
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.assets import cpu_model  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "depth.md"
 DAMP = 0.01
@@ -95,14 +97,6 @@ def span_statistics(model, adapter, batches, length: int, normalise: bool):
     return rows
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else the architecture."""
-    try:
-        return next(x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.machine()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--blocks", type=int, default=8)
@@ -136,7 +130,7 @@ def main() -> None:
     }
     results = {
         "date": dt.date.today().isoformat(),
-        "machine": cpu_model(),
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
         "torch": torch.__version__,
         "blocks_removed": args.blocks,
         "weighting": "none" if args.plain_ls else "per-token 1/‖y‖",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 from pathlib import Path
 
 MODELS = {
@@ -21,15 +20,9 @@ def _num(v: float | None, digits: int = 1) -> str:
 
 
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, Linux, no GPU; 2 torch threads per process"
+    from bench.assets import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} cores, Linux, no GPU; 2 torch threads per process"
 
 
 def _versions(state: dict) -> list[str]:

@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import platform
+import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.assets import cpu_model  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "query_heads.md"
 RATIOS = (0.2, 0.5)
@@ -51,7 +53,7 @@ def run(threads: int) -> dict:
             rows.append(row)
     return {
         "date": dt.date.today().isoformat(),
-        "machine": cpu_model(),
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
         "torch": torch.__version__,
         "rows": rows,
     }
@@ -81,14 +83,6 @@ Tomatoes snippets. Kept query heads and FFN widths: the range over the 30 layers
 {chr(10).join(lines)}
 """)
     print(f"wrote {OUT}")
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else the architecture."""
-    try:
-        return next(x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.machine()
 
 
 def main() -> None:

@@ -72,16 +72,10 @@ def machine(threads: int) -> dict[str, Any]:
     import torch
     import transformers
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from bench.assets import cpu_model
+
     return {
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "torch_threads": threads,
         "torch": torch.__version__,

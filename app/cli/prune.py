@@ -290,12 +290,7 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         "— auto (default: half the ratio, measured best), same (the layer's ratio, the paper's split), obs (each "
         "layer's split with the least output error on the OBS error curves), or a number in [0, 1)",
     )
-    p.add_argument(
-        "--query-heads",
-        choices=["free", "uniform"],
-        help="uniform: every layer keeps the same number of query heads, FFN widths still per layer "
-        "(query_heads; vLLM's form needs it); free (default)",
-    )
+    p.add_argument("--query-heads", choices=["free", "uniform"], help="uniform: equal query heads per layer (vLLM)")
     p.add_argument(
         "--round-neurons",
         type=_round_neurons,
