@@ -17,6 +17,14 @@ COPY core core
 COPY jobs jobs
 COPY app app
 RUN pip install .
+# --build-arg LLAMA_CPP=1: llama.cpp's quantizer for the q8_0 / q4_k_m GGUF forms (a worker without it
+# refuses those forms before pruning); llama-cpp-python built from source, compilers removed afterwards
+ARG LLAMA_CPP=0
+RUN if [ "$LLAMA_CPP" = 1 ]; then \
+      apt-get update && apt-get install -y --no-install-recommends build-essential cmake && \
+      CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF" \
+        pip install "llama-cpp-python==0.3.36" && \
+      apt-get purge -y build-essential cmake && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*; fi
 VOLUME /data
 # default: a worker; the compose file also runs the app with a different command
 CMD ["liar", "worker"]
