@@ -293,7 +293,7 @@ def test_a_sweep_checks_its_serving_forms_once(service, job_models, serving_mode
     import core.serving
 
     calls = []
-    monkeypatch.setattr(core.serving, "preflight", lambda model_dir, forms: calls.append((model_dir, forms)))
+    monkeypatch.setattr(core.serving, "preflight", lambda model_dir, forms, **kw: calls.append((model_dir, forms)))
     base = recipe(job_models, model=str(serving_models["llama"]), export=["gguf-f16"])
     _, ids = service.submit_sweep(base, ratios=[0.2, 0.3], methods=["bias", "ls"])
     assert len(ids) == 4 and calls == [(serving_models["llama"], ["gguf-f16"])]

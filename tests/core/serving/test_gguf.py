@@ -222,3 +222,17 @@ def test_pairwise_matches_an_explicit_rotation_reordering():
         for i in range(4):  # rotate-half pair (i, i + 4) becomes adjacent rows (2i, 2i + 1)
             assert torch.equal(got[h * 8 + 2 * i], w[h * 8 + i])
             assert torch.equal(got[h * 8 + 2 * i + 1], w[h * 8 + i + 4])
+
+
+def test_a_quantized_form_without_llama_cpp_is_refused_where_the_run_happens(bpe_models, tmp_path, monkeypatch):
+    """The worker (engines checked) refuses q4_k_m before pruning when llama.cpp is missing; the submit
+    host (engines=False) checks only the model, since the worker may have the engine it lacks."""
+    from core.serving import preflight
+
+    monkeypatch.delenv("LIAR_LLAMA_CPP_PYTHON", raising=False)
+    monkeypatch.setenv("LIAR_CACHE", str(tmp_path / "empty-cache"))  # no engine environment there
+    monkeypatch.setattr("core.serving.engines.importlib.util.find_spec", lambda name: None)
+    with pytest.raises(ExportError, match="gguf-q4_k_m needs llama.cpp's quantizer, which this machine lacks"):
+        preflight(bpe_models["llama"], ["gguf-q4_k_m"])
+    preflight(bpe_models["llama"], ["gguf-q4_k_m"], engines=False)
+    preflight(bpe_models["llama"], ["gguf-f16", "vllm"])  # neither needs an engine to be written
