@@ -369,6 +369,11 @@ def depth_ls_over_plain() -> str:
     return f"{num(ls['perplexity'], 1)} vs {num(plain['perplexity'], 1)} (blocks {span})"
 
 
+def vllm_same() -> str:
+    rows = data("serving_vllm.json")["rows"]
+    return " / ".join(f"{r['same_tokens']} of 5 prompts" for r in rows) + " (dense / 50%)"
+
+
 def query_heads_cost() -> str:
     """Wikipedia perplexity of the default recipe and of the same with query_heads uniform, per ratio."""
     rows = {(r["ratio"], r["query_heads"]): r["wikipedia"] for r in data("query_heads.json")["rows"]}
@@ -630,6 +635,12 @@ PAGES: dict[str, Page] = {
             _c("GGUF f16 in llama.cpp: perplexity against ours, dense / 20% / 50%", serving_ppl_diff),
         ),
         data=("serving.json",),
+    ),
+    "serving_vllm.md": Page(
+        "python bench/serving_vllm.py",
+        "cpu",
+        (_c("vLLM (CPU) serving SmolLM2's vLLM form at 50%: greedy tokens equal to transformers'", vllm_same),),
+        data=("serving_vllm.json",),
     ),
     "depth.md": Page(
         "python bench/depth.py",
