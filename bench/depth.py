@@ -47,51 +47,19 @@ def calibration(tokenizer):
     ]
 
 
-def _hidden(output):
-    return output[0] if isinstance(output, tuple) else output
-
-
 def span_statistics(model, adapter, batches, length: int, normalise: bool):
-    """SpanFit and plain / angular scores of every span [s, s + length), s ≥ 1, from one pass."""
-    import torch
+    """Every span [s, s + length), s ≥ 1: its stand-in (``T``) and scores, from one calibration pass."""
+    from core.depth.replace import fit_spans
 
-    from core.depth.replace import SpanFit, angular_distance, token_scale
-
-    layers = adapter.layers(model)
-    n = len(layers)
-    starts = list(range(1, n - length + 1))
-    fits = {s: SpanFit(width=model.config.hidden_size) for s in starts}
-    plain = {s: [0.0, 0.0] for s in starts}
-    angle = {s: [0.0, 0] for s in starts}
-    outs, downs = {}, {}
-    hooks = []
-    for i, layer in enumerate(layers):
-        hooks.append(
-            layer.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, o[0] if isinstance(o, tuple) else o))
-        )
-        down = layer.get_submodule(adapter.family.ffn_out)
-        hooks.append(down.register_forward_hook(lambda m, a, o, i=i: downs.__setitem__(i, o)))
-    with torch.no_grad():
-        for batch in batches:
-            model(**batch)
-            mask = batch["attention_mask"].bool()
-            for s in starts:
-                h, m, y = outs[s - 1][mask].double(), downs[s - 1][mask].double(), outs[s + length - 1][mask].double()
-                fits[s].add_batch(m, y - h + m, token_scale(y) if normalise else None)
-                d = y - h
-                plain[s][0] += float((d * d).sum())
-                plain[s][1] += float((y * y).sum())
-                angle[s][0] += angular_distance(h, y) * h.shape[0]
-                angle[s][1] += h.shape[0]
-    for hk in hooks:
-        hk.remove()
+    n = len(adapter.layers(model))
+    spans = [(s, s + length) for s in range(1, n - length + 1)]
     rows = {}
-    for s in starts:
-        t = fits[s].solve(DAMP)
+    for (s, _), (fit, scores) in fit_spans(model, adapter, batches, spans, normalise).items():
+        t = fit.solve(DAMP)
         rows[s] = {
-            "ls_error": fits[s].relative_error(t),
-            "plain_error": plain[s][0] / plain[s][1],
-            "angular": angle[s][0] / angle[s][1],
+            "ls_error": fit.relative_error(t),
+            "plain_error": scores["plain_error"],
+            "angular": scores["angular_distance"],
             "T": t,
         }
     return rows

@@ -57,13 +57,13 @@ def _check_export(model: str, forms: list[str]) -> None:
     family, rotary scaling, tokenizer, and the engine a quantized form needs): a model that cannot is
     refused here rather than after hours of pruning. A local folder is checked now; a hub id by the
     worker, once downloaded and before pruning."""
-    if not forms or not Path(model).expanduser().is_dir():
+    if not forms or not Path(model).expanduser().is_dir():  # (core.serving imports torch: only when needed)
         return
-    from core.serving import ExportError, preflight
+    from core.serving import ExportError, preflight_model
 
     try:
         # the engines are the worker's business (it checks again before pruning): this host may lack them
-        preflight(Path(model).expanduser(), forms, engines=False)
+        preflight_model(model, forms, engines=False, download=False)
     except ExportError as exc:
         raise SubmitError(f"invalid recipe: export: {exc}") from None
 

@@ -304,16 +304,10 @@ def _check_export(model: str, forms: list[str]) -> None:
     folder on the machine that took it, but a quantized form needs llama.cpp *here*, and a hub model is
     first seen here (downloaded now, as the streamed prune would, into the same cache). A model whose
     files cannot be had (the prune will say why) is left to the prune. Raises :class:`ExportRefused`."""
-    if not forms:
-        return
-    from core.models.streaming import checkpoint_directory
-    from core.serving import ExportError, preflight
+    from core.serving import ExportError, preflight_model
 
-    directory = checkpoint_directory(model)
-    if directory is None:
-        return
     try:
-        preflight(directory, forms)
+        preflight_model(model, forms)
     except ExportError as exc:
         raise ExportRefused(f"export {', '.join(forms)} refused before pruning: {exc}") from None
 

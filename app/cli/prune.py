@@ -140,18 +140,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def _check_export(recipe, download: bool) -> None:
-    """``core.serving.preflight`` on the model when the recipe asks for serving forms: a local folder,
-    or (``download``) a hub model fetched as the streamed prune would fetch it; ``ValueError``
-    (``ExportError``) with the sentence. A dry run does not download."""
-    if not recipe.export:
-        return
-    from core.models.streaming import checkpoint_directory
-    from core.serving import preflight
+    """The serving forms the recipe asks for, checked against its model before pruning (``ExportError``,
+    a ``ValueError``, with the sentence); a dry run does not download a hub model."""
+    from core.serving import preflight_model
 
-    local = Path(recipe.model).expanduser()
-    directory = local if local.is_dir() else checkpoint_directory(recipe.model) if download else None
-    if directory is not None:  # else the prune says why the model cannot be had
-        preflight(directory, recipe.export)
+    preflight_model(recipe.model, recipe.export, download=download)
 
 
 def _serving_files(checkpoint: Path, forms: list[str]) -> tuple[dict[str, str], dict[str, str]]:

@@ -143,41 +143,67 @@ def token_scale(y: torch.Tensor) -> torch.Tensor:
     return 1.0 / y.double().norm(dim=-1).clamp_min(1e-12)
 
 
+@dataclass
+class _SpanTotals:
+    """One span's statistics over the calibration tokens: the stand-in's fit and the two scores' sums."""
+
+    fit: SpanFit
+    plain: list[float] = field(default_factory=lambda: [0.0, 0.0])  # ‖y − h‖², ‖y‖²
+    angle: list[float] = field(default_factory=lambda: [0.0, 0.0])  # summed angle, tokens
+
+    def add(self, m: torch.Tensor, h: torch.Tensor, y: torch.Tensor, normalise: bool) -> None:
+        m, h, y = m.double(), h.double(), y.double()
+        self.fit.add_batch(m, y - h + m, token_scale(y) if normalise else None)
+        d = y - h
+        self.plain[0] += float((d * d).sum())
+        self.plain[1] += float((y * y).sum())
+        self.angle[0] += angular_distance(h, y) * h.shape[0]
+        self.angle[1] += h.shape[0]
+
+    def scores(self) -> dict[str, float]:
+        return {
+            "plain_error": self.plain[0] / max(self.plain[1], 1e-300),
+            "angular_distance": self.angle[0] / max(self.angle[1], 1),
+        }
+
+
 @torch.no_grad()
-def fit_span(
-    model: nn.Module, adapter: Adapter, batches, start: int, end: int, normalise: bool = True
-) -> tuple[SpanFit, dict[str, float]]:
-    """The least-squares statistics of replacing blocks ``[start, end)`` (see the module docstring) over
-    ``batches`` (dicts of ``input_ids`` and ``attention_mask``), and the span's plain-removal and
-    angular scores on the same tokens. Hooks read ``m`` (block ``start - 1``'s down projection), ``h``
-    (that block's output, so ``r = h − m``) and ``y`` (block ``end - 1``'s output)."""
-    check_foldable(adapter, start)
+def fit_spans(
+    model: nn.Module, adapter: Adapter, batches, spans: list[tuple[int, int]], normalise: bool = True
+) -> dict[tuple[int, int], tuple[SpanFit, dict[str, float]]]:
+    """The least-squares statistics of replacing each span ``[start, end)`` of blocks (see the module
+    docstring) over ``batches`` (dicts of ``input_ids`` and ``attention_mask``), with its plain-removal
+    and angular scores on the same tokens, all from one pass. Hooks read each block's output ``h`` and
+    its down projection's output ``m`` (so ``r = h − m``) where a span needs them; a span's ``y`` is its
+    last block's output."""
     layers = adapter.layers(model)
-    if not start < end <= len(layers):
-        raise DepthError(f"span [{start}, {end}) is not inside the model's {len(layers)} blocks")
-    seen: dict[str, torch.Tensor] = {}
-    hooks = [
-        layers[start - 1]
-        .get_submodule(adapter.family.ffn_out)
-        .register_forward_hook(lambda mod, inp, out: seen.__setitem__("m", out)),
-        layers[start - 1].register_forward_hook(lambda mod, inp, out: seen.__setitem__("h", _hidden(out))),
-        layers[end - 1].register_forward_hook(lambda mod, inp, out: seen.__setitem__("y", _hidden(out))),
-    ]
-    fit = SpanFit(width=model.config.hidden_size)
-    plain_num = plain_den = angle_sum = 0.0
-    count = 0
+    for start, end in spans:
+        check_foldable(adapter, start)
+        if not start < end <= len(layers):
+            raise DepthError(f"span [{start}, {end}) is not inside the model's {len(layers)} blocks")
+    outs: dict[int, torch.Tensor] = {}
+    downs: dict[int, torch.Tensor] = {}
+    hooks = []
+    for i in sorted({s - 1 for s, _ in spans} | {e - 1 for _, e in spans}):
+        hooks.append(layers[i].register_forward_hook(lambda mod, inp, out, i=i: outs.__setitem__(i, _hidden(out))))
+    for i in sorted({s - 1 for s, _ in spans}):
+        down = layers[i].get_submodule(adapter.family.ffn_out)
+        hooks.append(down.register_forward_hook(lambda mod, inp, out, i=i: downs.__setitem__(i, out)))
+    totals = {span: _SpanTotals(SpanFit(width=model.config.hidden_size)) for span in spans}
     try:
         for batch in batches:
             mask = batch["attention_mask"].bool()
             model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-            m, h, y = (seen[k][mask] for k in ("m", "h", "y"))
-            fit.add_batch(m, y.double() - h.double() + m.double(), token_scale(y) if normalise else None)
-            d = y.double() - h.double()
-            plain_num += float((d * d).sum())
-            plain_den += float((y.double() ** 2).sum())
-            angle_sum += angular_distance(h, y) * h.shape[0]
-            count += h.shape[0]
+            for (start, end), t in totals.items():
+                t.add(downs[start - 1][mask], outs[start - 1][mask], outs[end - 1][mask], normalise)
     finally:
         for hook in hooks:
             hook.remove()
-    return fit, {"plain_error": plain_num / max(plain_den, 1e-300), "angular_distance": angle_sum / max(count, 1)}
+    return {span: (t.fit, t.scores()) for span, t in totals.items()}
+
+
+def fit_span(
+    model: nn.Module, adapter: Adapter, batches, start: int, end: int, normalise: bool = True
+) -> tuple[SpanFit, dict[str, float]]:
+    """:func:`fit_spans` for the one span ``[start, end)``."""
+    return fit_spans(model, adapter, batches, [(start, end)], normalise)[(start, end)]

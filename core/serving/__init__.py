@@ -43,6 +43,19 @@ def preflight(model_dir: str | Path, formats: list[str], engines: bool = True) -
         raise ExportError(f"{quantized[0]} needs llama.cpp's quantizer, which this machine lacks: {INSTALL_HINT}")
 
 
+def preflight_model(model: str, formats: list[str], engines: bool = True, download: bool = True) -> None:
+    """:func:`preflight` for a recipe's model: a local folder, or (``download``) a hub model fetched as
+    the streamed prune fetches it, into the same cache. A model whose files cannot be had is left to the
+    prune, which says why."""
+    from core.models.streaming import checkpoint_directory
+
+    if not formats or not (download or Path(model).expanduser().is_dir()):
+        return
+    directory = checkpoint_directory(model)
+    if directory is not None:
+        preflight(directory, formats, engines=engines)
+
+
 def export(checkpoint: str | Path, formats: list[str], threads: int = 2) -> list[Path]:
     """Write each of ``formats`` inside ``checkpoint`` (listed in its card and ``SHA256SUMS``); the
     weights are checked against ``SHA256SUMS`` once, before the first."""
@@ -62,4 +75,4 @@ def export(checkpoint: str | Path, formats: list[str], threads: int = 2) -> list
     return written
 
 
-__all__ = ["FORMATS", "ExportError", "export", "preflight"]
+__all__ = ["FORMATS", "ExportError", "export", "preflight", "preflight_model"]

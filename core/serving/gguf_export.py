@@ -38,15 +38,18 @@ from core.models.manifest import MANIFEST, file_sha256, read_manifest
 from core.models.safetensors_io import CheckpointError, CheckpointReader
 from core.serving.card import list_forms
 from core.serving.gguf_vocab import Vocab, VocabError, read_vocab, write_vocab
-from core.serving.layout import LayerShape, Tensors, head_rows, layers_of
+from core.serving.layout import (
+    ExportError,
+    LayerShape,
+    Tensors,
+    check_rope,
+    head_rows,
+    layers_of,
+    rope,
+    served_family,
+)
 
-FAMILIES_GGUF = ("llama", "mistral", "qwen2")
 DTYPES = ("f16", "f32")
-_SCALING_BY_FACTOR = ("default", "linear", "llama3")  # rotary types that divide each frequency by a constant
-
-
-class ExportError(ValueError):
-    """The checkpoint cannot be written as GGUF (the message says why and what would work)."""
 
 
 @dataclass(frozen=True)
@@ -57,67 +60,34 @@ class GgufPlan:
     head_dim: int
     config: dict
 
-    @property
-    def uniform(self) -> bool:
-        first = self.layers[0]
-        return all((x.n_head, x.n_kv, x.n_ff) == (first.n_head, first.n_kv, first.n_ff) for x in self.layers)
-
-
-def _family(config: dict) -> str:
-    model_type = config.get("model_type")
-    for name in FAMILIES_GGUF:
-        if model_type in FAMILIES[name].model_types:
-            return name
-    label = next((f.label or f.name for f in FAMILIES.values() if model_type in f.model_types), model_type)
-    raise ExportError(
-        f"GGUF export writes the LLaMA, Mistral and Qwen2 families; this checkpoint is {label} "
-        f"(model_type {model_type!r}); it still loads in transformers"
-    )
-
 
 def plan(directory: str | Path) -> GgufPlan:
     """How the checkpoint in ``directory`` becomes GGUF; ``ExportError`` when it cannot."""
     config = read_config(directory)
-    family = _family(config)
+    family = served_family(config)
     layers, head_dim = layers_of(config)
-    _check_rope(config)
-    p = GgufPlan(arch="deci", family=family, layers=layers, head_dim=head_dim, config=config)
+    check_rope(config)
+    first = layers[0]
+    uniform = all((x.n_head, x.n_kv, x.n_ff) == (first.n_head, first.n_kv, first.n_ff) for x in layers)
     regrouped = any(x.q_heads != sorted(x.q_heads) or len(set(x.kv_rows)) != x.n_kv for x in layers)
-    if family != "qwen2" and p.uniform and not regrouped:
-        p = GgufPlan(arch="llama", family=family, layers=layers, head_dim=head_dim, config=config)
-    return p
-
-
-def _rope(config: dict) -> dict:
-    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    rope.setdefault("rope_theta", config.get("rope_theta", 10000.0))
-    rope.setdefault("rope_type", rope.get("type", "default"))
-    return rope
-
-
-def _check_rope(config: dict) -> None:
-    rope = _rope(config)
-    if rope["rope_type"] not in _SCALING_BY_FACTOR:
-        raise ExportError(
-            f"rotary scaling {rope['rope_type']!r} has no exact GGUF form here; "
-            f"GGUF export writes {', '.join(_SCALING_BY_FACTOR)}"
-        )
+    arch = "llama" if family != "qwen2" and uniform and not regrouped else "deci"
+    return GgufPlan(arch=arch, family=family, layers=layers, head_dim=head_dim, config=config)
 
 
 def _rope_factors(config: dict, family: str, head_dim: int) -> np.ndarray | None:
     """Per-frequency divisors of a scaled rotary embedding (None for plain rotary), from transformers'
     own rotary initialisation: the plain frequencies over the scaled ones."""
-    rope = _rope(config)
-    if rope["rope_type"] == "default":
+    settings = rope(config)
+    if settings["rope_type"] == "default":
         return None
     import transformers
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     cfg = getattr(transformers, FAMILIES[family].config_class)(**config)
-    scaled, attention_factor = ROPE_INIT_FUNCTIONS[rope["rope_type"]](cfg, "cpu")
+    scaled, attention_factor = ROPE_INIT_FUNCTIONS[settings["rope_type"]](cfg, "cpu")
     if abs(float(attention_factor) - 1.0) > 1e-6:
-        raise ExportError(f"rotary scaling {rope['rope_type']!r} scales attention; GGUF export cannot state it")
-    plain = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        raise ExportError(f"rotary scaling {settings['rope_type']!r} scales attention; GGUF export cannot state it")
+    plain = 1.0 / (settings["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     return (plain / scaled.double()).float().numpy()
 
 
@@ -177,22 +147,49 @@ def _metadata(writer, p: GgufPlan, name: str, file_type: int) -> None:
     writer.add_key_length(p.head_dim)
     writer.add_value_length(p.head_dim)
     writer.add_rope_dimension_count(p.head_dim)
-    writer.add_rope_freq_base(float(_rope(c)["rope_theta"]))
+    writer.add_rope_freq_base(float(rope(c)["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(c.get("rms_norm_eps", 1e-6)))
     writer.add_vocab_size(c["vocab_size"])
 
 
-def write_gguf(directory: str | Path, out: str | Path, dtype: str = "f16") -> Path:
-    """Write the checkpoint in ``directory`` as the GGUF file ``out`` (``dtype`` f16 or f32)."""
+@dataclass(frozen=True)
+class Prepared:
+    """A checkpoint checked for GGUF: its plan, its weight files' reader and its vocabulary."""
+
+    directory: Path
+    plan: GgufPlan
+    reader: CheckpointReader
+    vocab: Vocab
+
+
+def check_exportable(directory: str | Path) -> Prepared:
+    """Everything but the digests: the family, the rotary scaling, the weight files' headers and the
+    tokenizer (``ExportError`` naming the first problem)."""
+    directory = Path(directory).expanduser()
+    p = plan(directory)
+    try:
+        reader = CheckpointReader(directory)
+    except CheckpointError as exc:
+        raise ExportError(str(exc)) from None
+    missing = [n for n in ("model.embed_tokens.weight", "model.norm.weight") if n not in reader]
+    if missing:
+        raise ExportError(f"{directory} has no tensor {missing[0]!r}: not a {p.family} checkpoint's weights")
+    try:
+        vocab = read_vocab(directory, reader.entries["model.embed_tokens.weight"].shape[0])
+    except VocabError as exc:
+        raise ExportError(f"cannot write the tokenizer into the GGUF: {exc}") from None
+    return Prepared(directory, p, reader, vocab)
+
+
+def write_gguf(checkpoint: str | Path | Prepared, out: str | Path, dtype: str = "f16") -> Path:
+    """Write the checkpoint (a folder, or one :func:`check_exportable` prepared) as the GGUF file ``out``
+    (``dtype`` f16 or f32)."""
     import gguf
 
     if dtype not in DTYPES:
         raise ExportError(f"GGUF precision {dtype!r} is not one of {', '.join(DTYPES)}")
-    directory, out = Path(directory).expanduser(), Path(out).expanduser()
-    p = plan(directory)
-    reader = CheckpointReader(directory)
-    embed_shape = reader.entries["model.embed_tokens.weight"].shape
-    vocab: Vocab = read_vocab(directory, embed_shape[0])
+    ready = checkpoint if isinstance(checkpoint, Prepared) else check_exportable(checkpoint)
+    p, reader, out = ready.plan, ready.reader, Path(out).expanduser()
     factors = _rope_factors(p.config, p.family, p.head_dim)
     if not out.parent.is_dir():
         raise ExportError(f"the folder of the output {str(out)!r} does not exist")
@@ -202,8 +199,8 @@ def write_gguf(directory: str | Path, out: str | Path, dtype: str = "f16") -> Pa
     file_type = gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32
     writer = gguf.GGUFWriter(tmp, p.arch)
     try:
-        _metadata(writer, p, directory.name, int(file_type))
-        write_vocab(writer, vocab)
+        _metadata(writer, p, ready.directory.name, int(file_type))
+        write_vocab(writer, ready.vocab)
         for name, t in _all_tensors(Tensors(reader, meta=True), p, factors):
             writer.add_tensor_info(name, tuple(t.shape), as_type(t), t.numel() * as_type(t).itemsize)
         writer.write_header_to_file()
@@ -226,6 +223,19 @@ def default_name(directory: str | Path, quant: str) -> str:
     return f"{Path(directory).expanduser().resolve().name}-{quant}.gguf"
 
 
+_HASHED: dict[tuple[str, int, int], str] = {}  # (path, size, mtime) → sha256, of the weight files hashed
+
+
+def _digest(path: Path) -> str:
+    """The file's sha256, hashed once per process while its size and modification time stay the same
+    (a job writing several forms checks the same checkpoint before each)."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        _HASHED[key] = file_sha256(path)
+    return _HASHED[key]
+
+
 def verify_checkpoint(directory: Path) -> None:
     """Check the weight files against the checkpoint's ``SHA256SUMS`` (when it has one): a corrupt file
     is named before anything is written."""
@@ -237,26 +247,8 @@ def verify_checkpoint(directory: Path) -> None:
     except (FileNotFoundError, ValueError) as exc:
         raise ExportError(f"the checkpoint is incomplete: {exc}") from None
     for e in entries:
-        if e.name.endswith(".safetensors") and file_sha256(directory / e.name) != e.sha256:
+        if e.name.endswith(".safetensors") and _digest(directory / e.name) != e.sha256:
             raise ExportError(f"{directory / e.name} does not match its digest in {MANIFEST}: the file is corrupt")
-
-
-def check_exportable(directory: Path) -> GgufPlan:
-    """Everything but the digests: the family, the rotary scaling, the weight files' headers and the
-    tokenizer (``ExportError`` naming the first problem)."""
-    p = plan(directory)
-    try:
-        reader = CheckpointReader(directory)
-    except CheckpointError as exc:
-        raise ExportError(str(exc)) from None
-    missing = [n for n in ("model.embed_tokens.weight", "model.norm.weight") if n not in reader]
-    if missing:
-        raise ExportError(f"{directory} has no tensor {missing[0]!r}: not a {p.family} checkpoint's weights")
-    try:
-        read_vocab(directory, reader.entries["model.embed_tokens.weight"].shape[0])
-    except VocabError as exc:
-        raise ExportError(f"cannot write the tokenizer into the GGUF: {exc}") from None
-    return p
 
 
 def export_gguf(
@@ -277,16 +269,16 @@ def export_gguf(
     out = directory / default_name(directory, quant) if inside else Path(out).expanduser()
     if quant in ("q8_0", "q4_k_m") and llama_cpp_python() is None:
         raise ExportError(f"{quant} needs llama.cpp's quantizer, which is not installed: {INSTALL_HINT}")
-    check_exportable(directory)
+    ready = check_exportable(directory)
     if verify:
         verify_checkpoint(directory)
     if quant in ("f32", "f16"):
-        write_gguf(directory, out, dtype=quant)
+        write_gguf(ready, out, dtype=quant)
     else:
         f16 = out.with_name(f".{out.name}.f16-{os.getpid()}")
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
         try:
-            write_gguf(directory, f16, dtype="f16")
+            write_gguf(ready, f16, dtype="f16")
             call_llama_cpp({"op": "quantize", "src": str(f16), "dst": str(tmp), "type": quant, "threads": threads})
             os.replace(tmp, out)
         finally:

@@ -1,4 +1,5 @@
-"""The kept heads of a pruned layer as an engine's stock grouped-query attention, and tensor reading.
+"""What both engine forms share: the families and rotary scalings they can state, the kept heads of a
+pruned layer as an engine's stock grouped-query attention, and tensor reading.
 
 An engine's attention has one group size per layer: query head ``i`` reads key/value head
 ``i // group``. A pruned layer's kept query heads may sit in unequal groups over its kept key/value
@@ -14,7 +15,45 @@ from dataclasses import dataclass
 
 import torch
 
+from core.models.export import SERVED_FAMILIES
+from core.models.liar_families import FAMILIES
 from core.models.safetensors_io import CheckpointReader
+
+SCALING_BY_FACTOR = ("default", "linear", "llama3")  # rotary types that divide each frequency by a constant
+
+
+class ExportError(ValueError):
+    """The checkpoint cannot be written in a serving form (the message says why and what would work)."""
+
+
+def served_family(config: dict) -> str:
+    """The checkpoint's family when the engine forms can state it (LLaMA, Mistral, Qwen2), else
+    ``ExportError`` naming the families that work."""
+    model_type = config.get("model_type")
+    for name in SERVED_FAMILIES:
+        if model_type in FAMILIES[name].model_types:
+            return name
+    label = next((f.label or f.name for f in FAMILIES.values() if model_type in f.model_types), model_type)
+    raise ExportError(
+        f"GGUF export writes the LLaMA, Mistral and Qwen2 families; this checkpoint is {label} "
+        f"(model_type {model_type!r}); it still loads in transformers"
+    )
+
+
+def rope(config: dict) -> dict:
+    """The config's rotary settings, old (``rope_theta`` / ``rope_scaling``) or new (``rope_parameters``)."""
+    out = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    out.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    out.setdefault("rope_type", out.get("type", "default"))
+    return out
+
+
+def check_rope(config: dict) -> None:
+    kind = rope(config)["rope_type"]
+    if kind not in SCALING_BY_FACTOR:
+        raise ExportError(
+            f"rotary scaling {kind!r} has no exact GGUF form here; GGUF export writes {', '.join(SCALING_BY_FACTOR)}"
+        )
 
 
 @dataclass(frozen=True)

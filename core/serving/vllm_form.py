@@ -26,8 +26,8 @@ import torch
 from core.models.config_file import read_config
 from core.models.manifest import write_manifest
 from core.models.safetensors_io import CheckpointError, CheckpointReader, write_shard
-from core.serving.gguf_export import ExportError, _check_rope, _family, verify_checkpoint
-from core.serving.layout import LayerShape, Tensors, head_rows, layers_of
+from core.serving.gguf_export import verify_checkpoint
+from core.serving.layout import ExportError, LayerShape, Tensors, check_rope, head_rows, layers_of, served_family
 
 CONFIG_FILE = Path(__file__).with_name("configuration_liar_deci.py")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -37,8 +37,8 @@ _DROP = ("liar_layout", "liar_family", "auto_map", "architectures", "model_type"
 def check_vllm_family(config: dict) -> None:
     """LLaMA, Mistral and Qwen2 (the families whose blocks DeciLM's LLaMA blocks compute) with a rotary
     scaling the form states; ``ExportError`` otherwise."""
-    _family(config)
-    _check_rope(config)
+    served_family(config)
+    check_rope(config)
 
 
 def vllm_layers(config: dict) -> tuple[list[LayerShape], int]:

@@ -272,7 +272,7 @@ def test_the_worker_checks_the_forms_again_before_pruning(service, job_models, s
 
     job_id = service.submit(recipe(job_models, model=str(serving_models["llama"]), export=["gguf-q4_k_m"]))
 
-    def lacks_llama_cpp(model_dir, forms):
+    def lacks_llama_cpp(model_dir, forms, **kw):
         raise core.serving.ExportError("gguf-q4_k_m needs llama.cpp's quantizer, which this machine lacks")
 
     def never(*args, **kwargs):

@@ -13,18 +13,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from core import prune
-from core.models.export import write_config
 from core.models.loading import load_pruned
 from core.models.manifest import read_manifest
-from core.models.modeling_liar import apply_layout
 from core.models.tiny import tiny_corpus, tiny_decoder
 from core.serving.engines import call_llama_cpp
 from core.serving.gguf_export import ExportError, _pairwise, export_gguf, plan
 from core.serving.layout import layer_shape
 from tests.conftest import recipe_for
+from tests.core.serving.crafted import crafted_checkpoint
 
 TOKENS = [[2, 55, 301, 268, 311, 267, 68, 92, 277, 224, 20, 21, 40, 50, 60, 70], [7, 8, 9, 100, 200, 300]]
 TOL = {"f32": 1e-3, "f16": 1e-2}  # max abs logit difference (the issue's bound for f16 is 1e-2)
@@ -64,23 +63,6 @@ def _pruned(src: Path, out: Path, **recipe) -> Path:
     return result.save(out)
 
 
-def _crafted(src: Path, out: Path, layout: list[dict], family: str = "llama") -> Path:
-    """A checkpoint of ``layout`` with random biases everywhere the layout lists one."""
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    apply_layout(model, family, layout)
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(torch.randn(p.shape, generator=gen))
-    model.config.liar_layout = layout
-    out.mkdir()
-    model.save_pretrained(out)
-    write_config(model, family, layout, out)
-    AutoTokenizer.from_pretrained(src).save_pretrained(out)
-    return out
-
-
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
 @pytest.mark.parametrize("form", ["dense", "default", "uniform"])
 def test_llama_cpp_logits_equal_transformers(bpe_models, family, form, tmp_path):
@@ -108,7 +90,7 @@ def test_unequal_groups_and_biases_are_exact(bpe_models, tmp_path):
         {"heads": [0, 1, 2, 5], "kv_heads": [0, 1, 2], "neurons": 1, "bias": ["mlp.down_proj"]},
         {"heads": [1, 3, 4, 5, 6, 7], "kv_heads": [0, 1, 2, 3], "neurons": 7, "bias": ["self_attn.o_proj"]},
     ]
-    ckpt = _crafted(bpe_models["llama"], tmp_path / "ckpt", layout)
+    ckpt = crafted_checkpoint(bpe_models["llama"], tmp_path / "ckpt", layout)
     p = plan(ckpt)
     assert [(x.n_head, x.n_kv, x.n_ff) for x in p.layers] == [(4, 4, 1), (6, 6, 7)]
     assert p.arch == "deci"

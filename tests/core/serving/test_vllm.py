@@ -14,19 +14,18 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from core import prune
-from core.models.export import write_config
 from core.models.loading import load_pruned
 from core.models.manifest import read_manifest
-from core.models.modeling_liar import apply_layout
 from core.models.tiny import tiny_corpus, tiny_decoder
 from core.serving import export
 from core.serving.engines import VllmServer
 from core.serving.gguf_export import ExportError
 from core.serving.vllm_form import export_vllm
 from tests.conftest import recipe_for
+from tests.core.serving.crafted import crafted_checkpoint
 
 PROMPTS = [[2, 55, 301, 268, 311], [7, 8, 9], [100, 101, 102, 103, 104, 105, 106], [2, 20], [250, 30, 40, 50]]
 NEW_TOKENS = 32
@@ -54,20 +53,7 @@ def _source(root, family: str):
 
 def _checkpoint(root, family: str, layout: list[dict]):
     src = _source(root, family)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    apply_layout(model, family, layout)
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
-    model.config.liar_layout = layout
-    out = root / f"{family}-pruned"
-    out.mkdir()
-    model.save_pretrained(out)
-    write_config(model, family, layout, out)
-    AutoTokenizer.from_pretrained(src).save_pretrained(out)
-    return out
+    return crafted_checkpoint(src, root / f"{family}-pruned", layout, family, seed=5, bias_scale=0.1)
 
 
 def _reference(checkpoint) -> list[tuple[list[int], list[float], float]]:
