@@ -54,10 +54,13 @@ def widths(ratio: float, multiple: int, shape: str = "7b") -> tuple[int, int]:
     return heads, neurons
 
 
-def build(heads: int, neurons: int, shape: str = "7b", device: str = "cuda"):
+def build(heads: int, neurons: int, shape: str = "7b", device: str = "cuda", removed: int = 0):
+    """A random model of ``shape`` with ``heads`` heads and FFN width ``neurons`` per block and
+    ``removed`` of its blocks taken out (depth pruning leaves a stock LLaMA with fewer layers)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     hidden, _, n_heads, layers, vocab = SHAPES[shape]
+    layers -= removed
     cfg = LlamaConfig(
         hidden_size=hidden,
         intermediate_size=neurons,
@@ -97,9 +100,10 @@ class Subject:
     metric per :meth:`measure` call (the rounds interleave the models, so a slow stretch of the
     machine falls on all of them alike)."""
 
-    def __init__(self, label: str, heads: int, neurons: int, args):
+    def __init__(self, label: str, heads: int, neurons: int, args, removed: int = 0):
         self.label, self.heads, self.neurons = label, heads, neurons
-        self.model = build(heads, neurons, args.shape, args.device)
+        self.model = build(heads, neurons, args.shape, args.device, removed)
+        self.layers = SHAPES[args.shape][3] - removed
         self.device = torch.device(args.device)
         vocab = SHAPES[args.shape][4]
         gen = torch.Generator().manual_seed(0)  # the same inputs for every model
@@ -150,7 +154,15 @@ class Subject:
     def row(self) -> dict:
         medians = {k: statistics.median(v) for k, v in self.samples.items()}
         every = {f"{k}_all": [round(x, 4) for x in v] for k, v in self.samples.items()}
-        return {"model": self.label, "heads": self.heads, "ffn": self.neurons, **self.info, **medians, **every}
+        return {
+            "model": self.label,
+            "layers": self.layers,
+            "heads": self.heads,
+            "ffn": self.neurons,
+            **self.info,
+            **medians,
+            **every,
+        }
 
 
 def _static_loop(model, cache, prompt, new: int, step) -> list[int]:
@@ -253,9 +265,9 @@ def write_table(rows: list[dict], out: str, rounds: int, device: str) -> None:
         f"1, {NEW} new tokens after a {PROMPT}-token prompt; *graph* = static KV cache, one CUDA graph per "
         "step (tokens equal to the eager static-cache loop unless marked).",
         "",
-        "| model | heads | FFN | params (B) | prefill 8×512 tok/s | prefill 1×512 tok/s "
+        "| model | layers | heads | FFN | params (B) | prefill 8×512 tok/s | prefill 1×512 tok/s "
         "| decode eager ms/tok | decode graph ms/tok | decode compiled + graph ms/tok |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         graph = _cell(r, dense, "decode_graph_ms", False)
@@ -269,7 +281,7 @@ def write_table(rows: list[dict], out: str, rounds: int, device: str) -> None:
         elif "decode_graph_compiled_error" in r:
             cgraph = "error: " + r["decode_graph_compiled_error"][:80].replace("|", "/")
         lines.append(
-            f"| {r['model']} | {r['heads']} | {r['ffn']} | {r['params'] / 1e9:.2f} | "
+            f"| {r['model']} | {r.get('layers', '–')} | {r['heads']} | {r['ffn']} | {r['params'] / 1e9:.2f} | "
             f"{_cell(r, dense, 'prefill_b8x512_tok_s')} | {_cell(r, dense, 'prefill_b1x512_tok_s')} | "
             f"{_cell(r, dense, 'decode_eager_ms', False)} | {graph} | {cgraph} |"
         )
@@ -284,20 +296,32 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5, help="rounds over all models; cells are the medians")
     p.add_argument("--compiled-graph", action="store_true", help="also the CUDA-graph decode of a compiled step")
     p.add_argument("--decode-only", action="store_true", help="only the compiled CUDA-graph decode (with it)")
+    p.add_argument(
+        "--depth",
+        nargs="*",
+        default=[],
+        metavar="BLOCKS[:RATIO]",
+        help="also models with BLOCKS blocks removed and RATIO of each kept block's heads and neurons (default 0)",
+    )
     p.add_argument("--shape", default="7b", choices=sorted(SHAPES))
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default=str(ROOT / "docs" / "results" / "gpu_latency.md"))
     args = p.parse_args()
     tags = ((("exact", 1),) if args.exact else ()) + ((f"÷{args.multiple}", args.multiple),)
-    configs = [("dense", 0.0, 1)] + [(f"{int(r * 100)}% {tag}", r, m) for r in args.ratios for tag, m in tags]
+    configs = [("dense", 0.0, 1, 0)] + [(f"{int(r * 100)}% {tag}", r, m, 0) for r in args.ratios for tag, m in tags]
+    for spec in args.depth:
+        blocks, _, ratio = spec.partition(":")
+        removed, ratio = int(blocks), float(ratio or 0)
+        label = f"−{removed} blocks" + (f" + {int(ratio * 100)}% ÷{args.multiple}" if ratio else "")
+        configs.append((label, ratio, args.multiple, removed))
     subjects, seen = [], set()
     _, ffn, n_heads, _, _ = SHAPES[args.shape]
-    for label, ratio, multiple in configs:  # every model built first: the rounds interleave them
+    for label, ratio, multiple, removed in configs:  # every model built first: the rounds interleave them
         heads, neurons = (n_heads, ffn) if ratio == 0 else widths(ratio, multiple, args.shape)
-        if (heads, neurons) in seen:  # rounding changed nothing (e.g. 50%: 5504 = 43 × 128)
+        if (heads, neurons, removed) in seen:  # rounding changed nothing (e.g. 50%: 5504 = 43 × 128)
             continue
-        seen.add((heads, neurons))
-        subjects.append(Subject(label, heads, neurons, args))
+        seen.add((heads, neurons, removed))
+        subjects.append(Subject(label, heads, neurons, args, removed))
         print(json.dumps({"built": label, **subjects[-1].info}), flush=True)
     for r in range(args.rounds):
         for subject in subjects:

@@ -37,21 +37,26 @@ class SpanFit:
     """Streamed least squares for one span: ``add_batch`` per calibration batch, then ``solve``."""
 
     width: int
+    device: torch.device | str = "cpu"  # where the sums live (the model's device: no copies per batch)
     gram: torch.Tensor = field(init=False)  # mᵀm, float64
     cross: torch.Tensor = field(init=False)  # mᵀ(y − r), float64
     target_sq: float = 0.0  # ‖y − r‖², for the relative error
     rows: int = 0
 
     def __post_init__(self) -> None:
-        self.gram = torch.zeros(self.width, self.width, dtype=torch.float64)
-        self.cross = torch.zeros(self.width, self.width, dtype=torch.float64)
+        self.gram = torch.zeros(self.width, self.width, dtype=torch.float64, device=self.device)
+        self.cross = torch.zeros(self.width, self.width, dtype=torch.float64, device=self.device)
 
     def add_batch(self, m: torch.Tensor, delta: torch.Tensor, scale: torch.Tensor | None = None) -> None:
         """``m``: the FFN output of the block before the span; ``delta``: ``y − r`` (tokens × width);
         ``scale``: a weight per token row (both sides multiplied by it), None for plain least squares."""
-        m, delta = m.reshape(-1, self.width).double().cpu(), delta.reshape(-1, self.width).double().cpu()
+        where = self.gram.device
+        m, delta = (
+            m.reshape(-1, self.width).to(where, torch.float64),
+            delta.reshape(-1, self.width).to(where, torch.float64),
+        )
         if scale is not None:
-            w = scale.reshape(-1, 1).double().cpu()
+            w = scale.reshape(-1, 1).to(where, torch.float64)
             m, delta = m * w, delta * w
         self.gram += m.T @ m
         self.cross += m.T @ delta
@@ -63,13 +68,14 @@ class SpanFit:
         if self.rows == 0:
             raise DepthError("no calibration tokens reached the span")
         lam = damp * float(self.gram.diagonal().mean())
-        reg = self.gram + lam * torch.eye(self.width, dtype=torch.float64)
-        return torch.linalg.solve(reg, self.cross)
+        reg = self.gram + lam * torch.eye(self.width, dtype=torch.float64, device=self.gram.device)
+        return torch.linalg.solve(reg, self.cross).cpu()
 
     def relative_error(self, t: torch.Tensor) -> float:
         """‖m T − (y − r)‖² / ‖y − r‖² on the summed statistics (the fit's own tokens)."""
         if self.target_sq == 0.0:
             return 0.0
+        t = t.to(self.gram.device, torch.float64)
         residual = self.target_sq - 2 * float((t * self.cross).sum()) + float((t * (self.gram @ t)).sum())
         return max(residual, 0.0) / self.target_sq
 
@@ -145,15 +151,17 @@ def token_scale(y: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class _SpanTotals:
-    """One span's statistics over the calibration tokens: the stand-in's fit and the two scores' sums."""
+    """One span's statistics over the calibration tokens: the stand-in's fits (per-token weighted:
+    True, plain: False) and the two scores' sums."""
 
-    fit: SpanFit
+    fits: dict[bool, SpanFit]
     plain: list[float] = field(default_factory=lambda: [0.0, 0.0])  # ‖y − h‖², ‖y‖²
     angle: list[float] = field(default_factory=lambda: [0.0, 0.0])  # summed angle, tokens
 
-    def add(self, m: torch.Tensor, h: torch.Tensor, y: torch.Tensor, normalise: bool) -> None:
-        m, h, y = m.double(), h.double(), y.double()
-        self.fit.add_batch(m, y - h + m, token_scale(y) if normalise else None)
+    def add(self, m: torch.Tensor | None, h: torch.Tensor, y: torch.Tensor) -> None:
+        h, y = h.double(), y.double()
+        for weighted, fit in self.fits.items():
+            fit.add_batch(m.double(), y - h + m.double(), token_scale(y) if weighted else None)
         d = y - h
         self.plain[0] += float((d * d).sum())
         self.plain[1] += float((y * y).sum())
@@ -167,39 +175,64 @@ class _SpanTotals:
         }
 
 
+def model_inputs(batch, adapter: Adapter, device) -> dict:
+    """A calibration batch (a :class:`CalibrationBatch`, or a dict of ``input_ids`` and
+    ``attention_mask``) as the model's keyword arguments on ``device``."""
+    if isinstance(batch, dict):
+        return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    return batch.model_inputs(adapter.kind, device)
+
+
 @torch.no_grad()
-def fit_spans(
-    model: nn.Module, adapter: Adapter, batches, spans: list[tuple[int, int]], normalise: bool = True
-) -> dict[tuple[int, int], tuple[SpanFit, dict[str, float]]]:
+def fit_spans_weighted(
+    model: nn.Module,
+    adapter: Adapter,
+    batches,
+    spans: list[tuple[int, int]],
+    weightings: tuple[bool, ...] = (True, False),
+) -> dict[tuple[int, int], tuple[dict[bool, SpanFit], dict[str, float]]]:
     """The least-squares statistics of replacing each span ``[start, end)`` of blocks (see the module
-    docstring) over ``batches`` (dicts of ``input_ids`` and ``attention_mask``), with its plain-removal
-    and angular scores on the same tokens, all from one pass. Hooks read each block's output ``h`` and
-    its down projection's output ``m`` (so ``r = h − m``) where a span needs them; a span's ``y`` is its
-    last block's output."""
+    docstring) over ``batches`` (:func:`model_inputs`), per-token weighted and/or plain (``weightings``),
+    with its plain-removal and angular scores on the same tokens, all from one pass. Hooks read each
+    block's output ``h`` and its down projection's output ``m`` (so ``r = h − m``) where a span needs
+    them; a span's ``y`` is its last block's output."""
     layers = adapter.layers(model)
     for start, end in spans:
-        check_foldable(adapter, start)
-        if not start < end <= len(layers):
+        if weightings:  # the stand-in needs somewhere to fold into (scores alone do not)
+            check_foldable(adapter, start)
+        if not 0 < start < end <= len(layers):
             raise DepthError(f"span [{start}, {end}) is not inside the model's {len(layers)} blocks")
     outs: dict[int, torch.Tensor] = {}
     downs: dict[int, torch.Tensor] = {}
     hooks = []
     for i in sorted({s - 1 for s, _ in spans} | {e - 1 for _, e in spans}):
         hooks.append(layers[i].register_forward_hook(lambda mod, inp, out, i=i: outs.__setitem__(i, _hidden(out))))
-    for i in sorted({s - 1 for s, _ in spans}):
+    for i in sorted({s - 1 for s, _ in spans}) if weightings else ():
         down = layers[i].get_submodule(adapter.family.ffn_out)
         hooks.append(down.register_forward_hook(lambda mod, inp, out, i=i: downs.__setitem__(i, out)))
-    totals = {span: _SpanTotals(SpanFit(width=model.config.hidden_size)) for span in spans}
+    device = next(model.parameters()).device
+    width = model.config.hidden_size
+    totals = {span: _SpanTotals({w: SpanFit(width, device) for w in weightings}) for span in spans}
     try:
         for batch in batches:
-            mask = batch["attention_mask"].bool()
-            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            inputs = model_inputs(batch, adapter, device)
+            mask = inputs["attention_mask"].bool()
+            model(**inputs)
             for (start, end), t in totals.items():
-                t.add(downs[start - 1][mask], outs[start - 1][mask], outs[end - 1][mask], normalise)
+                m = downs[start - 1][mask] if weightings else None
+                t.add(m, outs[start - 1][mask], outs[end - 1][mask])
     finally:
         for hook in hooks:
             hook.remove()
-    return {span: (t.fit, t.scores()) for span, t in totals.items()}
+    return {span: (t.fits, t.scores()) for span, t in totals.items()}
+
+
+def fit_spans(
+    model: nn.Module, adapter: Adapter, batches, spans: list[tuple[int, int]], normalise: bool = True
+) -> dict[tuple[int, int], tuple[SpanFit, dict[str, float]]]:
+    """:func:`fit_spans_weighted` with one weighting: per-token (``normalise``) or plain."""
+    both = fit_spans_weighted(model, adapter, batches, spans, (normalise,))
+    return {span: (fits[normalise], scores) for span, (fits, scores) in both.items()}
 
 
 def fit_span(

@@ -51,6 +51,48 @@ def check_model_fit(recipe: Recipe, config: Any, eval_lengths: list[int] | tuple
             f"reconstruction.positions {positions!r} fits each sequence's first ([CLS]) token only, which is meant for "
             f"encoder classifiers; {family.name} is a decoder scored at every position: use 'all'"
         )
+    check_depth(recipe, config)
+
+
+# the width pruning's share must be at least this much of the remaining blocks' parameters, or the
+# recipe is depth only in all but name (use modules: blocks)
+MIN_WIDTH_RATIO = 0.005
+
+
+def check_depth(recipe: Recipe, config: Any) -> None:
+    """The depth checks that need the model's config (``ValueError`` with the reason); run before any
+    work, and before a job is queued."""
+    if not recipe.removes_blocks:
+        return
+    family = family_of(getattr(config, "model_type", None))
+    n = int(config.num_hidden_layers)
+    blocks = recipe.depth_blocks(n)
+    if family is not None and family.kind != "decoder":
+        raise ValueError(f"depth pruning removes decoder blocks; {family.name} is an encoder: prune heads and neurons")
+    if blocks > n - 2:
+        raise ValueError(
+            f"the model has {n} blocks and depth pruning keeps the first and at least one after the removed span: "
+            f"at most {max(n - 2, 0)} can go, {blocks} asked"
+        )
+    stand_in = recipe.depth.reconstruction == "ls" or recipe.depth.select == "fit"
+    if stand_in and family is not None and family.ffn_output_norm is not None:
+        raise ValueError(
+            f"{family.label or family.name} normalises the FFN's output before the residual stream, so the "
+            "least-squares stand-in cannot be folded into its weights: use depth.reconstruction none (and select "
+            "loss or angular)"
+        )
+    if recipe.modules != "blocks" and width_ratio(recipe.ratio, blocks / n) < MIN_WIDTH_RATIO:
+        raise ValueError(
+            f"{blocks} of {n} blocks already remove {blocks / n:.1%} of the block parameters, the ratio "
+            f"{recipe.ratio:g} leaves the heads and neurons nothing to remove: raise ratio, lower depth.blocks, or "
+            "prune modules: blocks"
+        )
+
+
+def width_ratio(total: float, depth_share: float) -> float:
+    """The fraction of the remaining blocks' parameters the width pruning removes so that depth and
+    width together remove ``total`` (``depth_share``: the fraction the removed blocks held)."""
+    return (total - depth_share) / (1.0 - depth_share)
 
 
 def _cached_config(model: str) -> dict[str, Any] | None:

@@ -38,9 +38,10 @@ from core.models.safetensors_io import INDEX, SINGLE
 from core.models.streaming import checkpoint_directory
 from core.pipeline.blocks import reconstruct_blocks
 from core.pipeline.context import BlockIO, ModelSource, Progress, RunContext, RunOptions
+from core.pipeline.depth import kept_plan, remove_depth
 from core.pipeline.measure import BlockSpeed, peak_memory_mb
 from core.pipeline.planning import make_plan, obs_split, resolved_kv_groups, round_to
-from core.pipeline.preflight import as_recipe, check_model_fit
+from core.pipeline.preflight import as_recipe, check_model_fit, width_ratio
 from core.pipeline.result import PruneResult
 from core.pipeline.scoring import BlockPass, score_layers, split_batches
 from core.pipeline.streamed import StreamSource, check_streamable
@@ -94,6 +95,7 @@ def execution_mode(recipe: Recipe, model: nn.Module | None, output_dir) -> tuple
         or output_dir is None
         or streaming_refusal(recipe.criterion.name)
         or recipe.auto_may_use_gradients  # auto may pick Kwon et al.'s Fisher: whole-model gradients
+        or recipe.removes_blocks  # the span is chosen on the whole model's outputs
     ):
         return "memory", None
     directory = checkpoint_directory(recipe.model)
@@ -197,20 +199,74 @@ def _metrics(ctx: RunContext, plan: Plan, rounding: tuple[int, int]) -> dict[str
 
 
 def _run(recipe: Recipe, source: ModelSource, options: RunOptions) -> PruneResult:
-    model, adapter, device, tokenizer = source.model, source.adapter, source.device, source.tokenizer
+    model, tokenizer = source.model, source.tokenizer
     report = options.report
     check_model_fit(recipe, model.config)
+    report("load", 1, 1)
+
+    report("calibration", 0, 1)
+    cal = options.calibration
+    fit, held = cal if cal is not None else calibration_batches(recipe.calibration, tokenizer, source.adapter.kind)
+    report("calibration", 1, 1)
+    before = (sum(p.numel() for p in model.parameters()), block_parameters(model, source.adapter))
+    if source.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(source.device)
+    depth: dict[str, Any] = {}
+    width = recipe
+    if recipe.removes_blocks:
+        depth = remove_depth(model, recipe, fit, held, report)
+        source.adapter = adapter_for(model)
+        if recipe.modules == "blocks":
+            return _depth_only(recipe, source, before, depth)
+        share = 1.0 - block_parameters(model, source.adapter) / before[1]
+        width = recipe.model_copy(update={"ratio": width_ratio(recipe.ratio, share)})
+        depth["width_ratio"] = round(width.ratio, 6)
+    result = _prune_width(width, source, options, (fit, held), before)
+    # the result records the recipe as asked (ratio: depth and width together), auto settings resolved
+    result.recipe = result.recipe.model_copy(update={"ratio": recipe.ratio})
+    result.metrics.update(depth)
+    return result
+
+
+def _depth_only(recipe: Recipe, source: ModelSource, before: tuple[int, int], depth: dict[str, Any]) -> PruneResult:
+    """The result of a run that removes whole blocks only: every kept block keeps its units."""
+    model, adapter = source.model, source.adapter
+    plan, layout = kept_plan(model, before[1])
+    model.config.liar_layout = layout
+    model.config.liar_family = adapter.name
+    return PruneResult(
+        model=model,
+        tokenizer=source.tokenizer,
+        recipe=recipe,
+        adapter=adapter,
+        plan=plan,
+        planned=plan,
+        report=[],
+        params_before=before[0],
+        params_after=sum(p.numel() for p in model.parameters()),
+        block_params_before=before[1],
+        block_params_after=block_parameters(model, adapter),
+        seconds=0.0,
+        peak_memory_mb=peak_memory_mb(source.device),
+        metrics=depth,
+    )
+
+
+def _prune_width(
+    recipe: Recipe,
+    source: ModelSource,
+    options: RunOptions,
+    calibration: tuple[CalibrationBatch, CalibrationBatch],
+    before: tuple[int, int],
+) -> PruneResult:
+    """Heads and neurons: score, plan, and the block loop (on a model that may have lost blocks)."""
+    model, adapter, device, report = source.model, source.adapter, source.device, options.report
     # what runs is what the result (and the checkpoint's recipe.yaml) records: criterion, allocation
     # and select's auto resolved
     recipe = recipe.resolved(adapter.kind, pools_first_token([type(model).__name__]))
     select = recipe.reconstruction.resolved_select()
     recipe = recipe.model_copy(update={"reconstruction": recipe.reconstruction.model_copy(update={"select": select})})
-    report("load", 1, 1)
-
-    report("calibration", 0, 1)
-    cal = options.calibration
-    fit, held = cal if cal is not None else calibration_batches(recipe.calibration, tokenizer, adapter.kind)
-    report("calibration", 1, 1)
+    fit, held = calibration
     offload = _offload(recipe, source, fit, held)
 
     n_layers, scores = adapter.n_layers, options.scores
@@ -225,10 +281,6 @@ def _run(recipe: Recipe, source: ModelSource, options: RunOptions) -> PruneResul
     split = obs_split(model, adapter, recipe, scores, rounding, groups)
     report("scoring", n_layers, n_layers)
 
-    params_before = sum(p.numel() for p in model.parameters())
-    block_before = block_parameters(model, adapter)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     speed = BlockSpeed() if options.measure_speed else None
     ctx = RunContext(
         model=model,
@@ -247,15 +299,15 @@ def _run(recipe: Recipe, source: ModelSource, options: RunOptions) -> PruneResul
     model.config.liar_family = adapter.name
     return PruneResult(
         model=model,
-        tokenizer=tokenizer,
+        tokenizer=source.tokenizer,
         recipe=recipe,
         adapter=adapter,
         plan=done.plan,
         planned=plan,
         report=done.reports,
-        params_before=params_before,
+        params_before=before[0],
         params_after=sum(p.numel() for p in model.parameters()),
-        block_params_before=block_before,
+        block_params_before=before[1],
         block_params_after=block_parameters(model, adapter),
         seconds=0.0,
         peak_memory_mb=peak_memory_mb(device),

@@ -6,8 +6,9 @@ record and the ``recipe.yaml`` inside every exported checkpoint.
 Example::
 
     model: HuggingFaceTB/SmolLM2-135M-Instruct
-    modules: both            # heads | neurons | both
+    modules: both            # heads | neurons | both | blocks (depth only: round(ratio × layers) whole blocks)
     ratio: 0.2               # fraction of the transformer blocks' parameters removed
+    depth: {blocks: 0, select: loss, reconstruction: ls}   # whole blocks removed first, counted in ratio
     allocation: auto         # auto | uniform | global
     head_ratio: auto         # uniform: heads removed per layer — auto (half the ratio) | same | obs | 0.25
     criterion: {name: auto}  # auto: obs + global for decoders up to 50% (capped above 30%), else magnitude + uniform
@@ -190,6 +191,31 @@ class CalibrationConfig(_Strict):
         return self
 
 
+class DepthConfig(_Strict):
+    blocks: int = Field(
+        0,
+        ge=0,
+        le=10_000,
+        description="whole transformer blocks removed (one contiguous span) before the width pruning, their "
+        "parameters counted in ratio (the heads and neurons then remove the rest); 0: none. With modules: blocks "
+        "leave it 0: the ratio gives the count",
+    )
+    select: Literal["loss", "fit", "angular"] = Field(
+        "loss",
+        description="which span goes: loss — the least next-token loss on the held-aside calibration windows "
+        "with the span removed as reconstruction says (with ls: the stand-in's own error end to end; with none: "
+        "SLEB's criterion); fit — the least error of the least-squares stand-in on the calibration tokens; "
+        "angular — the least angular distance between the span's input and output (ShortGPT)",
+    )
+    reconstruction: Literal["ls", "none"] = Field(
+        "ls",
+        description="ls: the span replaced by a linear map fitted by least squares and folded into the down "
+        "projection of the block before it (the result is the stock architecture with fewer layers; not for "
+        "families that normalise the FFN's output, as Gemma does); none: the blocks removed",
+    )
+    damp: float = Field(0.01, ge=0.0, description="the stand-in's ridge damping, a fraction of mean(diag G)")
+
+
 class RoundTo(_Strict):
     heads: int = Field(1, ge=1, description="kept query heads per layer: a multiple of this")
     neurons: int | Literal["auto"] = Field(
@@ -218,8 +244,13 @@ class RoundTo(_Strict):
 
 class Recipe(_Strict):
     model: str = Field(..., description="Hugging Face model id or local directory")
-    modules: Literal["heads", "neurons", "both"] = "both"
+    modules: Literal["heads", "neurons", "both", "blocks"] = Field(
+        "both",
+        description="what is pruned: attention heads, FFN neurons, both, or blocks — whole transformer blocks "
+        "only (depth pruning: round(ratio × layers) of them, see depth)",
+    )
     ratio: float = Field(..., description="fraction of the transformer blocks' parameters removed, in (0, 1)")
+    depth: DepthConfig = Field(default_factory=DepthConfig, description="whole blocks removed (depth pruning)")
     allocation: Literal["auto", "uniform", "global"] = Field(
         "auto",
         description="how many units each layer loses: uniform (every layer the ratio), global (one ranking over "
@@ -283,6 +314,31 @@ class Recipe(_Strict):
         if refusal:
             raise ValueError(refusal)
         return self
+
+    @model_validator(mode="after")
+    def _depth_fits(self) -> Recipe:
+        if self.modules == "blocks" and self.depth.blocks:
+            raise ValueError(
+                "modules: blocks removes round(ratio × layers) whole blocks; depth.blocks is the depth share of a "
+                "width recipe (heads, neurons or both): give one or the other"
+            )
+        if self.removes_blocks and self.execution == "stream":
+            raise ValueError(
+                "depth pruning (modules: blocks or depth.blocks) runs with the model in memory for now: use "
+                "execution: memory or auto"
+            )
+        return self
+
+    @property
+    def removes_blocks(self) -> bool:
+        """Whether whole blocks go (``modules: blocks`` or ``depth.blocks``)."""
+        return self.modules == "blocks" or self.depth.blocks > 0
+
+    def depth_blocks(self, n_layers: int) -> int:
+        """How many whole blocks a model of ``n_layers`` loses."""
+        if self.modules == "blocks":
+            return max(1, round(self.ratio * n_layers))
+        return self.depth.blocks
 
     @property
     def auto_may_use_gradients(self) -> bool:

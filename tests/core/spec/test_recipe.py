@@ -23,7 +23,7 @@ def test_yaml_round_trip(llama_dir, corpus):
         ({"reconstruction": {"method": "magic"}}, "unknown reconstruction method 'magic'"),
         ({"criterion": {"name": "vibes"}}, "unknown criterion 'vibes'"),
         ({"model": "/no/such/model/dir"}, "model path '/no/such/model/dir' does not exist"),
-        ({"modules": "layers"}, "Input should be 'heads', 'neurons' or 'both'"),
+        ({"modules": "layers"}, "Input should be 'heads', 'neurons', 'both' or 'blocks'"),
         ({"device": "tpu"}, "device must be auto, cpu, cuda or cuda:N"),
         ({"surprise": 1}, "Extra inputs are not permitted"),
         ({"reconstruction": {"method": "liar", "damp": -1}}, "greater than or equal to 0"),

@@ -1,0 +1,176 @@
+"""Quality against realised speed on the CPU: width-only, depth-only and combined recipes on SmolLM2-135M.
+
+Every recipe is pruned with the default recipe's calibration (128 × 128 tokens of the Wikipedia
+calibration articles), evaluated on the first 20 windows of 512 tokens of the held-out Wikipedia
+articles, and kept in memory; then the timings go in rounds over all models (so a slow stretch of the
+machine falls on every model alike), each cell the median over the rounds:
+
+- decode: batch-1 greedy decoding, ms per token (32 new tokens after a 128-token prompt, eager, the
+  default key/value cache, the prompt's prefill not counted: ``core.evaluation.speed.decode_ms_per_token``);
+- prefill: tokens/s of one forward over 8 × 512 tokens.
+
+The GEMM rate of the same machine in the same run is recorded beside them (``bench/cpu_matmul.py``'s
+probe), so the speeds can be read against the machine.
+
+    python bench/depth_speed.py [--rounds 5] [--only NAME ...]
+    python bench/depth_speed.py --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.assets import cpu_model  # noqa: E402
+
+OUT = ROOT / "docs" / "results" / "depth_speed.md"
+# name: (modules, ratio, depth blocks, depth reconstruction); SmolLM2 has 30 blocks
+RECIPES = {
+    "width 20%": ("both", 0.2, 0, "ls"),
+    "width 35%": ("both", 0.35, 0, "ls"),
+    "width 50%": ("both", 0.5, 0, "ls"),
+    "depth 6 (20%)": ("blocks", 0.2, 0, "ls"),
+    "depth 8 (27%)": ("blocks", 8 / 30, 0, "ls"),
+    "depth 8 (27%), none": ("blocks", 8 / 30, 0, "none"),
+    "depth 10 (33%)": ("blocks", 1 / 3, 0, "ls"),
+    "depth 4 + width, 35%": ("both", 0.35, 4, "ls"),
+    "depth 4 + width, 50%": ("both", 0.5, 4, "ls"),
+    "depth 6 + width, 50%": ("both", 0.5, 6, "ls"),
+    "depth 8 + width, 50%": ("both", 0.5, 8, "ls"),
+}
+
+
+def recipe_for(name: str) -> dict:
+    from bench.unseen import recipe as bench_recipe
+
+    modules, ratio, blocks, recon = RECIPES[name]
+    r = bench_recipe("auto", ratio) | {"allocation": "auto", "criterion": {"name": "auto"}, "modules": modules}
+    if modules == "blocks" or blocks:
+        r["depth"] = {"blocks": blocks, "reconstruction": recon}
+    return r
+
+
+def gemm_gflops(threads: int) -> float:
+    """float32 GEMM rate of this machine now (a 1024³ product, best of 5)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    a @ b  # warm-up
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * 1024**3 / min(times) / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", nargs="*", default=None, help="recipe names (default: all)")
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args()
+    js = OUT.with_suffix(".json")
+    if args.report_only:
+        write(json.loads(js.read_text()))
+        return
+    import torch
+
+    from bench.assets import smollm2_dir
+    from bench.unseen import both_texts
+    from core import prune
+    from core.evaluation.speed import decode_ms_per_token, prefill_tokens_per_second
+    from core.models.loading import load_model
+
+    torch.set_num_threads(args.threads)
+    results = {
+        "date": dt.date.today().isoformat(),
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "rows": [],
+    }
+    models = {}
+    dense, tok, _ = load_model(str(smollm2_dir()), "float32", "cpu")
+    models["dense"] = dense
+    results["rows"].append({"name": "dense", "perplexity": both_texts(dense, tok)["wikipedia"], "layers": 30})
+    for name in args.only or RECIPES:
+        result = prune(recipe_for(name))
+        row = {
+            "name": name,
+            "achieved_ratio": result.achieved_ratio,
+            "layers": result.model.config.num_hidden_layers,
+            "removed_blocks": result.metrics.get("depth_blocks_removed", []),
+            "width_ratio": result.metrics.get("width_ratio"),
+            "prune_seconds": result.seconds,
+            "perplexity": both_texts(result.model, result.tokenizer)["wikipedia"],
+        }
+        print(json.dumps(row), flush=True)
+        results["rows"].append(row)
+        models[name] = result.model
+        js.write_text(json.dumps(results, indent=1) + "\n")
+    samples: dict[str, dict[str, list[float]]] = {n: {"decode_ms": [], "prefill_tok_s": []} for n in models}
+    gemm = []
+    for r in range(args.rounds):
+        gemm.append(gemm_gflops(args.threads))
+        for name, model in models.items():
+            if r == 0:
+                decode_ms_per_token(model, new=4)  # warm-up
+            samples[name]["decode_ms"].append(decode_ms_per_token(model))
+            samples[name]["prefill_tok_s"].append(prefill_tokens_per_second(model, batch=8, seq_len=512, repeats=1))
+        print(f"round {r + 1}", flush=True)
+    results["gemm_gflops"] = statistics.median(gemm)
+    for row in results["rows"]:
+        s = samples[row["name"]]
+        row.update({k: statistics.median(v) for k, v in s.items()}, **{f"{k}_all": v for k, v in s.items()})
+    js.write_text(json.dumps(results, indent=1) + "\n")
+    write(results)
+
+
+def write(r: dict) -> None:
+    dense = r["rows"][0]
+    lines = []
+    for x in r["rows"]:
+        blocks = x.get("removed_blocks") or []
+        span = f"{blocks[0]}–{blocks[-1]}" if blocks else "–"
+        width = (
+            f"{x['width_ratio']:.1%}" if x.get("width_ratio") else ("–" if blocks or x["name"] == "dense" else "all")
+        )
+        lines.append(
+            f"| {x['name']} | {x.get('achieved_ratio', 0):.1%} | {x['layers']} | {span} | {width} | "
+            f"{x['perplexity']:.1f} | {x['decode_ms']:.1f} ({dense['decode_ms'] / x['decode_ms']:.2f}×) | "
+            f"{x['prefill_tok_s']:,.0f} ({x['prefill_tok_s'] / dense['prefill_tok_s']:.2f}×) |"
+        )
+    table = "\n".join(lines)
+    OUT.write_text(f"""# Quality against realised CPU speed: width, depth and both (SmolLM2-135M)
+
+`python bench/depth_speed.py`, measured {r["date"]} ({r["machine"]}, torch {r["torch"]}, {r["threads"]} threads;
+float32 GEMM rate in the same run {r["gemm_gflops"]:.0f} GFLOP/s). Every recipe is the default recipe
+(criterion auto, ls reconstruction, the default calibration: 128 × 128 tokens of the Wikipedia calibration
+articles) with the depth settings named; depth spans chosen by `select: loss` and replaced by the
+least-squares stand-in (`reconstruction: ls`) unless marked `none`. Perplexity: the first 20 windows of 512
+tokens of the held-out Wikipedia articles. Decode: batch-1 greedy decoding, ms per token (32 new tokens
+after a 128-token prompt, eager, the prompt's prefill not counted); prefill: one forward over 8 × 512
+tokens. Speed cells: the median of
+{len(dense["decode_ms_all"])} rounds that interleave the models; speed-ups against dense in brackets.
+
+| recipe | removed | layers | span removed | width share | perplexity | decode ms/token | prefill 8×512 tok/s |
+|---|---|---|---|---|---:|---:|---:|
+{table}
+""")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

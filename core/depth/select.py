@@ -1,0 +1,164 @@
+"""Choosing which contiguous span of blocks to remove, and removing it.
+
+Every candidate span ``[s, s + n)`` (``s ≥ 1``: the stand-in folds into the block before it) gets its
+least-squares stand-in from one calibration pass (:func:`core.depth.replace.fit_spans`), fitted both
+per-token weighted (each token's direction, as the next RMS norm reads it) and plain. The span is then
+chosen by one of:
+
+- ``loss`` (the default): the next-token loss on the held-aside calibration windows of the model with
+  the span removed as ``reconstruction`` says — with ``ls`` that is the stand-in's own end-to-end
+  error on tokens it was not fitted on (ours); with ``none`` it is SLEB's perplexity criterion. Of the
+  two fits of a span, the one with the lower held-aside loss is kept.
+- ``fit``: the stand-in's relative error on the calibration tokens (a local score, no extra passes).
+- ``angular``: ShortGPT's angular distance between the span's input and output.
+
+A local score misleads where a span changes the residual stream wholesale: on SmolLM2 the weighted fit's
+own error picks the span 1–8, whose held-out perplexity is 1.7× that of 12–19 (docs/results/depth.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from core.depth.replace import DepthError, check_foldable, fit_spans_weighted, fold, model_inputs, remove_blocks
+from core.models.adapter import Adapter
+
+SELECTIONS = ("loss", "fit", "angular")
+RECONSTRUCTIONS = ("ls", "none")
+
+
+@dataclass
+class SpanChoice:
+    """The span ``[start, end)`` chosen, its stand-in ``t`` (None: plain removal) and every candidate's
+    scores (``{start: {score: value}}``), for the run's report."""
+
+    start: int
+    end: int
+    t: torch.Tensor | None
+    weighted: bool
+    candidates: dict[int, dict[str, float]]
+
+    @property
+    def blocks(self) -> list[int]:
+        return list(range(self.start, self.end))
+
+
+@torch.no_grad()
+def held_loss(model: nn.Module, adapter: Adapter, batches) -> float:
+    """Mean next-token cross-entropy over the real tokens of ``batches`` (each token predicted from the
+    ones before it in its window)."""
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    for batch in batches:
+        inputs = model_inputs(batch, adapter, device)
+        logits = model(**inputs).logits[:, :-1].float()
+        target = inputs["input_ids"][:, 1:]
+        real = inputs["attention_mask"][:, 1:].bool() & inputs["attention_mask"][:, :-1].bool()
+        loss = nn.functional.cross_entropy(logits[real], target[real], reduction="sum")
+        total, count = total + float(loss), count + int(real.sum())
+    if count == 0:
+        raise DepthError("the held-aside windows have no tokens to score the spans on")
+    return total / count
+
+
+@contextmanager
+def span_removed(model: nn.Module, adapter: Adapter, start: int, end: int, t: torch.Tensor | None) -> Iterator[None]:
+    """The model with blocks ``[start, end)`` left out of its forward pass (and ``t`` folded into block
+    ``start - 1``), restored on exit: for scoring a candidate without copying the model."""
+    layers = adapter.layers(model)
+    parent_path, _, name = adapter.family.layers.rpartition(".")
+    parent = model.base_model.get_submodule(parent_path) if parent_path else model.base_model
+    down = layers[start - 1].get_submodule(adapter.family.ffn_out) if t is not None else None
+    saved = None if down is None else (down.weight.detach().clone(), None if down.bias is None else down.bias.clone())
+    if t is not None:
+        fold(model, adapter, start, t)
+    setattr(parent, name, nn.ModuleList([layer for i, layer in enumerate(layers) if not start <= i < end]))
+    try:
+        yield
+    finally:
+        setattr(parent, name, layers)
+        if saved is not None:
+            with torch.no_grad():
+                down.weight.copy_(saved[0])
+                if saved[1] is not None:
+                    down.bias.copy_(saved[1])
+
+
+def _fit_both(model, adapter, batches, spans, damp, stand_in: bool):
+    """Each span's weighted and plain stand-ins with their fit errors (with ``stand_in``), and its
+    removal scores."""
+    out: dict[int, dict] = {}
+    weightings = (True, False) if stand_in else ()
+    for (s, _), (fits, scores) in fit_spans_weighted(model, adapter, batches, spans, weightings).items():
+        solved = {weighted: fit.solve(damp) for weighted, fit in fits.items()}
+        out[s] = {"scores": scores, "fits": {w: (t, fits[w].relative_error(t)) for w, t in solved.items()}}
+    return out
+
+
+def choose_span(
+    model: nn.Module,
+    adapter: Adapter,
+    fit_batches,
+    held_batches,
+    blocks: int,
+    select: str = "loss",
+    reconstruction: str = "ls",
+    damp: float = 0.01,
+) -> SpanChoice:
+    """The span of ``blocks`` consecutive blocks to remove (see the module docstring)."""
+    n = len(adapter.layers(model))
+    if select not in SELECTIONS:
+        raise DepthError(f"unknown span selection {select!r}; choose one of {', '.join(SELECTIONS)}")
+    if reconstruction not in RECONSTRUCTIONS:
+        raise DepthError(f"unknown depth reconstruction {reconstruction!r}; choose one of {', '.join(RECONSTRUCTIONS)}")
+    if not 1 <= blocks <= n - 2:
+        raise DepthError(
+            f"a model of {n} blocks can lose 1 to {max(n - 2, 0)} of them (the first stays, and one after it); "
+            f"{blocks} asked"
+        )
+    stand_in = reconstruction == "ls" or select == "fit"
+    if stand_in:
+        check_foldable(adapter, 1)
+    spans = [(s, s + blocks) for s in range(1, n - blocks + 1)]
+    rows = _fit_both(model, adapter, fit_batches, spans, damp, stand_in)
+    candidates: dict[int, dict[str, float]] = {}
+    for s, row in rows.items():
+        cand = dict(row["scores"])
+        if stand_in:
+            cand.update(fit_error=row["fits"][True][1], fit_error_plain=row["fits"][False][1])
+        if select == "loss":
+            options = (
+                {True: row["fits"][True][0], False: row["fits"][False][0]} if reconstruction == "ls" else {None: None}
+            )
+            for weighted, t in options.items():
+                with span_removed(model, adapter, s, s + blocks, t):
+                    key = "loss" if weighted is None else ("loss_weighted" if weighted else "loss_plain")
+                    cand[key] = held_loss(model, adapter, held_batches)
+            if reconstruction == "ls":
+                cand["loss"] = min(cand["loss_weighted"], cand["loss_plain"])
+        candidates[s] = cand
+    key = {"loss": "loss", "fit": "fit_error", "angular": "angular_distance"}[select]
+    start = min(candidates, key=lambda s: (candidates[s][key], s))
+    cand = candidates[start]
+    weighted = select != "loss" or reconstruction != "ls" or cand["loss_weighted"] <= cand["loss_plain"]
+    t = rows[start]["fits"][weighted][0] if reconstruction == "ls" else None
+    if t is not None and not bool(torch.isfinite(t).all()):
+        raise DepthError(f"the stand-in for blocks {start}–{start + blocks - 1} is not finite")
+    return SpanChoice(start, start + blocks, t, weighted, candidates)
+
+
+def apply_span(model: nn.Module, adapter: Adapter, choice: SpanChoice) -> None:
+    """Fold the chosen stand-in (if any) and take the span's blocks out of the model for good."""
+    if choice.t is not None:
+        fold(model, adapter, choice.start, choice.t)
+    remove_blocks(model, adapter, choice.blocks)
+
+
+def perplexity_of(loss: float) -> float:
+    return math.exp(min(loss, 700.0))

@@ -1,0 +1,79 @@
+"""Depth pruning inside a run: a span of whole blocks chosen on the calibration windows and removed
+(stood in for by its least-squares map, ``core/depth``) before the width pruning, which then removes
+what is left of the ratio from the blocks that stay."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from core.allocation import Plan
+from core.allocation.plan import LayerPlan
+from core.data.calibration import CalibrationBatch
+from core.depth.replace import DepthError
+from core.depth.select import apply_span, choose_span
+from core.models.adapter import adapter_for, block_parameters
+from core.pipeline.context import Progress
+from core.pipeline.scoring import split_batches
+from core.spec.recipe import Recipe
+
+
+def split_held(held: CalibrationBatch, fit: CalibrationBatch, size: int) -> list[CalibrationBatch]:
+    """The windows the span's loss is measured on: the held-aside ones (the fit's last batch when none
+    are held aside)."""
+    if len(held):
+        return split_batches(held, size)
+    return split_batches(fit, size)[-1:]
+
+
+def remove_depth(
+    model: nn.Module, recipe: Recipe, fit: CalibrationBatch, held: CalibrationBatch, report: Progress
+) -> dict[str, Any]:
+    """Choose the span and remove it from ``model`` (in place); returns the run's depth metrics."""
+    t0 = time.perf_counter()
+    adapter = adapter_for(model)
+    n = len(adapter.layers(model))
+    blocks = recipe.depth_blocks(n)
+    report("depth", 0, 1)
+    size = recipe.calibration.batch_size
+    d = recipe.depth
+    try:
+        choice = choose_span(
+            model,
+            adapter,
+            split_batches(fit, size),
+            split_held(held, fit, size),
+            blocks,
+            d.select,
+            d.reconstruction,
+            d.damp,
+        )
+    except DepthError as exc:
+        raise ValueError(str(exc)) from None
+    apply_span(model, adapter, choice)
+    report("depth", 1, 1)
+    chosen = choice.candidates[choice.start]
+    return {
+        "depth_blocks_removed": choice.blocks,
+        "depth_layers_before": n,
+        "depth_select": d.select,
+        "depth_reconstruction": d.reconstruction,
+        "depth_weighting": None if choice.t is None else ("per-token" if choice.weighted else "plain"),
+        **{f"depth_{k}": round(v, 6) for k, v in chosen.items()},
+        "depth_seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def kept_plan(model: nn.Module, block_params_before: int) -> tuple[Plan, list[dict[str, Any]]]:
+    """The plan and layout of a model whose remaining blocks keep every unit (a depth-only run)."""
+    adapter = adapter_for(model)
+    heads, kv = list(range(adapter.n_heads)), list(range(adapter.n_kv_heads))
+    layers = [LayerPlan(heads, kv, torch.arange(adapter.n_neurons)) for _ in range(adapter.n_layers)]
+    removed = block_params_before - block_parameters(model, adapter)
+    plan = Plan(layers, block_params_before, removed)
+    plan.removed = removed
+    layout = [{"heads": heads, "kv_heads": kv, "neurons": adapter.n_neurons, "bias": []} for _ in layers]
+    return plan, layout
