@@ -283,6 +283,7 @@ class JobService:
             "cancel_requested": bool(job.cancel_requested),
             "model": job.recipe.get("model"),
             "ratio": job.recipe.get("ratio"),
+            "target": job.recipe.get("target"),  # a speed target in place of the ratio
             "method": job.recipe.get("reconstruction", {}).get("method"),
             # what ran once the job has (``auto`` resolved), else what was asked for
             "criterion": ran.get("criterion", {}).get("name"),

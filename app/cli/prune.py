@@ -39,13 +39,26 @@ def recipe_from_args(args: argparse.Namespace):
         data = recipe.model_dump(mode="json", exclude_none=True)
         data.update({k: v for k, v in flags.items() if v is not None})
     else:
-        missing = [f"--{k}" for k in ("model", "ratio") if flags[k] is None]
+        missing = ["--model"] if flags["model"] is None else []
+        if flags["ratio"] is None and args.speedup is None:
+            missing.append("--ratio or --speedup")
         if args.calibration is None:
             missing.append("--calibration")
         if missing:
             raise ValueError(f"give a recipe file or at least {', '.join(missing)}")
         data = {k: v for k, v in flags.items() if v is not None}
         data["calibration"] = {}
+    if args.speedup is not None or args.workload is not None:
+        if args.speedup is None and "target" not in data:
+            raise ValueError("--workload goes with --speedup (the speed-up to reach on that workload)")
+        data.pop("ratio", None) if flags["ratio"] is None else None
+        speed = data.setdefault("target", {})
+        speed.update({k: v for k, v in (("speedup", args.speedup), ("workload", args.workload)) if v is not None})
+    depth = {k: v for k, v in (("blocks", args.depth_blocks), ("select", args.depth_select)) if v is not None}
+    if args.depth_reconstruction is not None:
+        depth["reconstruction"] = args.depth_reconstruction
+    if depth:
+        data.setdefault("depth", {}).update(depth)
     if args.criterion:
         data["criterion"] = {"name": args.criterion}
     if args.round_neurons is not None:
@@ -179,9 +192,19 @@ def _perplexity(result, source: str, seq_len: int | None, quiet: bool) -> dict:
 def _print_prune_summary(recipe, summary: dict, path: Path) -> None:
     print(
         f"pruned {recipe.model}: {summary['achieved_ratio']:.1%} of block parameters removed "
-        f"(target {recipe.ratio:.1%}), {summary['params_before']:,} → {summary['params_after']:,} "
+        f"(target {summary['target_ratio']:.1%}), {summary['params_before']:,} → {summary['params_after']:,} "
         f"parameters in {summary['prune_seconds']:.1f} s"
     )
+    if summary.get("depth_blocks_removed"):
+        blocks = summary["depth_blocks_removed"]
+        print(f"blocks {blocks[0]}–{blocks[-1]} removed ({len(blocks)} of {summary['depth_layers_before']})")
+    if "target_speedup" in summary:
+        print(
+            f"speed-up ({summary['target_workload']} on {summary['target_device']}): "
+            f"{summary['realised_speedup']:.2f}× measured, {summary['predicted_speedup']:.2f}× predicted, "
+            f"{summary['target_speedup']:g}× asked; "
+            f"kept the best of {len(summary['target_candidates'])} candidates by held-aside loss"
+        )
     if abs(summary["ratio_deviation"]) > 0.01:
         print(
             f"note: {abs(summary['ratio_deviation']):.1%} "
@@ -255,7 +278,7 @@ def register(sub) -> None:
 _FLAG_NAMES = (
     "model modules ratio allocation head_ratio round_neurons kv_groups criterion reconstruction damp select target "
     "positions paper calibration samples seq_len holdout label_field seed batch_size dtype device execution activations"
-    " export query_heads"
+    " export query_heads speedup workload depth_blocks depth_select depth_reconstruction"
 )
 RECIPE_FLAGS = tuple(_FLAG_NAMES.split())
 
@@ -265,12 +288,49 @@ def recipe_flags_given(args: argparse.Namespace) -> bool:
     return any(getattr(args, k) is not None for k in RECIPE_FLAGS)
 
 
+def _add_depth_flags(p: argparse.ArgumentParser) -> None:
+    """What goes (heads, neurons, blocks), a speed target in place of the ratio, and the depth settings."""
+    p.add_argument(
+        "--modules",
+        choices=["heads", "neurons", "both", "blocks"],
+        help="what goes: heads, neurons, both (the default), or blocks — whole blocks only (depth pruning)",
+    )
+    p.add_argument(
+        "--speedup",
+        type=float,
+        help="in place of --ratio: how many times faster than dense, measured where the prune runs; the depth and "
+        "widths that reach it with the least held-aside loss are kept",
+    )
+    p.add_argument(
+        "--workload",
+        choices=["decode_b1", "prefill_b8x512"],
+        help="what --speedup times: decode_b1 (the default: batch-1 decoding, ms per token) or prefill_b8x512",
+    )
+    p.add_argument(
+        "--depth-blocks",
+        type=int,
+        help="whole blocks removed beside the heads and neurons, counted in --ratio (depth.blocks)",
+    )
+    p.add_argument(
+        "--depth-select",
+        choices=["loss", "fit", "angular"],
+        help="which span of blocks goes: loss (the default: least held-aside loss with the span replaced), fit, "
+        "or angular (ShortGPT)",
+    )
+    p.add_argument(
+        "--depth-reconstruction",
+        choices=["ls", "none"],
+        help="ls (the default): the span replaced by a least-squares linear map folded into the block before; "
+        "none: removed",
+    )
+
+
 def add_recipe_flags(p: argparse.ArgumentParser) -> None:
     """The recipe file and the flags that override or replace it (``liar prune``, ``liar jobs submit``)."""
     p.add_argument("recipe", nargs="?", help="recipe YAML (flags below override its fields)")
     p.add_argument("--model", help="Hugging Face id or local directory")
-    p.add_argument("--modules", choices=["heads", "neurons", "both"])
     p.add_argument("--ratio", type=float, help="fraction of transformer-block parameters to remove, in (0, 1)")
+    _add_depth_flags(p)
     p.add_argument(
         "--allocation",
         choices=["auto", "uniform", "global"],

@@ -85,7 +85,7 @@ def job_rows(service: JobService, status: str | None = None) -> list[list[Any]]:
                 elapsed(j["elapsed_s"]),
                 j["submitted_by"] or "–",
                 Path(str(j["model"])).name,
-                j["ratio"],
+                j["ratio"] if j["ratio"] is not None else asked(j),
                 j["method"],
                 j["criterion"],
             ]
@@ -100,7 +100,7 @@ def job_heading(info: dict[str, Any]) -> str:
         where += f" (layer {info['layer']}/{info['n_layers']})"
     line = (
         f"**Job {info['id']}** · {info['status']} · {where} · {bar(info['progress'] or 0.0)} · "
-        f"by {info['submitted_by'] or '–'} · `{Path(str(info['model'])).name}` ratio {info['ratio']} "
+        f"by {info['submitted_by'] or '–'} · `{Path(str(info['model'])).name}` {asked(info)} "
         f"{info['method']} · {info['criterion']}"
     )
     if info.get("cancel_requested") and info["status"] == "RUNNING":
@@ -205,9 +205,17 @@ def _metric_text(value: float) -> str:
     return f"{int(value):,}" if float(value).is_integer() and abs(value) >= 1000 else f"{value:.6g}"
 
 
+def asked(info: dict[str, Any]) -> str:
+    """What a job was asked for: its ratio, or its speed target."""
+    target = info.get("target")
+    if info.get("ratio") is None and isinstance(target, dict):
+        return f"speed-up {target.get('speedup')}× ({target.get('workload', 'decode_b1')})"
+    return f"ratio {info.get('ratio')}"
+
+
 def _page_head(info: dict[str, Any]) -> str:
     head = (
-        f"### Job {info['id']} — {info['status']}\n\n`{info['model']}` · ratio {info['ratio']} · "
+        f"### Job {info['id']} — {info['status']}\n\n`{info['model']}` · {asked(info)} · "
         f"{info['method']} · {info['criterion']} · by {info['submitted_by'] or '–'}"
     )
     if info["error"]:

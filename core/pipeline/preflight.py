@@ -62,7 +62,7 @@ MIN_WIDTH_RATIO = 0.005
 def check_depth(recipe: Recipe, config: Any) -> None:
     """The depth checks that need the model's config (``ValueError`` with the reason); run before any
     work, and before a job is queued."""
-    if not recipe.removes_blocks:
+    if not recipe.removes_blocks or recipe.target is not None:  # a target's depth is chosen on the worker
         return
     family = family_of(getattr(config, "model_type", None))
     n = int(config.num_hidden_layers)

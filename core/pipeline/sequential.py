@@ -45,6 +45,7 @@ from core.pipeline.preflight import as_recipe, check_model_fit, width_ratio
 from core.pipeline.result import PruneResult
 from core.pipeline.scoring import BlockPass, score_layers, split_batches
 from core.pipeline.streamed import StreamSource, check_streamable
+from core.pipeline.target import prune_to_speed
 from core.spec.criteria import streaming_refusal
 from core.spec.recipe import Recipe
 
@@ -96,6 +97,7 @@ def execution_mode(recipe: Recipe, model: nn.Module | None, output_dir) -> tuple
         or streaming_refusal(recipe.criterion.name)
         or recipe.auto_may_use_gradients  # auto may pick Kwon et al.'s Fisher: whole-model gradients
         or recipe.removes_blocks  # the span is chosen on the whole model's outputs
+        or recipe.target is not None  # whole candidates are compared
     ):
         return "memory", None
     directory = checkpoint_directory(recipe.model)
@@ -137,6 +139,11 @@ def prune(
     recipe = as_recipe(recipe)
     report = run.report
     t_start = time.perf_counter()
+    if recipe.target is not None:  # the recipes that reach the speed-up, each pruned in memory
+        result = prune_to_speed(recipe, model, tokenizer, run, prune)
+        result.seconds = time.perf_counter() - t_start
+        report("done", 1, 1)
+        return result
     mode, directory = execution_mode(recipe, model, output_dir)
 
     report("load", 0, 1)

@@ -9,6 +9,8 @@ Example::
     modules: both            # heads | neurons | both | blocks (depth only: round(ratio × layers) whole blocks)
     ratio: 0.2               # fraction of the transformer blocks' parameters removed
     depth: {blocks: 0, select: loss, reconstruction: ls}   # whole blocks removed first, counted in ratio
+    # or, in place of ratio, a speed target: the depth and widths that reach it with the least held-aside loss
+    # target: {speedup: 1.5, workload: decode_b1}           # decode_b1 | prefill_b8x512
     allocation: auto         # auto | uniform | global
     head_ratio: auto         # uniform: heads removed per layer — auto (half the ratio) | same | obs | 0.25
     criterion: {name: auto}  # auto: obs + global for decoders up to 50% (capped above 30%), else magnitude + uniform
@@ -34,6 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.spec.criteria import CRITERIA, parse_options, streaming_refusal
+from core.spec.depth import DepthConfig, SpeedTarget
 
 NAMED_DATASETS = ("wikitext2", "c4", "alpaca")
 # criterion ``auto`` spends a decoder's budget non-uniformly (criterion obs, allocation global) up to
@@ -191,31 +194,6 @@ class CalibrationConfig(_Strict):
         return self
 
 
-class DepthConfig(_Strict):
-    blocks: int = Field(
-        0,
-        ge=0,
-        le=10_000,
-        description="whole transformer blocks removed (one contiguous span) before the width pruning, their "
-        "parameters counted in ratio (the heads and neurons then remove the rest); 0: none. With modules: blocks "
-        "leave it 0: the ratio gives the count",
-    )
-    select: Literal["loss", "fit", "angular"] = Field(
-        "loss",
-        description="which span goes: loss — the least next-token loss on the held-aside calibration windows "
-        "with the span removed as reconstruction says (with ls: the stand-in's own error end to end; with none: "
-        "SLEB's criterion); fit — the least error of the least-squares stand-in on the calibration tokens; "
-        "angular — the least angular distance between the span's input and output (ShortGPT)",
-    )
-    reconstruction: Literal["ls", "none"] = Field(
-        "ls",
-        description="ls: the span replaced by a linear map fitted by least squares and folded into the down "
-        "projection of the block before it (the result is the stock architecture with fewer layers; not for "
-        "families that normalise the FFN's output, as Gemma does); none: the blocks removed",
-    )
-    damp: float = Field(0.01, ge=0.0, description="the stand-in's ridge damping, a fraction of mean(diag G)")
-
-
 class RoundTo(_Strict):
     heads: int = Field(1, ge=1, description="kept query heads per layer: a multiple of this")
     neurons: int | Literal["auto"] = Field(
@@ -249,7 +227,14 @@ class Recipe(_Strict):
         description="what is pruned: attention heads, FFN neurons, both, or blocks — whole transformer blocks "
         "only (depth pruning: round(ratio × layers) of them, see depth)",
     )
-    ratio: float = Field(..., description="fraction of the transformer blocks' parameters removed, in (0, 1)")
+    ratio: float | None = Field(
+        None, description="fraction of the transformer blocks' parameters removed, in (0, 1) (or give a target)"
+    )
+    target: SpeedTarget | None = Field(
+        None,
+        description="a speed-up in place of ratio: the worker measures a latency table of the model's block on "
+        "its own device, then keeps the depth and widths that reach it with the least held-aside loss",
+    )
     depth: DepthConfig = Field(default_factory=DepthConfig, description="whole blocks removed (depth pruning)")
     allocation: Literal["auto", "uniform", "global"] = Field(
         "auto",
@@ -313,6 +298,19 @@ class Recipe(_Strict):
         refusal = streaming_refusal(self.criterion.name) if self.execution == "stream" else None
         if refusal:
             raise ValueError(refusal)
+        return self
+
+    @model_validator(mode="after")
+    def _ratio_or_target(self) -> Recipe:
+        if (self.ratio is None) == (self.target is None):
+            raise ValueError(
+                "give either ratio (the fraction of block parameters removed) or target (a speed-up), "
+                + ("not both" if self.ratio is not None else "neither was given")
+            )
+        if self.target is not None and self.depth.blocks:
+            raise ValueError("a speed target chooses how many blocks go: leave depth.blocks 0")
+        if self.target is not None and self.execution == "stream":
+            raise ValueError("a speed target compares whole pruned models in memory: use execution memory or auto")
         return self
 
     @model_validator(mode="after")
@@ -390,8 +388,8 @@ class Recipe(_Strict):
 
     @field_validator("ratio")
     @classmethod
-    def _ratio(cls, v: float) -> float:
-        if not 0.0 < v < 1.0:
+    def _ratio(cls, v: float | None) -> float | None:
+        if v is not None and not 0.0 < v < 1.0:
             raise ValueError(f"ratio must lie strictly between 0 and 1, got {v}")
         return v
 

@@ -170,3 +170,25 @@ def test_run_rows_filter_the_succeeded_jobs(finished_jobs):
     assert charts.run_rows(finished_jobs, model="13b") == []
     spec = charts.metric_vs_ratio(rows, "perplexity")
     assert _layer(spec, "rule")["data"]["values"][0]["value"] == 15.0  # the dense line from job 1
+
+
+def test_a_speed_target_job_sits_at_its_reached_ratio_with_its_measured_speed_up(finished_jobs):
+    """A job asked for a speed-up has no ratio: the runs table and the plots place it at the ratio it
+    reached, its speed-up is the one measured on the target's workload, and the job lists say what it
+    asked for."""
+    from app.web.views import asked
+
+    with finished_jobs.sessions.begin() as s:
+        recipe = {"model": "/m/llama-7b", "target": {"speedup": 1.5, "workload": "decode_b1"}}
+        recipe |= {"reconstruction": {"method": "ls"}, "criterion": {"name": "obs"}}
+        job = Job(recipe=recipe, evaluations=[], status=Status.SUCCEEDED.value, submitted_by="cy")
+        s.add(job)
+        s.flush()
+        metrics = {"achieved_ratio": 0.41, "perplexity": 40.0, "realised_speedup": 1.52, "prefill_speedup": 1.3}
+        s.add_all(Metric(job_id=job.id, name=k, value=v) for k, v in metrics.items())
+        job_id = job.id
+    row = next(r for r in charts.run_rows(finished_jobs) if r["id"] == job_id)
+    assert (row["ratio"], row["speedup"], row["speed_of"]) == (0.41, 1.52, "target workload")
+    info = finished_jobs.show(job_id)
+    assert asked(info) == "speed-up 1.5× (decode_b1)"
+    assert asked({"ratio": 0.3, "target": None}) == "ratio 0.3"

@@ -178,7 +178,7 @@ def test_refuses_non_empty_output_before_work(llama_dir, calib_file, tmp_path, c
 
 def test_missing_required_flags(tmp_path, capsys):
     assert main(["prune", "--output", str(tmp_path / "o")]) == 2
-    assert "give a recipe file or at least --model, --ratio, --calibration" in capsys.readouterr().err
+    assert "give a recipe file or at least --model, --ratio or --speedup, --calibration" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -444,3 +444,63 @@ def test_the_export_flag_names_every_serving_form():
     add_recipe_flags(parser)
     (flag,) = [a for a in parser._actions if a.dest == "export"]
     assert all(form in flag.help for form in EXPORT_FORMATS)
+
+
+# --- depth and speed targets ------------------------------------------------------------------------
+
+
+def test_depth_flags_prune_blocks_and_print_the_span(tmp_path, calib_file, capsys):
+    from core.models.tiny import tiny_decoder
+
+    model = tiny_decoder(tmp_path / "deep", num_hidden_layers=6, intermediate_size=96)
+    out = tmp_path / "o"
+    code = main(
+        ["prune", "--model", str(model), "--modules", "blocks", "--ratio", "0.34", "--calibration", str(calib_file)]
+        + ["--samples", "8", "--seq-len", "16", "--holdout", "4", "--output", str(out), "--quiet"]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "removed (2 of 6)" in printed
+    import json
+
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 4
+
+
+def test_speedup_flag_replaces_the_ratio(tmp_path, calib_file):
+    from app.cli import build_parser
+    from app.cli.prune import recipe_from_args
+
+    args = build_parser().parse_args(
+        [
+            "prune",
+            "--model",
+            str(tmp_path),
+            "--speedup",
+            "1.5",
+            "--workload",
+            "prefill_b8x512",
+            "--calibration",
+            str(calib_file),
+            "-o",
+            "x",
+        ]
+    )
+    recipe = recipe_from_args(args)
+    assert recipe.ratio is None and (recipe.target.speedup, recipe.target.workload) == (1.5, "prefill_b8x512")
+    args = build_parser().parse_args(
+        [
+            "prune",
+            "--model",
+            str(tmp_path),
+            "--workload",
+            "decode_b1",
+            "--ratio",
+            "0.2",
+            "--calibration",
+            "c4",
+            "-o",
+            "x",
+        ]
+    )
+    with pytest.raises(ValueError, match="--workload goes with --speedup"):
+        recipe_from_args(args)

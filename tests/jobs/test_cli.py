@@ -133,7 +133,7 @@ def test_submit_in_the_flag_form_of_prune(tmp_path, job_models, monkeypatch, cap
     assert stored["ratio"] == 0.25 and stored["criterion"]["name"] == "flap"
     assert stored["calibration"]["num_calibration_samples"] == 8
     assert main(["jobs", "submit", "--model", str(job_models["quick"])]) == 2
-    assert "give a recipe file or at least --ratio, --calibration" in capsys.readouterr().err
+    assert "give a recipe file or at least --ratio or --speedup, --calibration" in capsys.readouterr().err
     assert main(["jobs", "submit", *flags[:4], "--calibration", str(job_models["calib"]), "--samples", "0"]) == 2
     assert "num_calibration_samples" in capsys.readouterr().err
 

@@ -1,0 +1,65 @@
+"""The recipe's depth and speed fields: whole blocks removed (``depth``) and a speed-up in place of the
+ratio (``target``). Torch-free, like the rest of ``core.spec``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DepthConfig(_Strict):
+    blocks: int = Field(
+        0,
+        ge=0,
+        le=10_000,
+        description="whole transformer blocks removed (one contiguous span) before the width pruning, their "
+        "parameters counted in ratio (the heads and neurons then remove the rest); 0: none. With modules: blocks "
+        "leave it 0: the ratio gives the count",
+    )
+    select: Literal["loss", "fit", "angular"] = Field(
+        "loss",
+        description="which span goes: loss — the least next-token loss on the held-aside calibration windows "
+        "with the span removed as reconstruction says (with ls: the stand-in's own error end to end; with none: "
+        "SLEB's criterion); fit — the least error of the least-squares stand-in on the calibration tokens; "
+        "angular — the least angular distance between the span's input and output (ShortGPT)",
+    )
+    reconstruction: Literal["ls", "none"] = Field(
+        "ls",
+        description="ls: the span replaced by a linear map fitted by least squares and folded into the down "
+        "projection of the block before it (the result is the stock architecture with fewer layers; not for "
+        "families that normalise the FFN's output, as Gemma does); none: the blocks removed",
+    )
+    damp: float = Field(0.01, ge=0.0, description="the stand-in's ridge damping, a fraction of mean(diag G)")
+
+
+SPEED_WORKLOADS = ("decode_b1", "prefill_b8x512")  # what core.evaluation.latency times
+
+
+class SpeedTarget(_Strict):
+    speedup: float = Field(
+        ...,
+        gt=1.0,
+        le=20.0,
+        description="how many times faster than the dense model, measured on the device that runs the prune",
+    )
+    workload: Literal[SPEED_WORKLOADS] = Field(
+        "decode_b1",
+        description="what is timed: decode_b1 — batch-1 greedy decoding, ms per token (the latency a chat user "
+        "feels); prefill_b8x512 — one forward over 8 prompts of 512 tokens",
+    )
+    depth: bool = Field(
+        True,
+        description="whether whole blocks may go beside heads and neurons (modules: blocks: only blocks go)",
+    )
+    candidates: int = Field(
+        4,
+        ge=1,
+        le=12,
+        description="recipes that reach the speed-up on the latency table (from width only to depth only) "
+        "pruned in full and compared by held-aside loss; the best is kept",
+    )

@@ -1,0 +1,122 @@
+"""The speed target: the latency table's arithmetic, the skeletons it times, the candidates it
+prunes, and a run that keeps the candidate with the least held-aside loss."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from core import prune
+from core.depth.select import held_loss
+from core.evaluation.latency import LatencyTable, skeleton
+from core.models.adapter import adapter_for, block_parameters
+from core.models.tiny import tiny_decoder
+from core.pipeline import target as target_mod
+from core.spec.recipe import Recipe
+from tests.conftest import recipe_for
+
+
+def _table(layers=10, fixed=(1.0, 1.0, 1.0), per_block=(1.0, 0.8, 0.5)):
+    return LatencyTable("decode_b1", layers, [0.0, 0.3, 0.6], list(fixed), list(per_block), "cpu")
+
+
+def test_table_predicts_by_blocks_and_interpolated_width():
+    t = _table()
+    assert t.seconds(0, 0.0) == pytest.approx(11.0)
+    assert t.seconds(4, 0.0) == pytest.approx(7.0)
+    assert t.seconds(0, 0.45) == pytest.approx(1.0 + 10 * 0.65)  # halfway between 0.8 and 0.5
+    assert t.speedup(4, 0.6) == pytest.approx(11.0 / (1.0 + 6 * 0.5))
+    with pytest.raises(ValueError, match="outside the table"):
+        t.seconds(0, 0.7)
+
+
+@pytest.mark.parametrize("speedup, removed", [(1.2, 0), (1.5, 2), (2.0, 4)])
+def test_width_for_is_the_least_width_that_reaches(speedup, removed):
+    t = _table()
+    w = t.width_for(speedup, removed)
+    assert t.speedup(removed, w) >= speedup
+    assert w == 0.0 or t.speedup(removed, max(w - 2e-3, 0.0)) < speedup
+
+
+def test_width_for_is_none_beyond_the_widest():
+    assert _table().width_for(3.0, 0) is None
+
+
+def test_unreachable_target_is_refused_with_the_best_reachable(tmp_path, corpus):
+    recipe = Recipe.model_validate(recipe_for(tmp_path, corpus, ratio=None, target={"speedup": 5.0}))
+    best = max(_table().speedup(d, 0.6) for d in range(6))
+    with pytest.raises(ValueError, match=f"best is {best:.2f}× \\(5 of 10 blocks removed and 60% of each other"):
+        target_mod.candidates(_table(), recipe)
+
+
+def test_candidates_run_from_width_only_to_depth_only(tmp_path, corpus):
+    table = _table()
+    recipe = Recipe.model_validate(recipe_for(tmp_path, corpus, ratio=None, target={"speedup": 1.4, "candidates": 12}))
+    pairs = target_mod.candidates(table, recipe)
+    assert pairs[0][0] == 0 and pairs[-1][1] == 0.0  # width only first, depth only last
+    assert all(table.speedup(d, w) >= 1.4 - 1e-9 for d, w in pairs)
+    assert [d for d, _ in pairs] == list(range(len(pairs)))
+    few = target_mod.candidates(
+        table, recipe.model_copy(update={"target": recipe.target.model_copy(update={"candidates": 2})})
+    )
+    assert few == [pairs[0], pairs[-1]]
+    blocks_only = recipe.model_copy(update={"modules": "blocks"})
+    assert target_mod.candidates(table, blocks_only) == [pairs[-1]]
+    no_depth = recipe.model_copy(update={"target": recipe.target.model_copy(update={"depth": False})})
+    assert target_mod.candidates(table, no_depth) == [pairs[0]]
+
+
+def test_concrete_recipes_count_depth_in_the_ratio(tmp_path, corpus):
+    recipe = Recipe.model_validate(recipe_for(tmp_path, corpus, ratio=None, target={"speedup": 1.4}))
+    mixed = target_mod.concrete(recipe, 2, 0.25, 10)
+    assert (mixed.ratio, mixed.depth.blocks, mixed.modules, mixed.target) == (0.4, 2, "both", None)
+    depth_only = target_mod.concrete(recipe, 3, 0.0, 10)
+    assert (depth_only.ratio, depth_only.modules, depth_only.depth_blocks(10)) == (0.3, "blocks", 3)
+
+
+@pytest.mark.parametrize("width", [0.0, 0.3, 0.6])
+def test_skeleton_blocks_lose_about_the_width(tmp_path, width):
+    path = tiny_decoder(tmp_path / "m", num_hidden_layers=4, intermediate_size=96)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    sk = skeleton(model, 2, width)
+    assert sk.config.num_hidden_layers == 2 and len(adapter_for(sk).layers(sk)) == 2
+    dense_block = block_parameters(model, adapter_for(model)) / 4
+    kept = block_parameters(sk, adapter_for(sk)) / 2
+    assert 1 - kept / dense_block == pytest.approx(width, abs=0.04)
+    sk(torch.randint(4, 60, (1, 8)))  # it runs
+
+
+def test_target_run_keeps_the_candidate_with_the_least_held_aside_loss(tmp_path, corpus, monkeypatch):
+    path = tiny_decoder(tmp_path / "m", num_hidden_layers=6, intermediate_size=96)
+    table = LatencyTable("decode_b1", 6, [0.0, 0.3, 0.6], [1.0] * 3, [1.0, 0.8, 0.5], "cpu")
+    monkeypatch.setattr(target_mod, "measure_table", lambda model, workload: table)
+    monkeypatch.setattr(target_mod, "_realised", lambda dense, pruned, workload: (2.0, 1.0))
+    r = recipe_for(path, corpus, ratio=None, target={"speedup": 1.4, "candidates": 3}, criterion={"name": "magnitude"})
+    r["reconstruction"] = {"method": "ls", "damp": 0.001}
+    result = prune(r)
+    rows = result.metrics["target_candidates"]
+    assert len(rows) == 3 and rows[0]["blocks"] == 0 and rows[-1]["width"] == 0.0
+    kept = min(rows, key=lambda x: x["loss"])
+    assert result.metrics["heldout_loss"] == pytest.approx(kept["loss"])
+    assert result.model.config.num_hidden_layers == 6 - kept["blocks"]
+    assert result.recipe.target is None and result.recipe.ratio == kept["ratio"]
+    assert result.metrics["realised_speedup"] == 2.0
+    assert result.metrics["predicted_speedup"] == pytest.approx(table.speedup(kept["blocks"], kept["width"]), rel=1e-3)
+    held = result.metrics["heldout_loss"]
+    from core.data.calibration import calibration_batches
+    from core.pipeline.scoring import split_batches
+
+    _, hold = calibration_batches(result.recipe.calibration, result.tokenizer, "decoder")
+    assert held_loss(result.model, adapter_for(result.model), split_batches(hold, 5)) == pytest.approx(held, rel=1e-5)
+    out = result.save(tmp_path / "out")
+    assert Recipe.load(out / "recipe.yaml").ratio == kept["ratio"]
+
+
+def test_ratio_and_target_are_exclusive(tmp_path, corpus):
+    with pytest.raises(ValueError, match="not both"):
+        Recipe.model_validate(recipe_for(tmp_path, corpus, target={"speedup": 1.5}))
+    with pytest.raises(ValueError, match="neither was given"):
+        Recipe.model_validate(recipe_for(tmp_path, corpus, ratio=None))
+    with pytest.raises(ValueError, match="greater than 1"):
+        Recipe.model_validate(recipe_for(tmp_path, corpus, ratio=None, target={"speedup": 0.9}))
