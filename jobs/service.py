@@ -213,6 +213,12 @@ class JobService:
         from core.spec.sweep import GridError, expand_grid
 
         base, evals = self.validate(recipe, evaluations, confine)
+        if base.get("target") is not None:  # a speed target: no ratio axis, one job per method × criterion
+            if ratios:
+                raise SubmitError("a speed-target recipe has no ratio to sweep: sweep methods or criteria")
+            recipes = [self.validate(r, evals, check_export=False)[0] for r in _target_cells(base, methods, criteria)]
+            group = uuid.uuid4().hex[:12]
+            return group, [self.submit(r, submitted_by, group, evals, check_export=False) for r in recipes]
         axes: dict[str, Any] = {}
         if ratios:
             axes["ratio"] = list(ratios)
@@ -467,3 +473,17 @@ class JobService:
         for job_id in resend:
             self._send(job_id)
         return touched
+
+
+def _target_cells(base: dict[str, Any], methods: list[str] | None, criteria: list[str] | None) -> list[dict]:
+    """The recipes of a speed-target sweep: ``base`` with each method × criterion."""
+    cells = []
+    for method in methods or [None]:
+        for name in criteria or [None]:
+            cell = dict(base)
+            if method is not None:
+                cell["reconstruction"] = {**base.get("reconstruction", {}), "method": method}
+            if name is not None:
+                cell["criterion"] = {"name": name, "options": base.get("criterion", {}).get("options", {})}
+            cells.append(cell)
+    return cells

@@ -144,6 +144,24 @@ def model_hint(model: str | None) -> tuple[str, bool]:
     return text, True
 
 
+SPEEDUP = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*[x×]$", re.IGNORECASE)
+
+
+def parse_amount(text) -> list[float] | float:
+    """The ratio box: its ratios (:func:`parse_ratios`), or one batch-1 decode speed-up typed as ``1.5x``
+    (returned as a float above 1: the recipe's ``target.speedup``)."""
+    parts = [p for p in re.split(r"[,;\s]+", str(text or "").strip()) if p]
+    speedups = [m for m in (SPEEDUP.match(p) for p in parts) if m]
+    if not speedups:
+        return parse_ratios(text)
+    if len(parts) > 1:
+        raise SubmitError("a speed-up (1.5x) goes alone in the ratio box: one target per submission")
+    value = float(speedups[0].group(1))
+    if not 1 < value <= 20:
+        raise SubmitError(f"a speed-up must lie above 1x and at most 20x, got {parts[0]}")
+    return value
+
+
 def parse_ratios(text) -> list[float]:
     """The ratios typed in the form — ``0.2``, ``20%``, or several (``0.2, 0.3 0.5``) for a sweep —
     each strictly between 0 and 1, in the order typed, without repeats. Nothing is clamped: a bad one
@@ -178,6 +196,13 @@ def parse_ratios(text) -> list[float]:
     if problems:
         raise SubmitError("; ".join(problems))
     return ratios
+
+
+def _amount(amount: list[float] | float) -> dict[str, Any]:
+    """The recipe's ratio (the first typed), or its speed target."""
+    if isinstance(amount, list):
+        return {"ratio": amount[0]}
+    return {"target": {"speedup": amount, "workload": "decode_b1"}}
 
 
 def _joined(items: list[str]) -> str:
@@ -217,7 +242,8 @@ def build_recipe(
     export=None,
 ) -> dict[str, Any]:
     """The recipe dict of the form's fields (not yet validated by the recipe schema; ``ratio``: the
-    first of :func:`parse_ratios`; ``export``: the serving forms ticked, checked by the recipe);
+    first of :func:`parse_ratios`, or a speed target for ``1.5x`` (:func:`parse_amount`); ``export``:
+    the serving forms ticked, checked by the recipe);
     raises SubmitError."""
     if not model or not str(model).strip():
         raise SubmitError("choose a model: a Hugging Face id or a local directory")
@@ -246,7 +272,7 @@ def build_recipe(
     return {
         "model": str(model).strip(),
         "modules": modules,
-        "ratio": parse_ratios(ratio)[0],
+        **_amount(parse_amount(ratio)),
         "allocation": allocation,
         **rounding,
         "criterion": {"name": criterion},
@@ -305,7 +331,7 @@ class FormRun(NamedTuple):
     recipe: dict[str, Any]
     evaluations: list[dict[str, Any]]
     methods: list[str]
-    ratios: list[float]
+    ratios: list[float | None]  # [None]: one speed target in place of ratios
 
     @property
     def n_jobs(self) -> int:
@@ -327,7 +353,8 @@ def from_form(service: JobService, form) -> FormRun:
     """
     *fields, evaluate, tasks, task_dir, methods = form
     values = dict(zip(RECIPE_FIELDS, fields, strict=True))
-    ratios = parse_ratios(values["ratio"])
+    amount = parse_amount(values["ratio"])
+    ratios: list[float | None] = amount if isinstance(amount, list) else [None]  # None: the speed target
     values["upload"] = store_upload(service, values["upload"])  # where submissions may read it
     recipe = build_recipe(**values)
     if not methods:
@@ -339,7 +366,8 @@ def from_form(service: JobService, form) -> FormRun:
         )
     evals = evaluations_for(evaluate, recipe["calibration"]["max_seq_length"]) + task_evaluation(tasks, task_dir)
     for i, (ratio, m) in enumerate((ratio, m) for ratio in ratios for m in methods):
-        cell = {**recipe, "ratio": ratio, "reconstruction": {**recipe["reconstruction"], "method": m}}
+        cell = {**recipe, "reconstruction": {**recipe["reconstruction"], "method": m}}
+        cell.update({"ratio": ratio} if ratio is not None else {})
         service.validate(cell, evals, confine=True, check_export=i == 0)  # one model, one set of forms
     recipe["reconstruction"]["method"] = methods[0]
     return FormRun(recipe, evals, list(methods), ratios)

@@ -27,7 +27,12 @@ def _pruning_column(models: list[str]) -> dict:
         info="a bundled model, a Hugging Face id, or a local directory",
     )
     with gr.Row():
-        c["modules"] = gr.Radio(["both", "heads", "neurons"], value="both", label="Prune")
+        c["modules"] = gr.Radio(
+            ["both", "heads", "neurons", "blocks"],
+            value="both",
+            label="Prune",
+            info="blocks: whole transformer blocks only (depth pruning, stood in for by a least-squares map)",
+        )
         c["allocation"] = gr.Radio(
             ["auto", "uniform", "global"],
             value="auto",
@@ -53,9 +58,10 @@ def _pruning_column(models: list[str]) -> dict:
         )
     c["ratio"] = gr.Textbox(
         "0.2",
-        label="Ratio",
+        label="Ratio or speed-up",
         info="fraction of the transformer blocks' parameters to remove, strictly between 0 and 1; several "
-        "(0.2, 0.3, 0.5) → a sweep: one job per ratio × method",
+        "(0.2, 0.3, 0.5) → a sweep: one job per ratio × method. Or a batch-1 decode speed-up such as 1.5x: "
+        "the worker measures its own speed and keeps the blocks and widths that reach it with the least loss",
         elem_id="ratio",
     )
     with gr.Row():

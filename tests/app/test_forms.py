@@ -532,3 +532,37 @@ def test_the_model_page_lists_serving_files_and_failed_forms():
         f"- ⚠ {failed}"
     )
     assert listings.serving_markdown({"files": files[:1]}, log[:1]) == ""  # no export asked
+
+
+# --- speed targets and depth in the form -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, speedup", [("1.5x", 1.5), ("2X", 2.0), (" 1.25× ", 1.25), (".9x", None)])
+def test_a_speed_up_in_the_ratio_box_becomes_the_target(tmp_path, text, speedup):
+    if speedup is None:
+        with pytest.raises(SubmitError, match="above 1x"):
+            build_recipe(**_fields(tmp_path, ratio=text))
+        return
+    recipe = Recipe.model_validate(build_recipe(**_fields(tmp_path, ratio=text, modules="blocks")))
+    assert recipe.ratio is None and recipe.target.speedup == speedup and recipe.target.workload == "decode_b1"
+    assert recipe.modules == "blocks"
+
+
+def test_a_speed_up_goes_alone_and_ratios_still_sweep(tmp_path):
+    with pytest.raises(SubmitError, match="goes alone"):
+        forms.parse_amount("0.2, 1.5x")
+    assert forms.parse_amount("0.2, 0.5") == [0.2, 0.5]
+
+
+def test_a_speed_target_form_submits_one_job_per_method(tmp_path, job_service, llama_dir):
+    run = forms.from_form(job_service, _form(tmp_path, llama_dir, methods=("ls", "liar"), ratio="1.4x"))
+    assert run.ratios == [None] and run.n_jobs == 2 and run.describe() == "2 methods"
+    assert run.recipe["target"]["speedup"] == 1.4 and "ratio" not in run.recipe
+
+
+def test_a_speed_target_sweep_over_methods_queues_one_job_each(tmp_path, job_service, llama_dir):
+    status = forms.submit_form(job_service, _form(tmp_path, llama_dir, methods=("ls", "liar"), ratio="1.4x"), "ada")
+    assert status.startswith("✓ submitted sweep") and "2 methods" in status, status
+    jobs = job_service.list()
+    assert {j["method"] for j in jobs} == {"ls", "liar"} and len({j["group_id"] for j in jobs}) == 1
+    assert all(j["ratio"] is None and j["target"]["speedup"] == 1.4 for j in jobs)

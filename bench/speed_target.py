@@ -1,0 +1,169 @@
+"""Speed targets on the CPU: SmolLM2-135M pruned to a batch-1 decode speed-up instead of a ratio.
+
+For each target the script does what ``target: {speedup: S}`` does (``core/pipeline/target.py``): it
+measures the latency table on this machine, takes the candidate recipes that reach the speed-up on it
+(width only … depth only), prunes each with the default recipe's calibration and picks the one with
+the least held-aside loss. It also evaluates *every* candidate on the held-out Wikipedia windows and
+times it against the dense model (interleaved rounds), so the page shows whether the pick is the best
+of the recipes of the same measured speed, and whether the realised speed-up matches the prediction.
+
+    python bench/speed_target.py [--targets 1.3 1.5] [--rounds 5]
+    python bench/speed_target.py --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.assets import cpu_model  # noqa: E402
+
+OUT = ROOT / "docs" / "results" / "speed_target.md"
+WORKLOAD = "decode_b1"
+
+
+def run(args) -> dict:
+    import copy
+
+    import torch
+
+    from bench.assets import smollm2_dir
+    from bench.depth_speed import gemm_gflops
+    from bench.unseen import both_texts
+    from bench.unseen import recipe as bench_recipe
+    from core import prune
+    from core.data.calibration import calibration_batches
+    from core.depth.select import held_loss
+    from core.evaluation.latency import measure_table, time_workload
+    from core.models.adapter import adapter_for
+    from core.models.loading import load_model
+    from core.pipeline import target as tgt
+    from core.pipeline.scoring import split_batches
+    from core.spec.recipe import Recipe
+
+    torch.set_num_threads(args.threads)
+    dense, tok, _ = load_model(str(smollm2_dir()), "float32", "cpu")
+    base = bench_recipe("auto", 0.2) | {"allocation": "auto", "criterion": {"name": "auto"}}
+    base.pop("ratio")
+    gemm = gemm_gflops(args.threads)
+    table = measure_table(dense, WORKLOAD)
+    print(json.dumps(table.to_dict()), flush=True)
+    results = {
+        "date": dt.date.today().isoformat(),
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "gemm_gflops": gemm,
+        "table": table.to_dict(),
+        "dense_perplexity": both_texts(dense, tok)["wikipedia"],
+        "targets": [],
+    }
+    js = OUT.with_suffix(".json")
+    for speedup in args.targets:
+        recipe = Recipe.model_validate(base | {"target": {"speedup": speedup, "workload": WORKLOAD}})
+        fit, held = calibration_batches(recipe.calibration, tok, "decoder")
+        held_batches = split_batches(held, recipe.calibration.batch_size)
+        rows, models = [], []
+        for d, w in tgt.candidates(table, recipe):
+            cand = tgt.concrete(recipe, d, w, table.layers)
+            result = prune(cand, model=copy.deepcopy(dense), tokenizer=tok, calibration=(fit, held))
+            row = {
+                "blocks": d,
+                "width": w,
+                "ratio": cand.ratio,
+                "achieved_ratio": result.achieved_ratio,
+                "predicted": table.speedup(d, w),
+                "heldout_loss": held_loss(result.model, adapter_for(result.model), held_batches),
+                "perplexity": both_texts(result.model, tok)["wikipedia"],
+                "removed_blocks": result.metrics.get("depth_blocks_removed", []),
+            }
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            models.append(result.model)
+        times: list[list[float]] = [[] for _ in range(len(models) + 1)]
+        for r in range(args.rounds + 1):
+            for i, m in enumerate([dense, *models]):
+                t = time_workload(m, WORKLOAD)
+                if r:
+                    times[i].append(t)
+        dense_s = statistics.median(times[0])
+        for row, ts in zip(rows, times[1:]):
+            row["realised"] = dense_s / statistics.median(ts)
+        pick = min(range(len(rows)), key=lambda i: rows[i]["heldout_loss"])
+        results["targets"].append({"speedup": speedup, "pick": pick, "rows": rows, "dense_ms": 1000 * dense_s})
+        js.write_text(json.dumps(results, indent=1) + "\n")
+        del models
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--targets", type=float, nargs="+", default=[1.3, 1.5])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args()
+    js = OUT.with_suffix(".json")
+    write(json.loads(js.read_text()) if args.report_only else run(args))
+
+
+def _kind(row: dict) -> str:
+    if row["blocks"] == 0:
+        return "width only"
+    return "depth only" if row["width"] == 0 else "depth + width"
+
+
+def write(r: dict) -> None:
+    t = r["table"]
+    table_rows = "\n".join(
+        f"| {w:.0%} | {1000 * f:.2f} | {1000 * b:.3f} |" for w, f, b in zip(t["widths"], t["fixed"], t["per_block"])
+    )
+    sections = []
+    for tg in r["targets"]:
+        lines = []
+        for i, x in enumerate(tg["rows"]):
+            blocks = x["removed_blocks"]
+            span = f"{blocks[0]}–{blocks[-1]}" if blocks else "–"
+            mark = " **(picked)**" if i == tg["pick"] else ""
+            lines.append(
+                f"| {_kind(x)}{mark} | {x['blocks']} ({span}) | {x['width']:.1%} | {x['achieved_ratio']:.1%} | "
+                f"{x['predicted']:.2f}× | {x['realised']:.2f}× | {x['heldout_loss']:.3f} | {x['perplexity']:.1f} |"
+            )
+        picked = tg["rows"][tg["pick"]]
+        off = picked["realised"] / tg["speedup"] - 1
+        sections.append(
+            f"### Target {tg['speedup']:g}× ({WORKLOAD})\n\n"
+            "| candidate | blocks removed | width share | removed in all | predicted | realised | held-aside loss "
+            "| held-out perplexity |\n|---|---|---:|---:|---:|---:|---:|---:|\n" + "\n".join(lines) + "\n\n"
+            f"Picked: realised {picked['realised']:.2f}× against {tg['speedup']:g}× asked ({off:+.1%}; target "
+            f"±10%: {'met' if abs(off) <= 0.10 else 'not met'}). Dense decode {tg['dense_ms']:.1f} ms/token.\n"
+        )
+    OUT.write_text(f"""# Speed targets on the CPU: SmolLM2-135M pruned to a decode speed-up
+
+`python bench/speed_target.py`, measured {r["date"]} ({r["machine"]}, torch {r["torch"]}, {r["threads"]} threads;
+float32 GEMM rate in the same run {r["gemm_gflops"]:.0f} GFLOP/s). Held-out perplexity: the first 20 windows of
+512 tokens of the held-out Wikipedia articles (dense {r["dense_perplexity"]:.2f}); held-aside loss: the
+calibration's 8 held-aside windows, what the target run compares its candidates by. Each candidate is the
+default recipe at the ratio that removes the blocks and the width share named; *realised*: batch-1 decode
+ms/token of dense over pruned, the median of the rounds that interleave dense and all candidates.
+
+The latency table this machine measured (batch-1 decode; ms per token, `core/evaluation/latency.py`):
+
+| width share removed | fixed ms | ms per block |
+|---|---:|---:|
+{table_rows}
+
+{chr(10).join(sections)}""")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
