@@ -62,7 +62,10 @@ MIN_WIDTH_RATIO = 0.005
 def check_depth(recipe: Recipe, config: Any) -> None:
     """The depth checks that need the model's config (``ValueError`` with the reason); run before any
     work, and before a job is queued."""
-    if not recipe.removes_blocks or recipe.target is not None:  # a target's depth is chosen on the worker
+    if recipe.target is not None:  # the depth is chosen on the worker, against its latency table
+        check_target_bound(recipe, int(config.num_hidden_layers))
+        return
+    if not recipe.removes_blocks:
         return
     family = family_of(getattr(config, "model_type", None))
     n = int(config.num_hidden_layers)
@@ -86,6 +89,28 @@ def check_depth(recipe: Recipe, config: Any) -> None:
             f"{blocks} of {n} blocks already remove {blocks / n:.1%} of the block parameters, the ratio "
             f"{recipe.ratio:g} leaves the heads and neurons nothing to remove: raise ratio, lower depth.blocks, or "
             "prune modules: blocks"
+        )
+
+
+# a speed target's reach (core/pipeline/target.py): at most this share of the blocks removed, at most
+# TARGET_MAX_WIDTH of every other block's parameters
+TARGET_MAX_DEPTH = 0.5
+TARGET_MAX_WIDTH = 0.65
+
+
+def check_target_bound(recipe: Recipe, layers: int) -> None:
+    """Refuse, before a job is queued, a speed-up no device reaches within the target's reach: even if
+    all of a call's time went into the blocks and shrank with their parameters, removing half the
+    blocks and 65% of the rest gives at most L / ((L − D)(1 − w)). The worker refuses a lesser target
+    it cannot reach against its own latency table."""
+    depth = int(layers * TARGET_MAX_DEPTH) if recipe.target.depth or recipe.modules == "blocks" else 0
+    width = 0.0 if recipe.modules == "blocks" else TARGET_MAX_WIDTH
+    bound = layers / ((layers - depth) * (1 - width))
+    if recipe.target.speedup > bound:
+        raise ValueError(
+            f"a {recipe.target.speedup:g}× speed-up is beyond what pruning at most {depth} of {layers} blocks and "
+            f"{width:.0%} of the others can give on any device (at most {bound:.2f}×, and less where the embeddings, "
+            f"the output head and the per-call work take time); ask for less"
         )
 
 

@@ -29,17 +29,14 @@ from core.data.calibration import calibration_batches
 from core.depth.select import held_loss
 from core.evaluation.latency import LatencyTable, measure_table, time_workload
 from core.models.loading import ensure_pad_token, load_model
-from core.pipeline.preflight import MIN_WIDTH_RATIO
+from core.pipeline.preflight import MIN_WIDTH_RATIO, TARGET_MAX_DEPTH, TARGET_MAX_WIDTH
 from core.pipeline.scoring import split_batches
 from core.spec.recipe import Recipe
 
-MAX_DEPTH_SHARE = 0.5  # the table's reach: at most half the blocks removed
-
-
 def reach(table: LatencyTable, recipe: Recipe) -> tuple[float, int, float]:
     """The best speed-up the table reaches for this recipe's units: ``(speed-up, blocks, width)``."""
-    max_blocks = int(table.layers * MAX_DEPTH_SHARE) if recipe.target.depth or recipe.modules == "blocks" else 0
-    max_width = 0.0 if recipe.modules == "blocks" else table.widths[-1]
+    max_blocks = int(table.layers * TARGET_MAX_DEPTH) if recipe.target.depth or recipe.modules == "blocks" else 0
+    max_width = 0.0 if recipe.modules == "blocks" else min(table.widths[-1], TARGET_MAX_WIDTH)
     return max(((table.speedup(d, max_width), d, max_width) for d in range(max_blocks + 1)), key=lambda x: x[0])
 
 

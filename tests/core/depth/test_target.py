@@ -120,3 +120,19 @@ def test_ratio_and_target_are_exclusive(tmp_path, corpus):
         Recipe.model_validate(recipe_for(tmp_path, corpus, ratio=None))
     with pytest.raises(ValueError, match="greater than 1"):
         Recipe.model_validate(recipe_for(tmp_path, corpus, ratio=None, target={"speedup": 0.9}))
+
+
+def test_a_target_beyond_any_device_is_refused_at_submit(tmp_path, corpus):
+    from core.pipeline.preflight import check_model_fit
+
+    path = tiny_decoder(tmp_path / "m", num_hidden_layers=6)
+    config = AutoModelForCausalLM.from_pretrained(path).config
+    too_fast = Recipe.model_validate(recipe_for(path, corpus, ratio=None, target={"speedup": 6.0}))
+    with pytest.raises(ValueError, match=r"at most 5\.71×"):  # 6 / (3 × 0.35)
+        check_model_fit(too_fast, config)
+    check_model_fit(too_fast.model_copy(update={"target": too_fast.target.model_copy(update={"speedup": 5.0})}), config)
+    depth_only = too_fast.model_copy(
+        update={"modules": "blocks", "target": too_fast.target.model_copy(update={"speedup": 2.5})}
+    )
+    with pytest.raises(ValueError, match=r"at most 2\.00×"):
+        check_model_fit(depth_only, config)
