@@ -141,9 +141,11 @@ def main() -> None:
 
 
 def write(r: dict) -> None:
+    measured = {(x["start"], x["method"]): x["perplexity"] for x in r["rows"] if "perplexity" in x}
     rows = "\n".join(
         f"| {x['selection']} | {x['start']}–{x['start'] + r['blocks_removed'] - 1} | {x['method']} | "
-        + ("(as above)" if x.get("same_as_above") else f"{x['perplexity']:.1f}")
+        + f"{measured[(x['start'], x['method'])]:.1f}"
+        + (" (the span above)" if x.get("same_as_above") else "")
         + " |"
         for x in r["rows"]
     )

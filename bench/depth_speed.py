@@ -46,7 +46,12 @@ RECIPES = {
     "depth 4 + width, 50%": ("both", 0.5, 4, "ls"),
     "depth 6 + width, 50%": ("both", 0.5, 6, "ls"),
     "depth 8 + width, 50%": ("both", 0.5, 8, "ls"),
+    # the structures of the H100 decode run at about 40% (gpu_latency_depth.md): their quality on SmolLM2
+    "depth 6 + width, 41%": ("both", 0.41, 6, "ls"),
+    "depth 8 + width, 40%": ("both", 0.40, 8, "ls"),
+    "depth 9 + width, 40%": ("both", 0.395, 9, "ls"),
 }
+TIMED = list(RECIPES)[:11]  # the recipes the speed rounds time (the rest: perplexity only, --no-timing)
 
 
 def recipe_for(name: str) -> dict:
@@ -80,10 +85,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--only", nargs="*", default=None, help="recipe names (default: all)")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument(
+        "--no-timing", action="store_true", help="perplexity only, rows added to the existing page (no speed rounds)"
+    )
     args = ap.parse_args()
     js = OUT.with_suffix(".json")
     if args.report_only:
         write(json.loads(js.read_text()))
+        return
+    if args.no_timing:
+        quality_only(args, js)
         return
     import torch
 
@@ -105,7 +116,7 @@ def main() -> None:
     dense, tok, _ = load_model(str(smollm2_dir()), "float32", "cpu")
     models["dense"] = dense
     results["rows"].append({"name": "dense", "perplexity": both_texts(dense, tok)["wikipedia"], "layers": 30})
-    for name in args.only or RECIPES:
+    for name in args.only or TIMED:
         result = prune(recipe_for(name))
         row = {
             "name": name,
@@ -138,6 +149,33 @@ def main() -> None:
     write(results)
 
 
+def quality_only(args, js: Path) -> None:
+    """Prune and evaluate ``--only`` recipes (default: those not timed) into the existing results."""
+    import torch
+
+    from bench.unseen import both_texts
+    from core import prune
+
+    torch.set_num_threads(args.threads)
+    results = json.loads(js.read_text())
+    results.setdefault("untimed", [])
+    for name in args.only or [n for n in RECIPES if n not in TIMED]:
+        result = prune(recipe_for(name))
+        row = {
+            "name": name,
+            "achieved_ratio": result.achieved_ratio,
+            "layers": result.model.config.num_hidden_layers,
+            "removed_blocks": result.metrics.get("depth_blocks_removed", []),
+            "width_ratio": result.metrics.get("width_ratio"),
+            "perplexity": both_texts(result.model, result.tokenizer)["wikipedia"],
+            "date": dt.date.today().isoformat(),
+        }
+        print(json.dumps(row), flush=True)
+        results["untimed"] = [x for x in results["untimed"] if x["name"] != name] + [row]
+        js.write_text(json.dumps(results, indent=1) + "\n")
+    write(results)
+
+
 def write(r: dict) -> None:
     dense = r["rows"][0]
     lines = []
@@ -153,6 +191,19 @@ def write(r: dict) -> None:
             f"{x['prefill_tok_s']:,.0f} ({x['prefill_tok_s'] / dense['prefill_tok_s']:.2f}×) |"
         )
     table = "\n".join(lines)
+    untimed = "\n".join(
+        f"| {x['name']} | {x['achieved_ratio']:.1%} | {x['layers']} | "
+        f"{x['removed_blocks'][0]}–{x['removed_blocks'][-1]} | {x['width_ratio']:.1%} | {x['perplexity']:.1f} |"
+        for x in r.get("untimed", [])
+    )
+    if untimed:
+        untimed = (
+            "\nPerplexity only (`--no-timing`): the structures whose decode speed the H100 measured at about 40% "
+            "([gpu_latency_depth.md](gpu_latency_depth.md)), on SmolLM2's 30 blocks\n\n"
+            "| recipe | removed | layers | span removed | width share | perplexity |\n|---|---|---|---|---|---:|\n"
+            + untimed
+            + "\n"
+        )
     OUT.write_text(f"""# Quality against realised CPU speed: width, depth and both (SmolLM2-135M)
 
 `python bench/depth_speed.py`, measured {r["date"]} ({r["machine"]}, torch {r["torch"]}, {r["threads"]} threads;
@@ -168,7 +219,7 @@ tokens. Speed cells: the median of
 | recipe | removed | layers | span removed | width share | perplexity | decode ms/token | prefill 8×512 tok/s |
 |---|---|---|---|---|---:|---:|---:|
 {table}
-""")
+{untimed}""")
     print(f"wrote {OUT}")
 
 

@@ -369,6 +369,44 @@ def depth_ls_over_plain() -> str:
     return f"{num(ls['perplexity'], 1)} vs {num(plain['perplexity'], 1)} (blocks {span})"
 
 
+def depth_speed_row(name: str) -> dict:
+    return next(r for r in data("depth_speed.json")["rows"] if r["name"] == name)
+
+
+def depth_speed_claim(name: str) -> str:
+    """A depth_speed.json recipe: held-out perplexity and its CPU decode / prefill speed-ups."""
+    dense, r = depth_speed_row("dense"), depth_speed_row(name)
+    return (
+        f"{num(r['perplexity'], 1)}; decode {times(dense['decode_ms'] / r['decode_ms'])}, "
+        f"prefill {times(r['prefill_tok_s'] / dense['prefill_tok_s'])}"
+    )
+
+
+def untimed_ppl(name: str) -> float:
+    return next(r for r in data("depth_speed.json")["untimed"] if r["name"] == name)["perplexity"]
+
+
+def speed_target_claim(speedup: float) -> str:
+    """The picked candidate of a CPU speed target: realised speed-up and held-out perplexity."""
+    t = next(x for x in data("speed_target.json")["targets"] if x["speedup"] == speedup)
+    r = t["rows"][t["pick"]]
+    kind = "width only" if r["blocks"] == 0 else ("depth only" if r["width"] == 0 else "depth + width")
+    return f"{times(r['realised'])} realised ({kind}, {r['blocks']} blocks), perplexity {num(r['perplexity'], 1)}"
+
+
+def gpu_depth(model: str, key: str, name: str = "gpu_latency_depth.json") -> float:
+    """A 7B-shaped model's speed-up over dense in a depth run's JSON (higher is better)."""
+    rows = data(name)
+    dense, r = rows[0], next(x for x in rows if x["model"] == model)
+    return r[key] / dense[key] if key.endswith("tok_s") else dense[key] / r[key]
+
+
+def gpu_depth_decode() -> str:
+    """Compiled batch-1 decode of the second depth run: 50% width against 8 blocks + 20% of the rest."""
+    key, name = "decode_graph_compiled_ms", "gpu_latency_depth2.json"
+    return f"{times(gpu_depth('50% ÷128', key, name))} / {times(gpu_depth('−8 blocks + 20% ÷128', key, name))}"
+
+
 def vllm_same() -> str:
     rows = data("serving_vllm.json")["rows"]
     return " / ".join(f"{r['same_tokens']} of 5 prompts" for r in rows) + " (dense / 50%)"
@@ -652,6 +690,47 @@ PAGES: dict[str, Page] = {
             ),
         ),
         data=("depth.json",),
+    ),
+    "depth_speed.md": Page(
+        "python bench/depth_speed.py",
+        "cpu",
+        (
+            _c(
+                "SmolLM2 width 50% (default): perplexity; CPU batch-1 decode and prefill over dense",
+                lambda: depth_speed_claim("width 50%"),
+            ),
+            _c("SmolLM2 8 of 30 blocks + width to 50%: the same", lambda: depth_speed_claim("depth 8 + width, 50%")),
+            _c("SmolLM2 8 of 30 blocks (ls stand-in): the same", lambda: depth_speed_claim("depth 8 (27%)")),
+        ),
+        data=("depth_speed.json",),
+    ),
+    "speed_target.md": Page(
+        "python bench/speed_target.py",
+        "cpu",
+        (
+            _c("SmolLM2, target 1.3× batch-1 decode on this CPU: the pick", lambda: speed_target_claim(1.3)),
+            _c("SmolLM2, target 1.5× batch-1 decode on this CPU: the pick", lambda: speed_target_claim(1.5)),
+        ),
+        data=("speed_target.json",),
+    ),
+    "gpu_latency_depth.md": Page(
+        "python bench/gpu_latency.py --ratios 0.5 --depth 8 16 8:0.3 4:0.4 --compiled-graph --rounds 3 (and a second "
+        "run: see the page)",
+        "gpu",
+        (
+            _c(
+                "7B-shaped, compiled batch-1 decode over dense: 50% width / 8 of 32 blocks + 20% width",
+                gpu_depth_decode,
+            ),
+            _c(
+                "7B-shaped, prefill b8×512 over dense: 50% width / 8 of 32 blocks + 30% width",
+                lambda: (
+                    f"{times(gpu_depth('50% ÷128', 'prefill_b8x512_tok_s'))} / "
+                    f"{times(gpu_depth('−8 blocks + 30% ÷128', 'prefill_b8x512_tok_s'))}"
+                ),
+            ),
+        ),
+        data=("gpu_latency_depth.json", "gpu_latency_depth2.json"),
     ),
     "query_heads.md": Page(
         "python bench/query_heads.py",
@@ -961,7 +1040,36 @@ def render_readme() -> str:
             "query heads",
             "[query_heads](docs/results/query_heads.md)",
         ],
+        [
+            "depth pruning, SmolLM2, 8 of 30 blocks: least-squares stand-in vs plain removal, perplexity",
+            depth_ls_over_plain(),
+            f"{data('depth.json')['date']}, the span chosen by held-aside loss",
+            "[depth](docs/results/depth.md)",
+        ],
+        [
+            "SmolLM2 on a CPU, perplexity and batch-1 decode speed-up: width 50% / 8 blocks + width to 50%",
+            f"{depth_speed_claim('width 50%')} / {depth_speed_claim('depth 8 + width, 50%')}",
+            f"{data('depth_speed.json')['date']}, {data('depth_speed.json')['machine']}, eager",
+            "[depth_speed](docs/results/depth_speed.md)",
+        ],
+        [
+            "7B-shaped on a GPU, compiled batch-1 decode over dense: 50% width / 8 of 32 blocks + 20% width (40%)",
+            gpu_depth_decode(),
+            f"{page_meta('gpu_latency_depth.md')[0]}, NVIDIA H100, bf16; SmolLM2 perplexity of the like "
+            "structures (width 50% / 8 of 30 blocks and width to 40%) "
+            f"{num(depth_speed_row('width 50%')['perplexity'], 1)} / {num(untimed_ppl('depth 8 + width, 40%'), 1)}",
+            "[gpu_latency_depth](docs/results/gpu_latency_depth.md)",
+        ],
     ]
+    if (RESULTS / "speed_target.json").exists():
+        rows.append(
+            [
+                "speed target on a CPU: SmolLM2 pruned to 1.3× / 1.5× batch-1 decode",
+                f"{speed_target_claim(1.3)}; {speed_target_claim(1.5)}",
+                f"{data('speed_target.json')['date']}, {data('speed_target.json')['machine']}",
+                "[speed_target](docs/results/speed_target.md)",
+            ]
+        )
     return table(["claim", "value", "conditions", "page"], rows)
 
 

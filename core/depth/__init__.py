@@ -1,3 +1,5 @@
-"""Depth pruning: whole transformer blocks as prunable units (issue in progress: the least-squares
-stand-in and the block surgery are here; the recipe, allocation and streamed integration are not yet).
+"""Depth pruning: whole transformer blocks as prunable units. ``replace``: the least-squares stand-in of
+a span and the block surgery; ``select``: which span goes. The recipe integration is
+``core/pipeline/depth.py`` (in memory; streamed runs refuse depth), the speed target
+``core/pipeline/target.py``.
 """
