@@ -33,6 +33,7 @@ from core.pipeline.preflight import MIN_WIDTH_RATIO, TARGET_MAX_DEPTH, TARGET_MA
 from core.pipeline.scoring import split_batches
 from core.spec.recipe import Recipe
 
+
 def reach(table: LatencyTable, recipe: Recipe) -> tuple[float, int, float]:
     """The best speed-up the table reaches for this recipe's units: ``(speed-up, blocks, width)``."""
     max_blocks = int(table.layers * TARGET_MAX_DEPTH) if recipe.target.depth or recipe.modules == "blocks" else 0
