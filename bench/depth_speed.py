@@ -64,6 +64,20 @@ def recipe_for(name: str) -> dict:
     return r
 
 
+def pruned_row(name: str, result) -> dict:
+    """A pruned recipe's structure and held-out perplexity."""
+    from bench.unseen import both_texts
+
+    return {
+        "name": name,
+        "achieved_ratio": result.achieved_ratio,
+        "layers": result.model.config.num_hidden_layers,
+        "removed_blocks": result.metrics.get("depth_blocks_removed", []),
+        "width_ratio": result.metrics.get("width_ratio"),
+        "perplexity": both_texts(result.model, result.tokenizer)["wikipedia"],
+    }
+
+
 def gemm_gflops(threads: int) -> float:
     """float32 GEMM rate of this machine now (a 1024³ product, best of 5)."""
     import torch
@@ -118,15 +132,7 @@ def main() -> None:
     results["rows"].append({"name": "dense", "perplexity": both_texts(dense, tok)["wikipedia"], "layers": 30})
     for name in args.only or TIMED:
         result = prune(recipe_for(name))
-        row = {
-            "name": name,
-            "achieved_ratio": result.achieved_ratio,
-            "layers": result.model.config.num_hidden_layers,
-            "removed_blocks": result.metrics.get("depth_blocks_removed", []),
-            "width_ratio": result.metrics.get("width_ratio"),
-            "prune_seconds": result.seconds,
-            "perplexity": both_texts(result.model, result.tokenizer)["wikipedia"],
-        }
+        row = pruned_row(name, result) | {"prune_seconds": result.seconds}
         print(json.dumps(row), flush=True)
         results["rows"].append(row)
         models[name] = result.model
@@ -153,7 +159,6 @@ def quality_only(args, js: Path) -> None:
     """Prune and evaluate ``--only`` recipes (default: those not timed) into the existing results."""
     import torch
 
-    from bench.unseen import both_texts
     from core import prune
 
     torch.set_num_threads(args.threads)
@@ -161,15 +166,7 @@ def quality_only(args, js: Path) -> None:
     results.setdefault("untimed", [])
     for name in args.only or [n for n in RECIPES if n not in TIMED]:
         result = prune(recipe_for(name))
-        row = {
-            "name": name,
-            "achieved_ratio": result.achieved_ratio,
-            "layers": result.model.config.num_hidden_layers,
-            "removed_blocks": result.metrics.get("depth_blocks_removed", []),
-            "width_ratio": result.metrics.get("width_ratio"),
-            "perplexity": both_texts(result.model, result.tokenizer)["wikipedia"],
-            "date": dt.date.today().isoformat(),
-        }
+        row = pruned_row(name, result) | {"date": dt.date.today().isoformat()}
         print(json.dumps(row), flush=True)
         results["untimed"] = [x for x in results["untimed"] if x["name"] != name] + [row]
         js.write_text(json.dumps(results, indent=1) + "\n")

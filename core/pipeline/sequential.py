@@ -237,26 +237,8 @@ def _run(recipe: Recipe, source: ModelSource, options: RunOptions) -> PruneResul
 
 def _depth_only(recipe: Recipe, source: ModelSource, before: tuple[int, int], depth: dict[str, Any]) -> PruneResult:
     """The result of a run that removes whole blocks only: every kept block keeps its units."""
-    model, adapter = source.model, source.adapter
-    plan, layout = kept_plan(model, before[1])
-    model.config.liar_layout = layout
-    model.config.liar_family = adapter.name
-    return PruneResult(
-        model=model,
-        tokenizer=source.tokenizer,
-        recipe=recipe,
-        adapter=adapter,
-        plan=plan,
-        planned=plan,
-        report=[],
-        params_before=before[0],
-        params_after=sum(p.numel() for p in model.parameters()),
-        block_params_before=before[1],
-        block_params_after=block_parameters(model, adapter),
-        seconds=0.0,
-        peak_memory_mb=peak_memory_mb(source.device),
-        metrics=depth,
-    )
+    plan, layout = kept_plan(source.model, before[1])
+    return _result(recipe, source, before, (plan, plan, [], layout), metrics=depth)
 
 
 def _prune_width(
@@ -302,22 +284,38 @@ def _prune_width(
         speed=speed,
     )
     done = reconstruct_blocks(ctx, plan, (fit, held), split)
-    model.config.liar_layout = done.layout
+    metrics = _metrics(ctx, done.plan, rounding)
+    return _result(recipe, source, before, (done.plan, plan, done.reports, done.layout), scores, metrics)
+
+
+def _result(
+    recipe: Recipe,
+    source: ModelSource,
+    before: tuple[int, int],
+    done: tuple[Plan, Plan, list, list[dict[str, Any]]],
+    scores: list[Scores] | None = None,
+    metrics: dict[str, Any] | None = None,
+) -> PruneResult:
+    """The result of a run whose model is pruned: ``done`` is (the realised plan, the planned one, the
+    per-layer report, the layout written into the config)."""
+    model, adapter = source.model, source.adapter
+    plan, planned, reports, layout = done
+    model.config.liar_layout = layout
     model.config.liar_family = adapter.name
     return PruneResult(
         model=model,
         tokenizer=source.tokenizer,
         recipe=recipe,
         adapter=adapter,
-        plan=done.plan,
-        planned=plan,
-        report=done.reports,
+        plan=plan,
+        planned=planned,
+        report=reports,
         params_before=before[0],
         params_after=sum(p.numel() for p in model.parameters()),
         block_params_before=before[1],
         block_params_after=block_parameters(model, adapter),
         seconds=0.0,
-        peak_memory_mb=peak_memory_mb(device),
-        scores=scores,
-        metrics=_metrics(ctx, done.plan, rounding),
+        peak_memory_mb=peak_memory_mb(source.device),
+        scores=scores or [],
+        metrics=metrics or {},
     )
