@@ -203,7 +203,11 @@ def _print_prune_summary(recipe, summary: dict, path: Path) -> None:
             f"speed-up ({summary['target_workload']} on {summary['target_device']}): "
             f"{summary['realised_speedup']:.2f}× measured, {summary['predicted_speedup']:.2f}× predicted, "
             f"{summary['target_speedup']:g}× asked; "
-            f"kept the best of {len(summary['target_candidates'])} candidates by held-aside loss"
+            + (
+                f"kept the best of {len(summary['target_candidates'])} candidates by held-aside loss"
+                if len(summary["target_candidates"]) > 1
+                else "the only candidate that reaches it on the latency table"
+            )
         )
     if abs(summary["ratio_deviation"]) > 0.01:
         print(

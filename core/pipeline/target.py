@@ -29,7 +29,7 @@ from core.data.calibration import calibration_batches
 from core.depth.select import held_loss
 from core.evaluation.latency import LatencyTable, measure_table, time_workload
 from core.models.loading import ensure_pad_token, load_model
-from core.pipeline.preflight import MIN_WIDTH_RATIO, TARGET_MAX_DEPTH, TARGET_MAX_WIDTH
+from core.pipeline.preflight import MIN_WIDTH_RATIO, TARGET_MAX_DEPTH, TARGET_MAX_WIDTH, check_model_fit
 from core.pipeline.scoring import split_batches
 from core.spec.recipe import Recipe
 
@@ -101,6 +101,7 @@ def prune_to_speed(recipe: Recipe, model: nn.Module | None, tokenizer: Any, run:
     if model is None:
         model, tokenizer, _ = load_model(recipe.model, recipe.dtype, recipe.device)
     model.eval()
+    check_model_fit(recipe, model.config)  # the submit-time checks, the bound on the speed-up among them
     if tokenizer is None and run.calibration is None:
         raise ValueError("a tokenizer is needed when a model object is passed")
     ensure_pad_token(tokenizer)

@@ -504,3 +504,14 @@ def test_speedup_flag_replaces_the_ratio(tmp_path, calib_file):
     )
     with pytest.raises(ValueError, match="--workload goes with --speedup"):
         recipe_from_args(args)
+
+
+def test_a_speed_up_beyond_reach_is_refused_before_any_work(tmp_path, calib_file, capsys):
+    from core.models.tiny import tiny_decoder
+
+    model = tiny_decoder(tmp_path / "deep", num_hidden_layers=6)
+    out = tmp_path / "o"
+    code = main(["prune", "--model", str(model), "--speedup", "9", "--calibration", str(calib_file), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "beyond what pruning at most 3 of 6 blocks" in err and "at most 5.71×" in err
+    assert not out.exists() or not any(out.iterdir())
