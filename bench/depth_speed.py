@@ -9,8 +9,8 @@ machine falls on every model alike), each cell the median over the rounds:
   default key/value cache, the prompt's prefill not counted: ``core.evaluation.speed.decode_ms_per_token``);
 - prefill: tokens/s of one forward over 8 × 512 tokens.
 
-The GEMM rate of the same machine in the same run is recorded beside them (``bench/cpu_matmul.py``'s
-probe), so the speeds can be read against the machine.
+The GEMM rate of the same machine in the same run is recorded beside them (``bench.flops.gemm_rate``),
+so the speeds can be read against the machine.
 
     python bench/depth_speed.py [--rounds 5] [--only NAME ...]
     python bench/depth_speed.py --report-only
@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,21 +77,6 @@ def pruned_row(name: str, result) -> dict:
     }
 
 
-def gemm_gflops(threads: int) -> float:
-    """float32 GEMM rate of this machine now (a 1024³ product, best of 5)."""
-    import torch
-
-    torch.set_num_threads(threads)
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    a @ b  # warm-up
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t0)
-    return 2 * 1024**3 / min(times) / 1e9
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -111,8 +95,10 @@ def main() -> None:
         quality_only(args, js)
         return
     import torch
+    import torch.nn.functional as F
 
     from bench.assets import smollm2_dir
+    from bench.flops import gemm_rate
     from bench.unseen import both_texts
     from core import prune
     from core.evaluation.speed import decode_ms_per_token, prefill_tokens_per_second
@@ -140,7 +126,7 @@ def main() -> None:
     samples: dict[str, dict[str, list[float]]] = {n: {"decode_ms": [], "prefill_tok_s": []} for n in models}
     gemm = []
     for r in range(args.rounds):
-        gemm.append(gemm_gflops(args.threads))
+        gemm.append(gemm_rate(F.linear))
         for name, model in models.items():
             if r == 0:
                 decode_ms_per_token(model, new=4)  # warm-up

@@ -31,29 +31,27 @@ WORKLOAD = "decode_b1"
 
 
 def run(args) -> dict:
-    import copy
-
     import torch
+    import torch.nn.functional as F
 
-    from bench.assets import smollm2_dir
-    from bench.depth_speed import gemm_gflops
+    from bench.flops import gemm_rate
     from bench.unseen import both_texts
     from bench.unseen import recipe as bench_recipe
     from core import prune
     from core.data.calibration import calibration_batches
-    from core.depth.select import held_loss
-    from core.evaluation.latency import measure_table, time_workload
-    from core.models.adapter import adapter_for
-    from core.models.loading import load_model
+    from core.evaluation.latency import interleaved_seconds, measure_table
     from core.pipeline import target as tgt
-    from core.pipeline.scoring import split_batches
+    from core.pipeline.context import RunOptions
+    from core.pipeline.sequential import MemorySource
     from core.spec.recipe import Recipe
 
     torch.set_num_threads(args.threads)
-    dense, tok, _ = load_model(str(smollm2_dir()), "float32", "cpu")
     base = bench_recipe("auto", 0.2) | {"allocation": "auto", "criterion": {"name": "auto"}}
     base.pop("ratio")
-    gemm = gemm_gflops(args.threads)
+    recipes = [Recipe.model_validate(base | {"target": {"speedup": x, "workload": WORKLOAD}}) for x in args.targets]
+    source = MemorySource(recipes[0], None, None, None)  # the dense model, as a target run loads it
+    dense, tok = source.model, source.tokenizer
+    gemm = gemm_rate(F.linear)
     table = measure_table(dense, WORKLOAD)
     print(json.dumps(table.to_dict()), flush=True)
     results = {
@@ -67,37 +65,26 @@ def run(args) -> dict:
         "targets": [],
     }
     js = OUT.with_suffix(".json")
-    for speedup in args.targets:
-        recipe = Recipe.model_validate(base | {"target": {"speedup": speedup, "workload": WORKLOAD}})
-        fit, held = calibration_batches(recipe.calibration, tok, "decoder")
-        held_batches = split_batches(held, recipe.calibration.batch_size)
-        rows, models = [], []
-        for d, w in tgt.candidates(table, recipe):
-            cand = tgt.concrete(recipe, d, w, table.layers)
-            result = prune(cand, model=copy.deepcopy(dense), tokenizer=tok, calibration=(fit, held))
-            row = {
-                "blocks": d,
-                "width": w,
-                "ratio": cand.ratio,
+    for recipe in recipes:
+        # what the target run does (core/pipeline/target.py), every candidate kept to be evaluated and timed
+        run = RunOptions.of({"calibration": calibration_batches(recipe.calibration, tok, "decoder")})
+        rows, models = [], {}
+        for i, (row, result) in enumerate(tgt.candidate_results(recipe, source, table, run, prune)):
+            row["heldout_loss"] = row.pop("loss")
+            row |= {
                 "achieved_ratio": result.achieved_ratio,
-                "predicted": table.speedup(d, w),
-                "heldout_loss": held_loss(result.model, adapter_for(result.model), held_batches),
                 "perplexity": both_texts(result.model, tok)["wikipedia"],
                 "removed_blocks": result.metrics.get("depth_blocks_removed", []),
             }
             print(json.dumps(row), flush=True)
             rows.append(row)
-            models.append(result.model)
-        times: list[list[float]] = [[] for _ in range(len(models) + 1)]
-        for r in range(args.rounds + 1):
-            for i, m in enumerate([dense, *models]):
-                t = time_workload(m, WORKLOAD)
-                if r:
-                    times[i].append(t)
-        dense_s = statistics.median(times[0])
-        for row, ts in zip(rows, times[1:]):
-            row["realised"] = dense_s / statistics.median(ts)
+            models[i] = result.model
+        times = interleaved_seconds({"dense": dense, **models}, WORKLOAD, args.rounds)
+        dense_s = statistics.median(times["dense"])
+        for i, row in enumerate(rows):
+            row["realised"] = dense_s / statistics.median(times[i])
         pick = min(range(len(rows)), key=lambda i: rows[i]["heldout_loss"])
+        speedup = recipe.target.speedup
         results["targets"].append({"speedup": speedup, "pick": pick, "rows": rows, "dense_ms": 1000 * dense_s})
         js.write_text(json.dumps(results, indent=1) + "\n")
         del models

@@ -101,6 +101,13 @@ def fold(model: nn.Module, adapter: Adapter, start: int, t: torch.Tensor) -> Non
             down.bias.copy_((down.bias.double() @ t.to(torch.float64)).to(down.bias.dtype))
 
 
+def set_layers(model: nn.Module, adapter: Adapter, layers: nn.ModuleList) -> None:
+    """Make ``layers`` the model's list of blocks (where ``adapter.layers`` reads it)."""
+    parent_path, _, name = adapter.family.layers.rpartition(".")
+    parent = model.base_model.get_submodule(parent_path) if parent_path else model.base_model
+    setattr(parent, name, layers)
+
+
 def remove_blocks(model: nn.Module, adapter: Adapter, drop: list[int]) -> None:
     """Take blocks ``drop`` out of the model: the kept ones renumbered (their attention's ``layer_idx``,
     which the key/value cache reads), the config's layer count and per-layer lists trimmed."""
@@ -113,9 +120,7 @@ def remove_blocks(model: nn.Module, adapter: Adapter, drop: list[int]) -> None:
         attn = layer.get_submodule(adapter.family.attn)
         if hasattr(attn, "layer_idx"):
             attn.layer_idx = new_index
-    parent_path, _, name = adapter.family.layers.rpartition(".")
-    parent = model.base_model.get_submodule(parent_path) if parent_path else model.base_model
-    setattr(parent, name, nn.ModuleList(kept))
+    set_layers(model, adapter, nn.ModuleList(kept))
     cfg = model.config
     for key in ("layer_types", "liar_layout"):
         values = getattr(cfg, key, None)

@@ -18,19 +18,28 @@ own error picks the span 1–8, whose held-out perplexity is 1.7× that of 12–
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 from torch import nn
 
-from core.depth.replace import DepthError, check_foldable, fit_spans_weighted, fold, model_inputs, remove_blocks
+from core.depth.replace import (
+    DepthError,
+    check_foldable,
+    fit_spans_weighted,
+    fold,
+    model_inputs,
+    remove_blocks,
+    set_layers,
+)
 from core.models.adapter import Adapter
+from core.spec.depth import DepthConfig
 
-SELECTIONS = ("loss", "fit", "angular")
-RECONSTRUCTIONS = ("ls", "none")
+SELECTIONS = get_args(DepthConfig.model_fields["select"].annotation)  # loss | fit | angular
+RECONSTRUCTIONS = get_args(DepthConfig.model_fields["reconstruction"].annotation)  # ls | none
 
 
 @dataclass
@@ -72,17 +81,15 @@ def span_removed(model: nn.Module, adapter: Adapter, start: int, end: int, t: to
     """The model with blocks ``[start, end)`` left out of its forward pass (and ``t`` folded into block
     ``start - 1``), restored on exit: for scoring a candidate without copying the model."""
     layers = adapter.layers(model)
-    parent_path, _, name = adapter.family.layers.rpartition(".")
-    parent = model.base_model.get_submodule(parent_path) if parent_path else model.base_model
     down = layers[start - 1].get_submodule(adapter.family.ffn_out) if t is not None else None
     saved = None if down is None else (down.weight.detach().clone(), None if down.bias is None else down.bias.clone())
     if t is not None:
         fold(model, adapter, start, t)
-    setattr(parent, name, nn.ModuleList([layer for i, layer in enumerate(layers) if not start <= i < end]))
+    set_layers(model, adapter, nn.ModuleList([layer for i, layer in enumerate(layers) if not start <= i < end]))
     try:
         yield
     finally:
-        setattr(parent, name, layers)
+        set_layers(model, adapter, layers)
         if saved is not None:
             with torch.no_grad():
                 down.weight.copy_(saved[0])
@@ -132,16 +139,14 @@ def choose_span(
         cand = dict(row["scores"])
         if stand_in:
             cand.update(fit_error=row["fits"][True][1], fit_error_plain=row["fits"][False][1])
-        if select == "loss":
-            options = (
-                {True: row["fits"][True][0], False: row["fits"][False][0]} if reconstruction == "ls" else {None: None}
-            )
-            for weighted, t in options.items():
-                with span_removed(model, adapter, s, s + blocks, t):
-                    key = "loss" if weighted is None else ("loss_weighted" if weighted else "loss_plain")
+        if select == "loss" and reconstruction == "ls":  # each fit in place; the better one counts
+            for weighted, key in ((True, "loss_weighted"), (False, "loss_plain")):
+                with span_removed(model, adapter, s, s + blocks, row["fits"][weighted][0]):
                     cand[key] = held_loss(model, adapter, held_batches)
-            if reconstruction == "ls":
-                cand["loss"] = min(cand["loss_weighted"], cand["loss_plain"])
+            cand["loss"] = min(cand["loss_weighted"], cand["loss_plain"])
+        elif select == "loss":
+            with span_removed(model, adapter, s, s + blocks, None):
+                cand["loss"] = held_loss(model, adapter, held_batches)
         candidates[s] = cand
     key = {"loss": "loss", "fit": "fit_error", "angular": "angular_distance"}[select]
     start = min(candidates, key=lambda s: (candidates[s][key], s))
@@ -158,7 +163,3 @@ def apply_span(model: nn.Module, adapter: Adapter, choice: SpanChoice) -> None:
     if choice.t is not None:
         fold(model, adapter, choice.start, choice.t)
     remove_blocks(model, adapter, choice.blocks)
-
-
-def perplexity_of(loss: float) -> float:
-    return math.exp(min(loss, 700.0))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import statistics
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -29,6 +30,7 @@ from core.models.modeling_liar import prune_layer_
 from core.spec.depth import SPEED_WORKLOADS
 
 WORKLOADS = SPEED_WORKLOADS  # the recipe's target.workload choices
+K = TypeVar("K")
 WIDTHS = (0.0, 0.2, 0.35, 0.5, 0.65)  # fractions of each block's parameters removed
 
 
@@ -114,21 +116,28 @@ def time_workload(model: nn.Module, workload: str) -> float:
 
 
 @torch.no_grad()
+def interleaved_seconds(models: dict[K, nn.Module], workload: str, rounds: int) -> dict[K, list[float]]:
+    """Seconds of ``workload`` on each model, ``rounds`` samples each, in rounds that interleave the
+    models (a slow stretch of the machine falls on all alike) after one untimed warm-up round."""
+    samples: dict[K, list[float]] = {key: [] for key in models}
+    for r in range(rounds + 1):
+        for key, m in models.items():
+            t = time_workload(m, workload)
+            if r:
+                samples[key].append(t)
+    return samples
+
+
+@torch.no_grad()
 def measure_table(model: nn.Module, workload: str, widths: tuple[float, ...] = WIDTHS, rounds: int = 3) -> LatencyTable:
     """The latency table of ``model`` for ``workload`` on the model's device (see the module docstring):
-    skeletons of 1 and ``max(2, L // 2)`` blocks at every width, timed in ``rounds`` rounds that
-    interleave them (a slow stretch of the machine falls on all alike), each cell the median."""
+    skeletons of 1 and ``max(2, L // 2)`` blocks at every width (:func:`interleaved_seconds`), each cell
+    the median."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
     layers = int(model.config.num_hidden_layers)
     k1, k2 = 1, max(2, layers // 2)
-    models = {(w, k): skeleton(model, k, w) for w in widths for k in (k1, k2)}
-    samples: dict[tuple[float, int], list[float]] = {key: [] for key in models}
-    for r in range(rounds + 1):
-        for key, sk in models.items():
-            t = time_workload(sk, workload)
-            if r:  # the first round warms up
-                samples[key].append(t)
+    samples = interleaved_seconds({(w, k): skeleton(model, k, w) for w in widths for k in (k1, k2)}, workload, rounds)
     fixed, per_block = [], []
     for w in widths:
         t1, t2 = (statistics.median(samples[(w, k)]) for k in (k1, k2))

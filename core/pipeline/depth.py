@@ -15,7 +15,7 @@ from core.allocation.plan import LayerPlan
 from core.data.calibration import CalibrationBatch
 from core.depth.replace import DepthError
 from core.depth.select import apply_span, choose_span
-from core.models.adapter import adapter_for, block_parameters
+from core.models.adapter import Adapter, block_parameters
 from core.pipeline.context import Progress
 from core.pipeline.scoring import split_batches
 from core.spec.recipe import Recipe
@@ -30,12 +30,17 @@ def split_held(held: CalibrationBatch, fit: CalibrationBatch, size: int) -> list
 
 
 def remove_depth(
-    model: nn.Module, recipe: Recipe, fit: CalibrationBatch, held: CalibrationBatch, report: Progress
+    model: nn.Module,
+    adapter: Adapter,
+    recipe: Recipe,
+    calibration: tuple[CalibrationBatch, CalibrationBatch],
+    report: Progress,
 ) -> dict[str, Any]:
-    """Choose the span and remove it from ``model`` (in place); returns the run's depth metrics."""
+    """Choose the span on the ``(fit, held-aside)`` windows and remove it from ``model`` (in place);
+    returns the run's depth metrics. ``adapter``: the dense model's (its layer count changes)."""
     t0 = time.perf_counter()
-    adapter = adapter_for(model)
-    n = len(adapter.layers(model))
+    fit, held = calibration
+    n = adapter.n_layers
     blocks = recipe.depth_blocks(n)
     report("depth", 0, 1)
     size = recipe.calibration.batch_size
@@ -67,13 +72,13 @@ def remove_depth(
     }
 
 
-def kept_plan(model: nn.Module, block_params_before: int) -> tuple[Plan, list[dict[str, Any]]]:
-    """The plan and layout of a model whose remaining blocks keep every unit (a depth-only run)."""
-    adapter = adapter_for(model)
+def kept_plan(model: nn.Module, adapter: Adapter, block_params_before: int) -> tuple[Plan, list[dict[str, Any]]]:
+    """The plan and layout of a model whose remaining blocks keep every unit (a depth-only run;
+    ``adapter``: the model's after the blocks went)."""
     heads, kv = list(range(adapter.n_heads)), list(range(adapter.n_kv_heads))
     layers = [LayerPlan(heads, kv, torch.arange(adapter.n_neurons)) for _ in range(adapter.n_layers)]
     removed = block_params_before - block_parameters(model, adapter)
     plan = Plan(layers, block_params_before, removed)
-    plan.removed = removed
+    plan.removed = removed  # the removed blocks are not among the plan's layers
     layout = [{"heads": heads, "kv_heads": kv, "neurons": adapter.n_neurons, "bias": []} for _ in layers]
     return plan, layout

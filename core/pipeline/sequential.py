@@ -140,7 +140,7 @@ def prune(
     report = run.report
     t_start = time.perf_counter()
     if recipe.target is not None:  # the recipes that reach the speed-up, each pruned in memory
-        result = prune_to_speed(recipe, model, tokenizer, run, prune)
+        result = prune_to_speed(recipe, MemorySource(recipe, model, tokenizer, run.calibration), run, prune)
         result.seconds = time.perf_counter() - t_start
         report("done", 1, 1)
         return result
@@ -221,7 +221,7 @@ def _run(recipe: Recipe, source: ModelSource, options: RunOptions) -> PruneResul
     depth: dict[str, Any] = {}
     width = recipe
     if recipe.removes_blocks:
-        depth = remove_depth(model, recipe, fit, held, report)
+        depth = remove_depth(model, source.adapter, recipe, (fit, held), report)
         source.adapter = adapter_for(model)
         if recipe.modules == "blocks":
             return _depth_only(recipe, source, before, depth)
@@ -237,7 +237,7 @@ def _run(recipe: Recipe, source: ModelSource, options: RunOptions) -> PruneResul
 
 def _depth_only(recipe: Recipe, source: ModelSource, before: tuple[int, int], depth: dict[str, Any]) -> PruneResult:
     """The result of a run that removes whole blocks only: every kept block keeps its units."""
-    plan, layout = kept_plan(source.model, before[1])
+    plan, layout = kept_plan(source.model, source.adapter, before[1])
     return _result(recipe, source, before, (plan, plan, [], layout), metrics=depth)
 
 

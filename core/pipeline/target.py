@@ -20,17 +20,16 @@ from __future__ import annotations
 
 import copy
 import statistics
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch import nn
 
 from core.data.calibration import calibration_batches
 from core.depth.select import held_loss
-from core.evaluation.latency import LatencyTable, measure_table, time_workload
-from core.models.loading import ensure_pad_token, load_model
+from core.evaluation.latency import LatencyTable, interleaved_seconds, measure_table
+from core.pipeline.depth import split_held
 from core.pipeline.preflight import MIN_WIDTH_RATIO, TARGET_MAX_DEPTH, TARGET_MAX_WIDTH, check_model_fit
-from core.pipeline.scoring import split_batches
 from core.spec.recipe import Recipe
 
 
@@ -82,62 +81,52 @@ def concrete(recipe: Recipe, blocks: int, width: float, layers: int) -> Recipe:
     return Recipe.model_validate(recipe.model_copy(update=update).model_dump())
 
 
-def _realised(dense: nn.Module, pruned: nn.Module, workload: str, rounds: int = 3) -> tuple[float, float]:
-    """Median seconds of ``workload`` on the dense and the pruned model, in interleaved rounds (after one
-    warm-up round)."""
-    times: dict[str, list[float]] = {"dense": [], "pruned": []}
-    for r in range(rounds + 1):
-        for name, m in (("dense", dense), ("pruned", pruned)):
-            t = time_workload(m, workload)
-            if r:
-                times[name].append(t)
-    return statistics.median(times["dense"]), statistics.median(times["pruned"])
+def candidate_results(
+    recipe: Recipe, source: Any, table: LatencyTable, run: Any, prune_fn
+) -> Iterator[tuple[dict[str, Any], Any]]:
+    """Each candidate pruned in full on a copy of ``source.model`` (the same calibration for all):
+    ``(row, result)`` with the row's blocks, width, ratio, predicted speed-up and held-aside loss."""
+    fit, held = run.calibration or calibration_batches(recipe.calibration, source.tokenizer, source.adapter.kind)
+    held_batches = split_held(held, fit, recipe.calibration.batch_size)
+    options = {"calibration": (fit, held), "progress": run.progress, "show_progress": run.show_progress}
+    for d, w in candidates(table, recipe):
+        cand = concrete(recipe, d, w, table.layers)
+        result = prune_fn(cand, model=copy.deepcopy(source.model), tokenizer=source.tokenizer, **options)
+        loss = held_loss(result.model, result.adapter, held_batches)
+        yield (
+            {"blocks": d, "width": round(w, 4), "ratio": cand.ratio, "predicted": table.speedup(d, w), "loss": loss},
+            result,
+        )
 
 
-def prune_to_speed(recipe: Recipe, model: nn.Module | None, tokenizer: Any, run: Any, prune_fn) -> Any:
-    """Run a speed-target recipe (module docstring); ``prune_fn`` is :func:`core.prune` for one concrete
+def prune_to_speed(recipe: Recipe, source: Any, run: Any, prune_fn) -> Any:
+    """Run a speed-target recipe (module docstring) on ``source`` (the whole model in memory, as
+    ``sequential.MemorySource`` loads it); ``prune_fn`` is :func:`core.prune` for one concrete
     candidate. Returns the kept candidate's result, the target, the table and every candidate in its
     metrics."""
-    if model is None:
-        model, tokenizer, _ = load_model(recipe.model, recipe.dtype, recipe.device)
-    model.eval()
+    model = source.model
     check_model_fit(recipe, model.config)  # the submit-time checks, the bound on the speed-up among them
-    if tokenizer is None and run.calibration is None:
-        raise ValueError("a tokenizer is needed when a model object is passed")
-    ensure_pad_token(tokenizer)
-    from core.models.adapter import adapter_for
-
-    adapter = adapter_for(model)
     report = run.report
     report("latency", 0, 1)
     table = measure_table(model, recipe.target.workload)
     report("latency", 1, 1)
-    pairs = candidates(table, recipe)
-    fit, held = run.calibration or calibration_batches(recipe.calibration, tokenizer, adapter.kind)
-    held_batches = split_batches(held if len(held) else fit, recipe.calibration.batch_size)
     best, rows = None, []
-    options = {"calibration": (fit, held), "progress": run.progress, "show_progress": run.show_progress}
-    for d, w in pairs:
-        cand = concrete(recipe, d, w, table.layers)
-        result = prune_fn(cand, model=copy.deepcopy(model), tokenizer=tokenizer, **options)
-        loss = held_loss(result.model, adapter_for(result.model), held_batches)
-        rows.append(
-            {"blocks": d, "width": round(w, 4), "ratio": cand.ratio, "predicted": table.speedup(d, w), "loss": loss}
-        )
-        if best is None or loss < best[1]:
-            best = (result, loss, d, w)
+    for row, result in candidate_results(recipe, source, table, run, prune_fn):
+        rows.append(row)
+        if best is None or row["loss"] < best[0]["loss"]:
+            best = (row, result)
         del result
-    result, loss, d, w = best
-    dense_s, pruned_s = _realised(model, result.model, recipe.target.workload)
+    row, result = best
+    times = interleaved_seconds({"dense": model, "pruned": result.model}, recipe.target.workload, rounds=3)
     result.metrics.update(
         target_speedup=recipe.target.speedup,
         target_workload=recipe.target.workload,
-        predicted_speedup=round(table.speedup(d, w), 4),
-        realised_speedup=round(dense_s / pruned_s, 4),
+        predicted_speedup=round(row["predicted"], 4),
+        realised_speedup=round(statistics.median(times["dense"]) / statistics.median(times["pruned"]), 4),
         target_device=table.device,
         target_candidates=rows,
         latency_table=table.to_dict(),
-        heldout_loss=round(loss, 6),
+        heldout_loss=round(row["loss"], 6),
     )
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

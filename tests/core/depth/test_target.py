@@ -91,7 +91,9 @@ def test_target_run_keeps_the_candidate_with_the_least_held_aside_loss(tmp_path,
     path = tiny_decoder(tmp_path / "m", num_hidden_layers=6, intermediate_size=96)
     table = LatencyTable("decode_b1", 6, [0.0, 0.3, 0.6], [1.0] * 3, [1.0, 0.8, 0.5], "cpu")
     monkeypatch.setattr(target_mod, "measure_table", lambda model, workload: table)
-    monkeypatch.setattr(target_mod, "_realised", lambda dense, pruned, workload: (2.0, 1.0))
+    monkeypatch.setattr(
+        target_mod, "interleaved_seconds", lambda models, workload, rounds: {"dense": [2.0], "pruned": [1.0]}
+    )
     r = recipe_for(path, corpus, ratio=None, target={"speedup": 1.4, "candidates": 3}, criterion={"name": "magnitude"})
     r["reconstruction"] = {"method": "ls", "damp": 0.001}
     result = prune(r)
