@@ -62,16 +62,17 @@ MIN_WIDTH_RATIO = 0.005
 def check_depth(recipe: Recipe, config: Any) -> None:
     """The depth checks that need the model's config (``ValueError`` with the reason); run before any
     work, and before a job is queued."""
-    if recipe.target is not None:  # the depth is chosen on the worker, against its latency table
-        check_target_bound(recipe, int(config.num_hidden_layers))
-        return
-    if not recipe.removes_blocks:
+    if not recipe.removes_blocks and recipe.target is None:
         return
     family = family_of(getattr(config, "model_type", None))
-    n = int(config.num_hidden_layers)
-    blocks = recipe.depth_blocks(n)
     if family is not None and family.kind != "decoder":
-        raise ValueError(f"depth pruning removes decoder blocks; {family.name} is an encoder: prune heads and neurons")
+        what = "a speed target times decoding" if recipe.target is not None else "depth pruning removes decoder blocks"
+        raise ValueError(f"{what}; {family.name} is an encoder: prune heads and neurons by a ratio")
+    n = int(config.num_hidden_layers)
+    if recipe.target is not None:  # the depth is chosen on the worker, against its latency table
+        check_target_bound(recipe, n)
+        return
+    blocks = recipe.depth_blocks(n)
     if blocks > n - 2:
         raise ValueError(
             f"the model has {n} blocks and depth pruning keeps the first and at least one after the removed span: "

@@ -138,3 +138,13 @@ def test_a_target_beyond_any_device_is_refused_at_submit(tmp_path, corpus):
     )
     with pytest.raises(ValueError, match=r"at most 2\.00×"):
         check_model_fit(depth_only, config)
+
+
+def test_a_speed_target_for_an_encoder_is_refused_at_submit(bert_dir, corpus):
+    from transformers import AutoConfig
+
+    from core.pipeline.preflight import check_model_fit
+
+    recipe = Recipe.model_validate(recipe_for(bert_dir, corpus, ratio=None, target={"speedup": 1.5}))
+    with pytest.raises(ValueError, match="a speed target times decoding; bert is an encoder"):
+        check_model_fit(recipe, AutoConfig.from_pretrained(bert_dir))
