@@ -11,6 +11,12 @@ still listed and served. The serving files a recipe's ``export`` asks for (``<na
 are written inside the checkpoint and listed in its ``SHA256SUMS``, so they are files of it like any
 other.
 
+Each attempt at a job (``jobs.fencing``) writes into a folder of its own, ``job-N/attempt-K/``
+(:func:`attempt_dir`, K its attempt number), so a worker the reaper gave up on, coming back, cannot
+write over the files of the attempt that replaced it; the attempt that succeeds removes the folders
+of earlier ones (:func:`remove_earlier_attempts`). Jobs finished before attempts had folders keep
+their checkpoint directly under ``job-N/``.
+
 Every path served is checked to lie inside its job's folder (:func:`confined`), and names are
 checked before they are looked up (:func:`check_name`).
 """
@@ -18,6 +24,7 @@ checked before they are looked up (:func:`check_name`).
 from __future__ import annotations
 
 import errno
+import shutil
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +62,23 @@ class Served:
 
 def job_dir(artifacts_dir: Path, job_id: int) -> Path:
     return artifacts_dir / f"job-{job_id}"
+
+
+_ATTEMPT = "attempt-"
+
+
+def attempt_dir(artifacts_dir: Path, job_id: int, token: int) -> Path:
+    """The folder attempt ``token`` of the job writes into (inside :func:`job_dir`)."""
+    return job_dir(artifacts_dir, job_id) / f"{_ATTEMPT}{token}"
+
+
+def remove_earlier_attempts(artifacts_dir: Path, job_id: int, token: int) -> None:
+    """Remove the folders of the job's attempts before ``token`` (what lost or failed runs left):
+    never ``token``'s own, never a later one's."""
+    for folder in job_dir(artifacts_dir, job_id).glob(f"{_ATTEMPT}*"):
+        number = folder.name[len(_ATTEMPT) :]
+        if number.isdigit() and int(number) < token:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def checkpoint_files(checkpoint: Path) -> tuple[list[FileEntry], bool]:

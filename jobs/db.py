@@ -26,11 +26,14 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    select,
     text,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
+from sqlalchemy.sql.functions import FunctionElement
 
 
 class Status(str, enum.Enum):
@@ -47,6 +50,38 @@ class Status(str, enum.Enum):
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class server_utcnow(FunctionElement):
+    """Now, in UTC, naive, on the database server's clock: what leases are written and judged by
+    (heartbeats, a worker's ``started_at`` and ``finished_at``, the reaper's cutoff), so that a host
+    whose clock is off neither loses its lease early nor keeps a dead worker's job. Works in any
+    statement (``values(heartbeat_at=server_utcnow())``); :func:`db_now` reads it."""
+
+    type = DateTime()
+    inherit_cache = True
+
+
+@compiles(server_utcnow, "postgresql")
+def _server_utcnow_postgresql(_element, _compiler, **_kw) -> str:
+    # clock_timestamp(), not now(): now() is when the transaction began, and a write that waited for a
+    # row lock (the reaper's, a slow cancel's) would record a heartbeat already older than when it
+    # landed; the reaper's cutoff, too, must be the time it looks, not when its transaction began
+    return "timezone('utc', clock_timestamp())"
+
+
+@compiles(server_utcnow, "sqlite")
+def _server_utcnow_sqlite(_element, _compiler, **_kw) -> str:
+    # SQLAlchemy stores a DateTime in SQLite as text, "YYYY-MM-DD HH:MM:SS.ffffff": the same form here
+    # (SQLite has milliseconds; "000" pads them to microseconds), so stored values and this one
+    # compare as strings in time order and read back as datetimes. SQLite is embedded: its clock is
+    # the host's, the one every process on the database file shares.
+    return "strftime('%Y-%m-%d %H:%M:%f000', 'now')"
+
+
+def db_now(session: Session) -> dt.datetime:
+    """The database server's :class:`server_utcnow`, read in ``session``."""
+    return session.scalar(select(server_utcnow()))
 
 
 class Base(DeclarativeBase):

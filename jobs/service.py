@@ -15,57 +15,34 @@ through the database, so a job is never silently lost:
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import shutil
 import uuid
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy import select, update
 
+from jobs.access import OPEN, Actor, new_error_id, public_text, require_owner
 from jobs.artifacts import Served, TarStream, check_name, confined, job_dir
-from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, utcnow
+from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, db_now, server_utcnow, utcnow
 from jobs.settings import Settings, redact_url, scrub
+from jobs.submission import SubmitError, Validator, target_cells
+
+logger = logging.getLogger(__name__)
 
 # what a list reads: plain rows of every column but the large ones no summary shows (building ORM
 # objects and parsing a thousand reports and timings was most of the dashboard's time: bench/load.py)
 _LISTED = tuple(c for c in Job.__table__.c if c.name not in ("report", "timings", "traceback", "evaluations"))
 
 
-class SubmitError(ValueError):
-    """The submission is invalid; nothing was created."""
+class NotNow(ValueError):
+    """The action does not apply to the job as it is (deleting a running job); nothing changed."""
 
 
-def _check_tasks(model: str, evaluations: list[dict]) -> None:
-    """lm-eval evaluations name tasks that exist (registry, or the task directory's YAMLs) and a causal
-    language model (when its config is readable here): a typo fails at submission, not after pruning."""
-    tasks = [e for e in evaluations if e.get("type") == "lm_eval"]
-    if not tasks:
-        return
-    from core.evaluation.tasks import select_tasks
-    from core.pipeline.preflight import model_kind
-
-    kind = model_kind(model)
-    if kind is not None and kind[0] != "decoder":
-        raise ValueError(f"lm-eval tasks need a causal language model; {model!r} is an {kind[0]}")
-    for e in tasks:
-        select_tasks(e["tasks"], e.get("task_dir"))
-
-
-def _check_export(model: str, forms: list[str]) -> None:
-    """The serving forms a recipe asks for can be written from its model (``core.serving.preflight``:
-    family, rotary scaling, tokenizer, and the engine a quantized form needs): a model that cannot is
-    refused here rather than after hours of pruning. A local folder is checked now; a hub id by the
-    worker, once downloaded and before pruning."""
-    if not forms or not Path(model).expanduser().is_dir():  # (core.serving imports torch: only when needed)
-        return
-    from core.serving import ExportError, preflight_model
-
-    try:
-        # the engines are the worker's business (it checks again before pruning): this host may lack them
-        preflight_model(model, forms, engines=False, download=False)
-    except ExportError as exc:
-        raise SubmitError(f"invalid recipe: export: {exc}") from None
+class QueueError(RuntimeError):
+    """The broker did not take the job; nothing was created. The message names no URL or host (the
+    server log has them, under the error id it gives)."""
 
 
 class JobService:
@@ -73,6 +50,7 @@ class JobService:
         self.settings = settings or Settings.from_env()
         self.settings.ensure_dirs()
         self.sessions = connect(self.settings.database_url)
+        self.validator = Validator(self.settings, self.sessions)
         self._celery = celery_app
 
     @property
@@ -90,68 +68,14 @@ class JobService:
         evaluations: list[dict] | None = None,
         confine: bool = False,
         check_export: bool = True,
+        actor: Actor = OPEN,
     ) -> tuple[dict, list[dict]]:
-        """The recipe and evaluations as stored, validated (and preflighted against the model's config,
-        and against the serving forms its ``export`` asks for); raises :class:`SubmitError`. ``confine``:
-        a web or API submission, whose server-side paths must lie in :meth:`Settings.readable_roots`
-        (checked before anything reads them). ``check_export=False`` skips the serving forms' check
-        (about half a second: it reads the tokenizer) for the cells of a grid whose model and forms
-        were checked once."""
-        from core.pipeline.preflight import preflight
-        from core.spec.errors import validation_message
-        from core.spec.evaluation import job_evaluation
-        from core.spec.recipe import Recipe
+        """The recipe and evaluations as stored, validated: :meth:`jobs.submission.Validator.validate`."""
+        return self.validator.validate(recipe, evaluations, confine, check_export, actor)
 
-        try:
-            if isinstance(recipe, (str, Path)) and Path(recipe).suffix in (".yaml", ".yml", ".json"):
-                if confine:
-                    raise SubmitError("a web submission passes the recipe itself, not a server-side file")
-                parsed = Recipe.load(recipe)
-            else:
-                data = Recipe.parse_yaml(recipe) if isinstance(recipe, str) else recipe
-                if confine and isinstance(data, dict):
-                    self._check_paths(data, evaluations)
-                parsed = Recipe.model_validate(data)
-        except ValidationError as exc:
-            raise SubmitError(f"invalid recipe: {validation_message(exc)}") from None
-        except (ValueError, FileNotFoundError) as exc:
-            raise SubmitError(f"invalid recipe: {exc}") from None
-        try:
-            evals = [job_evaluation(e) for e in evaluations or []]
-            _check_tasks(parsed.model, evals)
-        except ValidationError as exc:
-            raise SubmitError(f"invalid evaluation: {validation_message(exc)}") from None
-        except (ValueError, FileNotFoundError) as exc:
-            raise SubmitError(f"invalid evaluation: {exc}") from None
-        try:  # what the model's config can tell before anything is queued (evaluation lengths included)
-            preflight(parsed, [int(e["seq_len"]) for e in evals if e.get("seq_len") is not None])
-        except ValueError as exc:
-            raise SubmitError(f"invalid recipe: {exc}") from None
-        if check_export:
-            _check_export(parsed.model, parsed.export)
-        return parsed.model_dump(mode="json", exclude_none=True), evals
-
-    def _check_paths(self, recipe: dict, evaluations: list[dict] | None) -> None:
-        """Every server-side path a recipe or evaluation names lies inside a readable root."""
-        from core.spec.recipe import NAMED_DATASETS
-
-        calibration = recipe.get("calibration") if isinstance(recipe.get("calibration"), dict) else {}
-        named = [("model", recipe.get("model")), ("calibration.dataset", calibration.get("dataset"))]
-        named += [("evaluation dataset", e.get("dataset")) for e in evaluations or [] if isinstance(e, dict)]
-        named += [("task_dir", e.get("task_dir")) for e in evaluations or [] if isinstance(e, dict)]
-        roots = self.settings.readable_roots()
-        for field, value in named:
-            if not isinstance(value, str) or value in NAMED_DATASETS:
-                continue
-            path = Path(value).expanduser()
-            local = value.startswith((".", "/", "~")) or value.count("/") > 1 or path.exists()
-            if field != "model" or local:  # a model may be a hub id; a dataset that is not named is a file
-                resolved = path.resolve()
-                if not any(resolved == r or r in resolved.parents for r in roots):
-                    raise SubmitError(
-                        f"{field} {value!r} is outside the folders this server reads from; upload the file, "
-                        "or ask the administrator to add its folder to LIAR_DATA_ROOTS"
-                    )
+    def readable(self, value: str) -> bool:
+        """Whether a web or API submission may name this server path (``Settings.readable_roots``)."""
+        return self.validator.readable(value)
 
     def submit(
         self,
@@ -162,10 +86,12 @@ class JobService:
         confine: bool = False,
         note: str | None = None,
         check_export: bool = True,
+        actor: Actor = OPEN,
     ) -> int:
-        """Validate and queue one job; ``confine``, ``check_export``: see :meth:`validate`; ``note``:
-        said in the job's first log line beside who submitted it (``re-run of job 3``)."""
-        data, evals = self.validate(recipe, evaluations, confine, check_export)
+        """Validate and queue one job; ``confine``, ``check_export``, ``actor``: see :meth:`validate`;
+        ``note``: said in the job's first log line beside who submitted it (``re-run of job 3``).
+        Raises :class:`SubmitError`, or :class:`QueueError` when the broker does not take the job."""
+        data, evals = self.validate(recipe, evaluations, confine, check_export, actor)
         with self.sessions.begin() as s:
             job = Job(
                 recipe=data,
@@ -186,10 +112,17 @@ class JobService:
             with self.sessions.begin() as s:
                 s.delete(s.get(Job, job_id))
             url = self.settings.broker_url
-            # the broker's URL may carry its password: the message reaches users (the web app, the API)
-            reason = scrub(str(exc), url) or "no reason given"
-            broker = redact_url(url)
-            raise RuntimeError(f"could not queue the job: the broker at {broker} did not take it ({reason})") from exc
+            # the message reaches users (the web app, the API): no URL, host or password in it; the
+            # server log has the broker (its password masked) and the reason under the error id
+            error_id = new_error_id()
+            reason = scrub(str(exc), url) or type(exc).__name__
+            logger.error(
+                "error %s: the broker at %s did not take job %d: %s", error_id, redact_url(url), job_id, reason
+            )
+            raise QueueError(
+                "could not queue the job: the job broker did not take it, so nothing was created; try again, "
+                f"or tell the administrator (error id {error_id})"
+            ) from exc
         return job_id
 
     def _send(self, job_id: int) -> None:
@@ -206,19 +139,21 @@ class JobService:
         submitted_by: str | None = None,
         evaluations: list[dict] | None = None,
         confine: bool = False,
+        actor: Actor = OPEN,
     ) -> tuple[str, list[int]]:
         """One job per cell of ratios × methods × criteria (axes left out take the recipe's value),
         sharing a group id; the cells are those of a sweep grid (``core.spec.sweep.expand_grid``).
         All cells are validated before any job is created."""
         from core.spec.sweep import GridError, expand_grid
 
-        base, evals = self.validate(recipe, evaluations, confine)
+        base, evals = self.validate(recipe, evaluations, confine, actor=actor)
         if base.get("target") is not None:  # a speed target: no ratio axis, one job per method × criterion
             if ratios:
                 raise SubmitError("a speed-target recipe has no ratio to sweep: sweep methods or criteria")
-            recipes = [self.validate(r, evals, check_export=False)[0] for r in _target_cells(base, methods, criteria)]
+            cells = target_cells(base, methods, criteria)
+            recipes = [self.validate(r, evals, check_export=False, actor=actor)[0] for r in cells]
             group = uuid.uuid4().hex[:12]
-            return group, [self.submit(r, submitted_by, group, evals, check_export=False) for r in recipes]
+            return group, [self.submit(r, submitted_by, group, evals, check_export=False, actor=actor) for r in recipes]
         axes: dict[str, Any] = {}
         if ratios:
             axes["ratio"] = list(ratios)
@@ -231,9 +166,9 @@ class JobService:
         except GridError as exc:
             raise SubmitError(f"invalid recipe: {'; '.join(exc.problems)}") from None
         # every cell has the base's model and serving forms, checked above
-        recipes = [self.validate(cell.recipe, evals, check_export=False)[0] for cell in cells]
+        recipes = [self.validate(cell.recipe, evals, check_export=False, actor=actor)[0] for cell in cells]
         group = uuid.uuid4().hex[:12]
-        return group, [self.submit(r, submitted_by, group, evals, check_export=False) for r in recipes]
+        return group, [self.submit(r, submitted_by, group, evals, check_export=False, actor=actor) for r in recipes]
 
     # --- queries --------------------------------------------------------------------------
     def list(
@@ -250,8 +185,14 @@ class JobService:
         with self.sessions() as s:
             return [self._summary(row) for row in s.execute(q)]
 
-    def show(self, job_id: int) -> dict[str, Any]:
+    def show(self, job_id: int, internal: bool = False) -> dict[str, Any]:
+        """One job: its summary, recipe, evaluations, error, metrics, report, artifacts, timings and
+        log, as users may see them: no traceback, no server paths (an artifact has its name, size and
+        sha256; the error and log lines are scrubbed, ``jobs.access.public_text``, which also covers
+        rows written before errors were made public). ``internal``: the operator's view (the
+        ``liar jobs`` command at the database), with the traceback and the artifacts' paths."""
         self.reap()
+        clean = (lambda text: text) if internal else (lambda text: public_text(text) if text else text)
         with self.sessions() as s:
             job = s.get(Job, job_id)
             if job is None:
@@ -261,18 +202,28 @@ class JobService:
                 recipe=job.recipe,
                 recipe_as_run=job.recipe_as_run,
                 evaluations=job.evaluations,
-                error=job.error,
-                traceback=job.traceback,
+                error=clean(job.error),
                 metrics={m.name: m.value for m in job.metrics},
                 report=job.report,
                 artifacts=[
-                    {"kind": a.kind, "name": a.name, "path": a.path, "size": a.size, "sha256": a.sha256}
+                    {"kind": a.kind, "name": a.name, "size": a.size, "sha256": a.sha256}
+                    | ({"path": a.path} if internal else {})
                     for a in job.artifacts
                 ],
                 timings=job.timings,
-                log=[{"at": lg.at.isoformat(), "level": lg.level, "message": lg.message} for lg in job.logs],
+                log=[{"at": lg.at.isoformat(), "level": lg.level, "message": clean(lg.message)} for lg in job.logs],
             )
+            if internal:
+                out["traceback"] = job.traceback
             return out
+
+    def owner(self, job_id: int) -> str | None:
+        """Who submitted the job (``KeyError`` if there is no such job)."""
+        with self.sessions() as s:
+            job = s.get(Job, job_id)
+            if job is None:
+                raise KeyError(f"no job {job_id}")
+            return job.submitted_by
 
     @staticmethod
     def _summary(job: Job) -> dict[str, Any]:
@@ -322,12 +273,17 @@ class JobService:
         return Path(row.path)
 
     # --- downloads (see jobs.artifacts) -----------------------------------------------------
-    def served(self, job_id: int) -> list[Served]:
+    def served(self, job_id: int, actor: Actor = OPEN) -> list[Served]:
         """The files a job offers for download, in the order written: each checkpoint file, or the
-        ``.tar.gz`` of a job finished before per-file artifacts (its file name as its name)."""
+        ``.tar.gz`` of a job finished before per-file artifacts (its file name as its name).
+        :class:`Forbidden` when downloads are for owners and admins (``LIAR_DOWNLOADS=owners``) and
+        ``actor`` is neither."""
         with self.sessions() as s:
-            if s.get(Job, job_id) is None:
+            job = s.get(Job, job_id)
+            if job is None:
                 raise KeyError(f"no job {job_id}")
+            if self.settings.downloads == "owners":
+                require_owner(actor, job_id, job.submitted_by, "download")
             rows = s.scalars(
                 select(Artifact)
                 .where(Artifact.job_id == job_id, Artifact.kind.in_(("file", "archive")))
@@ -335,16 +291,18 @@ class JobService:
             ).all()
         return [Served(r.name or Path(r.path).name, Path(r.path), r.size, r.sha256, r.kind) for r in rows]
 
-    def downloads(self, job_id: int) -> list[dict[str, Any]]:
+    def downloads(self, job_id: int, actor: Actor = OPEN) -> list[dict[str, Any]]:
         """:meth:`served` as plain values: name, size, sha256, kind."""
-        return [{"name": f.name, "size": f.size, "sha256": f.sha256, "kind": f.kind} for f in self.served(job_id)]
+        return [
+            {"name": f.name, "size": f.size, "sha256": f.sha256, "kind": f.kind} for f in self.served(job_id, actor)
+        ]
 
-    def file(self, job_id: int, name: str) -> Served:
+    def file(self, job_id: int, name: str, actor: Actor = OPEN) -> Served:
         """One file the job offers, by name, its path checked to lie in the job's folder: ``ValueError``
         for a name that is no plain relative path (``../x``), ``KeyError`` for one the job does not
         have, ``PermissionError`` for a recorded path outside the folder."""
         check_name(name)
-        match = next((f for f in self.served(job_id) if f.name == name), None)
+        match = next((f for f in self.served(job_id, actor) if f.name == name), None)
         if match is None:
             raise KeyError(f"job {job_id} has no file {name!r}")
         return self._confined(job_id, match)
@@ -356,27 +314,33 @@ class JobService:
             raise KeyError(f"the file {f.name!r} of job {job_id} is no longer on the server") from None
         return Served(f.name, path, f.size, f.sha256, f.kind)
 
-    def checkpoint_tar(self, job_id: int) -> TarStream:
+    def checkpoint_tar(self, job_id: int, actor: Actor = OPEN) -> TarStream:
         """The job's checkpoint files as one uncompressed tar under ``liar-job-N/``, produced while it is
         read; ``KeyError`` if the job has none (not finished, or an old job: see :meth:`served`)."""
-        files = [self._confined(job_id, f) for f in self.served(job_id) if f.kind == "file"]
+        files = [self._confined(job_id, f) for f in self.served(job_id, actor) if f.kind == "file"]
         if not files:
             raise KeyError(f"job {job_id} has no checkpoint files (is the job finished?)")
         return TarStream(files, f"liar-job-{job_id}")
 
     # --- control --------------------------------------------------------------------------
-    def cancel(self, job_id: int) -> str:
-        """QUEUED → CANCELLED at once; RUNNING → cancel flag, honoured at the next layer boundary."""
+    def cancel(self, job_id: int, actor: Actor = OPEN) -> str:
+        """QUEUED → CANCELLED at once; RUNNING → cancel flag, honoured at the next layer boundary; a
+        finished job stays as it is. Only the job's owner or an admin (:class:`Forbidden` otherwise,
+        nothing changed); the job's log and error say who cancelled."""
         with self.sessions.begin() as s:
-            job = s.get(Job, job_id)
+            job = s.get(Job, job_id, with_for_update=True)
             if job is None:
                 raise KeyError(f"no job {job_id}")
+            require_owner(actor, job_id, job.submitted_by, "cancel")
             if Status(job.status).finished:
                 return job.status
+            who = f"cancelled by {actor.name}" if actor.name else "cancelled by request"
             job.cancel_requested = True
             if job.status == Status.QUEUED.value:
-                job.status, job.finished_at, job.stage = Status.CANCELLED.value, utcnow(), "cancelled"
-            s.add(JobLog(job_id=job_id, message="cancel requested"))
+                job.status, job.finished_at, job.stage, job.error = Status.CANCELLED.value, utcnow(), "cancelled", who
+            s.add(
+                JobLog(job_id=job_id, message=f"cancel requested by {actor.name}" if actor.name else "cancel requested")
+            )
             status, celery_id = job.status, job.celery_id
         if status == Status.CANCELLED.value and celery_id:
             try:  # the worker would skip it anyway (claim fails); revoking saves it the trip
@@ -385,18 +349,54 @@ class JobService:
                 pass
         return status
 
-    def force_cancel(self, job_id: int) -> None:
-        """Fallback when a running job does not stop: terminate its worker process."""
+    def rerun(self, job_id: int, actor: Actor = OPEN, confine: bool = True) -> int:
+        """Submit the job's recipe and evaluations again, as a new job of ``actor`` (without a login, of
+        the original submitter: there is nobody else to credit), through the same validation and
+        path confinement as a fresh submission; only the job's owner or an admin may."""
         with self.sessions() as s:
             job = s.get(Job, job_id)
-        if job and job.celery_id:
+            if job is None:
+                raise KeyError(f"no job {job_id}")
+            owner, recipe, evaluations = job.submitted_by, job.recipe, list(job.evaluations or [])
+        require_owner(actor, job_id, owner, "re-run")
+        by = actor.name or owner
+        return self.submit(
+            recipe, by, evaluations=evaluations, confine=confine, note=f"re-run of job {job_id}", actor=actor
+        )
+
+    def delete(self, job_id: int, actor: Actor = OPEN) -> None:
+        """Delete a finished job: its row, metrics, log and every file it wrote. Only its owner or an
+        admin (:class:`Forbidden`); a queued or running job is cancelled first (:class:`NotNow`).
+        Nothing else records the job afterwards, so the server log says who deleted it."""
+        with self.sessions.begin() as s:
+            job = s.get(Job, job_id, with_for_update=True)
+            if job is None:
+                raise KeyError(f"no job {job_id}")
+            require_owner(actor, job_id, job.submitted_by, "delete")
+            if not Status(job.status).finished:
+                raise NotNow(f"job {job_id} is {job.status}: cancel it first, then delete it")
+            s.delete(job)
+        logger.info("job %d deleted by %s", job_id, actor)
+        shutil.rmtree(job_dir(self.settings.artifacts_dir, job_id), ignore_errors=True)
+
+    def force_cancel(self, job_id: int) -> None:
+        """Fallback when a running job does not stop: terminate its worker process, and end the
+        attempt it ran (its folder goes: the process cannot clean up). Only that attempt: if the job
+        was re-queued and another attempt took it meanwhile (``jobs.fencing``), it is left running."""
+        with self.sessions() as s:
+            job = s.get(Job, job_id)
+        if job is None:
+            return
+        if job.celery_id:
             self.celery.control.revoke(job.celery_id, terminate=True, signal="SIGKILL")
         with self.sessions.begin() as s:
-            s.execute(
+            ended = s.execute(
                 update(Job)
-                .where(Job.id == job_id, Job.status == Status.RUNNING.value)
-                .values(status=Status.CANCELLED.value, finished_at=utcnow(), error="terminated")
+                .where(Job.id == job_id, Job.status == Status.RUNNING.value, Job.attempts == job.attempts)
+                .values(status=Status.CANCELLED.value, finished_at=server_utcnow(), error="terminated")
             )
+        if ended.rowcount == 1:
+            shutil.rmtree(job_dir(self.settings.artifacts_dir, job_id), ignore_errors=True)
 
     def queued_in_broker(self) -> set[int] | None:
         """Job ids of the messages waiting in the broker queue (None if the broker cannot be read)."""
@@ -431,8 +431,8 @@ class JobService:
         in_broker = self.queued_in_broker()
         if in_broker is None:
             return []
-        cutoff = utcnow() - dt.timedelta(seconds=older_than)
         with self.sessions() as s:
+            cutoff = db_now(s) - dt.timedelta(seconds=older_than)  # the clock every maintainer shares
             queued = s.scalars(select(Job.id).where(Job.status == Status.QUEUED.value, Job.created_at < cutoff))
             lost = [job_id for job_id in queued if job_id not in in_broker]
         for job_id in lost:
@@ -448,12 +448,14 @@ class JobService:
     def reap(self) -> list[int]:
         """Recover jobs of dead workers (see module docstring). Returns the ids it touched. A job it
         ends (FAILED, or CANCELLED if a cancel was pending) loses its folder: what the lost run had
-        written is no checkpoint. Rows another reaper holds are skipped (no double re-queue)."""
-        now = utcnow()
-        stale = now - dt.timedelta(seconds=self.settings.lease_seconds)
+        written is no checkpoint. Rows another reaper holds are skipped (no double re-queue). The lease
+        is judged by the database server's clock, the one heartbeats are stamped with (``jobs.fencing``):
+        a host whose clock is off neither reaps a live job nor spares a dead one."""
         touched, resend, ended = [], [], []
-        lost = select(Job).where(Job.status == Status.RUNNING.value, Job.heartbeat_at < stale)
         with self.sessions.begin() as s:
+            now = db_now(s)
+            stale = now - dt.timedelta(seconds=self.settings.lease_seconds)
+            lost = select(Job).where(Job.status == Status.RUNNING.value, Job.heartbeat_at < stale)
             for job in s.scalars(lost.with_for_update(skip_locked=True)):
                 touched.append(job.id)
                 reason = f"worker {job.worker} lost (no heartbeat for {self.settings.lease_seconds:.0f} s)"
@@ -473,17 +475,3 @@ class JobService:
         for job_id in resend:
             self._send(job_id)
         return touched
-
-
-def _target_cells(base: dict[str, Any], methods: list[str] | None, criteria: list[str] | None) -> list[dict]:
-    """The recipes of a speed-target sweep: ``base`` with each method × criterion."""
-    cells = []
-    for method in methods or [None]:
-        for name in criteria or [None]:
-            cell = dict(base)
-            if method is not None:
-                cell["reconstruction"] = {**base.get("reconstruction", {}), "method": method}
-            if name is not None:
-                cell["criterion"] = {"name": name, "options": base.get("criterion", {}).get("options", {})}
-            cells.append(cell)
-    return cells

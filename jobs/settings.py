@@ -9,6 +9,8 @@
 | ``LIAR_MAX_ATTEMPTS`` | ``2``                                | runs of a job before a lost worker marks it FAILED |
 | ``LIAR_DATA_ROOTS`` | (none)                                | more folders (``:``-separated) web jobs may read |
 | ``LIAR_CACHE``      | ``~/.cache/liar``                     | cached benchmark models and texts (readable too) |
+| ``LIAR_TASK_DIRS``  | (none)                                | folders of lm-eval task YAMLs web jobs may use |
+| ``LIAR_DOWNLOADS``  | ``all``                               | ``owners``: only a job's owner and admins download |
 | ``LIAR_STAGE_PAUSE`` | (none)                               | fault tests: ``reconstruct=2`` pauses each layer 2 s |
 
 The defaults need no server: SQLite and Celery's filesystem transport (which, unlike the SQLAlchemy
@@ -44,6 +46,14 @@ def scrub(text: str, *urls: str) -> str:
     return text
 
 
+DOWNLOAD_POLICIES = ("all", "owners")
+
+
+def _paths(value: str) -> tuple[Path, ...]:
+    """``a:b:c`` as paths (``~`` expanded), empty parts skipped."""
+    return tuple(Path(p).expanduser() for p in value.split(os.pathsep) if p.strip())
+
+
 @dataclass(frozen=True)
 class Settings:
     data_dir: Path
@@ -52,6 +62,10 @@ class Settings:
     lease_seconds: float = 60.0
     max_attempts: int = 2
     data_roots: tuple[Path, ...] = ()  # beyond the data dir and the cache: folders the web app may read
+    # lm-eval task folders a web or API job may name: their YAMLs can run Python (``!function``), so
+    # only an administrator's list, never the data folders
+    task_dirs: tuple[Path, ...] = ()
+    downloads: str = "all"  # "owners": a job's files go to its owner and the admins only
     # seconds a worker waits at the start of each step of a stage, once the step is recorded: lets the
     # fault tests (tests/jobs/test_faults.py) land a kill or a cancel inside a layer; empty in production
     stage_pause: tuple[tuple[str, float], ...] = ()
@@ -65,9 +79,9 @@ class Settings:
             broker_url=os.environ.get("LIAR_BROKER_URL", "filesystem://"),
             lease_seconds=float(os.environ.get("LIAR_LEASE_SECONDS", 60)),
             max_attempts=int(os.environ.get("LIAR_MAX_ATTEMPTS", 2)),
-            data_roots=tuple(
-                Path(p).expanduser() for p in os.environ.get("LIAR_DATA_ROOTS", "").split(os.pathsep) if p
-            ),
+            data_roots=_paths(os.environ.get("LIAR_DATA_ROOTS", "")),
+            task_dirs=_paths(os.environ.get("LIAR_TASK_DIRS", "")),
+            downloads=os.environ.get("LIAR_DOWNLOADS", "all").strip().lower() or "all",
             stage_pause=tuple(
                 (stage.strip(), float(seconds))
                 for stage, _, seconds in (p.partition("=") for p in os.environ.get("LIAR_STAGE_PAUSE", "").split(","))
@@ -75,6 +89,8 @@ class Settings:
             ),
         )
         values.update(overrides)
+        if values["downloads"] not in DOWNLOAD_POLICIES:
+            raise ValueError(f"LIAR_DOWNLOADS is {values['downloads']!r}; use one of {', '.join(DOWNLOAD_POLICIES)}")
         return cls(**values)
 
     @property
@@ -85,12 +101,22 @@ class Settings:
     def uploads_dir(self) -> Path:
         return self.data_dir / "uploads"
 
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+    @property
+    def texts_dir(self) -> Path:
+        return self.data_dir / "texts"
+
     def readable_roots(self) -> list[Path]:
-        """Folders whose files a web or API submission may name (uploads land in the data dir): the
-        data dir, the benchmarks' cache and ``LIAR_DATA_ROOTS``. The CLI on one's own machine is not
-        confined."""
+        """Folders whose files a web or API submission may name: the uploads, the bundled models and
+        texts (``liar app`` makes a demo of each there), the benchmarks' cache and ``LIAR_DATA_ROOTS``.
+        Not the rest of the data dir: the database, the broker's messages and every job's artifacts
+        live there (a job's checkpoint is named by its id instead, ``model: job:42``). The CLI on
+        one's own machine is not confined."""
         cache = Path(os.environ.get("LIAR_CACHE", Path.home() / ".cache" / "liar")).expanduser()
-        return [r.resolve() for r in (self.data_dir, cache, *self.data_roots)]
+        return [r.resolve() for r in (self.uploads_dir, self.models_dir, self.texts_dir, cache, *self.data_roots)]
 
     @property
     def broker_dir(self) -> Path:

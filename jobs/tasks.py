@@ -1,14 +1,16 @@
-"""The pruning task: a thin shell over ``core.pipeline.sequential.prune`` that keeps the job row up to date."""
+"""The pruning task: a thin shell over ``core.pipeline.sequential.prune`` that keeps the job row up to date.
+
+Each run is one attempt at the job: it writes only while it owns the job (``jobs.fencing``), into a
+folder of its own (``jobs.artifacts.attempt_dir``), and stops quietly once it does not."""
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import gc
 import logging
 import os
 import shutil
 import socket
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -16,15 +18,34 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select
 
 from core.models.manifest import FileEntry
 from jobs import baseline
-from jobs.artifacts import checkpoint_files, is_no_space, job_dir, no_space_errno
+from jobs.access import public_error, public_message, public_text
+from jobs.artifacts import (
+    attempt_dir,
+    checkpoint_files,
+    is_no_space,
+    job_dir,
+    remove_earlier_attempts,
+)
 from jobs.celery_app import app
-from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, retry_on_disconnect, utcnow
+from jobs.db import Artifact, Job, JobLog, Status, connect, retry_on_disconnect
+from jobs.disk import DiskFull, check_free_space, no_space_message, short_of_disk
+from jobs.fencing import (
+    Heartbeat,
+    Superseded,
+    claim,
+    finish,
+    job_log,
+    record_success,
+    requeue_or_fail,
+    write_progress,
+)
+from jobs.references import job_reference, owner_and_checkpoint
 from jobs.settings import Settings
-from jobs.timings import Event, StageClock
+from jobs.timings import StageClock
 
 logger = logging.getLogger(__name__)
 
@@ -38,53 +59,6 @@ TRANSIENT = (ConnectionError, TimeoutError)  # e.g. the hub or a network file sy
 
 def _settings() -> Settings:
     return app.conf.liar_settings
-
-
-def _log(session_factory, job_id: int, message: str, level: str = "INFO") -> None:
-    def write() -> None:
-        with session_factory.begin() as s:
-            s.add(JobLog(job_id=job_id, message=message, level=level))
-
-    retry_on_disconnect(write)
-
-
-def _claim(session_factory, job_id: int, worker: str) -> bool:
-    """Atomically move the job QUEUED → RUNNING; False if someone else has it or it was cancelled."""
-    with session_factory.begin() as s:
-        res = s.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.status == Status.QUEUED.value)
-            .values(
-                status=Status.RUNNING.value,
-                worker=worker,
-                started_at=utcnow(),
-                heartbeat_at=utcnow(),
-                attempts=Job.attempts + 1,
-                stage="starting",
-                error=None,
-                traceback=None,
-                timings=None,
-            )
-        )
-        return res.rowcount == 1
-
-
-class _Heartbeat(threading.Thread):
-    def __init__(self, session_factory, job_id: int, every: float):
-        super().__init__(daemon=True, name=f"heartbeat-{job_id}")
-        self.sf, self.job_id, self.every, self.stop = session_factory, job_id, every, threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.wait(self.every):
-            try:
-                with self.sf.begin() as s:
-                    s.execute(update(Job).where(Job.id == self.job_id).values(heartbeat_at=utcnow()))
-            except Exception:  # a missed beat is not fatal; the lease tolerates several
-                pass
-
-
-class DiskFull(Exception):
-    """The export ran out of disk space or quota; the message names the folder, in one sentence."""
 
 
 class ExportRefused(Exception):
@@ -106,62 +80,122 @@ def _artifacts(job_id: int, checkpoint: Path, files: list[FileEntry]) -> list[Ar
 
 
 def execute(job_id: int, settings: Settings | None = None) -> str:
-    """Run one job to completion (used by the Celery task; callable directly for tests and debugging)."""
+    """Run one job to completion (used by the Celery task; callable directly for tests and debugging):
+    the status it ended the job in, "skipped" if it could not claim the job, or "superseded" if this
+    attempt lost the job while it ran (``jobs.fencing``: it then stopped without writing more)."""
     settings = settings or _settings()
     sf = connect(settings.database_url)
     worker = f"{socket.gethostname()}:{os.getpid()}"
-    if not _claim(sf, job_id, worker):
+    token = claim(sf, job_id, worker)
+    if token is None:
         return "skipped"
-    beat = _Heartbeat(sf, job_id, max(settings.lease_seconds / 6, 0.5))
+    beat = Heartbeat(sf, job_id, token, max(settings.lease_seconds / 6, 0.5))
     beat.start()
-    clock = StageClock()
-    progress = _progress_callback(sf, job_id, clock, dict(settings.stage_pause))
-    out_dir = job_dir(settings.artifacts_dir, job_id)
-    result = None
     try:
-        progress("starting", 0, 1)  # until "load": reading the job, importing the engine
-        recipe, evaluations = retry_on_disconnect(partial(_load_job, sf, job_id))
-        _log(sf, job_id, f"started on {worker}")
-        _fresh_dir(out_dir)
-        forms = list(recipe.get("export") or [])
-        _check_export(recipe["model"], forms)  # on this worker (its llama.cpp), a hub model once downloaded
-        result = _prune(recipe, progress, out_dir / "checkpoint")
-        _run_evaluations(sf, job_id, recipe, result, evaluations, progress)
-        metrics = result.summary()
-        progress("export", 0, 1 + len(forms))
-        checkpoint, files = _export(sf, job_id, result, out_dir, forms, progress, metrics)
-        progress("export", 1 + len(forms), 1 + len(forms))
-        artifacts = _artifacts(job_id, checkpoint, files)
-        retry_on_disconnect(partial(_record_success, sf, job_id, result, metrics, artifacts, clock))
-        _log(sf, job_id, "succeeded")
-        return Status.SUCCEEDED.value
-    except JobCancelled:
-        shutil.rmtree(out_dir, ignore_errors=True)
-        retry_on_disconnect(partial(_finish, sf, job_id, Status.CANCELLED, "cancelled by request", clock=clock))
-        return Status.CANCELLED.value
-    except TRANSIENT as exc:
-        _requeue_or_fail(sf, job_id, settings, f"transient error: {type(exc).__name__}: {exc}")
-        raise
-    except Exception as exc:
-        shutil.rmtree(out_dir, ignore_errors=True)
-        if isinstance(exc, (DiskFull, ExportRefused)):
-            error = str(exc)
-        elif is_no_space(exc):  # while the engine wrote (a streamed run writes its shards as it goes)
-            filename = getattr(exc, "filename", None)
-            error = _no_space_message(exc, Path(filename).parent if filename else out_dir)
-        else:
-            error = f"{type(exc).__name__}: {exc}"
-        retry_on_disconnect(partial(_finish, sf, job_id, Status.FAILED, error, traceback.format_exc(), clock=clock))
-        return Status.FAILED.value
+        return _attempt(sf, job_id, token, worker, settings, beat.refused)
+    except Superseded as exc:  # raised by a fenced write, or by the progress callback for the heartbeat
+        _stand_down(sf, job_id, token, settings, exc)
+        return "superseded"
     finally:
         beat.stop.set()
-        del result
         gc.collect()
         _empty_cuda_cache()
 
 
+def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refused: Callable[[], str | None]) -> str:
+    """Attempt ``token`` at the job, written into its own folder (``jobs.artifacts.attempt_dir``);
+    the status it ends the job in. Every write is fenced: :class:`Superseded` passes through."""
+    clock = StageClock()
+    progress = _progress_callback(sf, job_id, token, clock, dict(settings.stage_pause), refused)
+    out_dir = attempt_dir(settings.artifacts_dir, job_id, token)
+    result = None
+    try:
+        progress("starting", 0, 1)  # until "load": reading the job, importing the engine
+        recipe, evaluations, named = retry_on_disconnect(partial(_load_job, sf, job_id))
+        job_log(sf, job_id, token, f"started on {worker}")
+        _fresh_dir(out_dir)
+        forms = list(recipe.get("export") or [])
+        _check_export(recipe["model"], forms)  # on this worker (its llama.cpp), a hub model once downloaded
+        result = _prune(recipe, progress, out_dir / "checkpoint")
+        _run_evaluations(sf, job_id, token, recipe, result, evaluations, progress)
+        metrics = result.summary()
+        progress("export", 0, 1 + len(forms))
+        checkpoint, files = _export(sf, job_id, token, result, out_dir, forms, progress, metrics)
+        progress("export", 1 + len(forms), 1 + len(forms))
+        artifacts = _artifacts(job_id, checkpoint, files)
+        success = partial(record_success, sf, job_id, token, result, metrics, artifacts, clock, model=named)
+        if not retry_on_disconnect(success):
+            raise JobCancelled
+        remove_earlier_attempts(settings.artifacts_dir, job_id, token)
+        return Status.SUCCEEDED.value
+    except Superseded:
+        raise
+    except JobCancelled:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        end = partial(finish, sf, job_id, token, Status.CANCELLED, _cancelled_by(sf, job_id), clock=clock)
+        retry_on_disconnect(end)
+        _clear_job_dir(settings, job_id, token)
+        return Status.CANCELLED.value
+    except TRANSIENT as exc:
+        shutil.rmtree(out_dir, ignore_errors=True)  # the next attempt starts afresh in a folder of its own
+        reason = f"transient error: {type(exc).__name__}: {exc}"
+        if requeue_or_fail(sf, job_id, token, settings.max_attempts, reason):
+            _clear_job_dir(settings, job_id, token)
+        raise
+    except Exception as exc:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        # what users read: one sentence, no server path or class name (jobs.access); the unexpected
+        # ones carry an error id, under which the worker's log has the traceback
+        if isinstance(exc, (DiskFull, ExportRefused, JobInputError)):
+            error = public_text(str(exc))
+        elif short_of_disk(exc):  # a streamed run's check before its first shard
+            error = public_text(short_of_disk(exc))
+        elif is_no_space(exc):  # while the engine wrote (a streamed run writes its shards as it goes)
+            filename = getattr(exc, "filename", None)
+            error = public_text(no_space_message(exc, Path(filename).parent if filename else out_dir.parent))
+        else:
+            error = public_error(exc, f"job {job_id}, attempt {token}")
+        end = partial(finish, sf, job_id, token, Status.FAILED, error, traceback.format_exc(), clock=clock)
+        retry_on_disconnect(end)
+        _clear_job_dir(settings, job_id, token)
+        return Status.FAILED.value
+    finally:
+        del result
+
+
+def _clear_job_dir(settings: Settings, job_id: int, token: int) -> None:
+    """Once attempt ``token`` ended the job without success (its own folder already removed): the
+    folders earlier attempts left removed too (nothing there is a checkpoint), then the job's folder
+    if that left it empty."""
+    remove_earlier_attempts(settings.artifacts_dir, job_id, token)
+    with contextlib.suppress(OSError):
+        job_dir(settings.artifacts_dir, job_id).rmdir()
+
+
+def _stand_down(sf, job_id: int, token: int, settings: Settings, exc: Superseded) -> None:
+    """What a superseded attempt does: nothing more in the database, one line in the worker's log,
+    and its own folder removed — unless the job records that folder's checkpoint (a success whose
+    commit was acknowledged only after the connection dropped: the retry found the job finished)."""
+    out_dir = attempt_dir(settings.artifacts_dir, job_id, token)
+    try:
+        with sf() as s:
+            recorded = s.scalars(select(Artifact.path).where(Artifact.job_id == job_id, Artifact.kind == "checkpoint"))
+            kept = any(Path(path).parent.resolve() == out_dir.resolve() for path in recorded)
+    except Exception:  # the database cannot say: keep what may be the job's checkpoint
+        kept = True
+    if not kept:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    folder = f"{'kept' if kept else 'removed'} its folder {out_dir}"
+    logger.warning("job %d: attempt %d superseded (%s); stopped, writing nothing more; %s", job_id, token, exc, folder)
+
+
 def _progress_callback(
-    sf, job_id: int, clock: StageClock, pause: dict[str, float] | None = None
+    sf,
+    job_id: int,
+    token: int,
+    clock: StageClock,
+    pause: dict[str, float] | None,
+    refused: Callable[[], str | None],
 ) -> Callable[[str, int, int], None]:
     """The ``progress`` hook handed to ``prune``: records the stage, its progress (``done / total``) and
     the layer on the job row (throttled to one write per 0.5 s, except per reconstructed layer and
@@ -169,14 +203,19 @@ def _progress_callback(
     is: evaluation and export follow), times the stages (``clock``: the job's ``timings`` and one log
     line per finished stage, DEBUG per layer), and raises :class:`JobCancelled` once the job's cancel
     flag is set. ``pause``: seconds to wait at the start of each step of a stage
-    (``Settings.stage_pause``, for the fault tests)."""
+    (``Settings.stage_pause``, for the fault tests). Its writes are attempt ``token``'s (fenced); it
+    raises :class:`Superseded` once one is refused, or once ``refused()`` (the heartbeat thread's) says
+    why a beat was."""
     last, shown = 0.0, None
 
     def progress(stage: str, done: int, total: int) -> None:
         nonlocal last, shown
+        why = refused()
+        if why is not None:
+            raise Superseded(why)
         now = time.monotonic()
         events = clock.update(stage, done, total)
-        values: dict[str, Any] = {"heartbeat_at": utcnow()}
+        values: dict[str, Any] = {}
         if stage != "done":
             values.update(stage=stage, progress=done / max(total, 1))
         if stage == "reconstruct":
@@ -186,7 +225,7 @@ def _progress_callback(
         wait = pause.get(stage, 0.0) if pause and done < total else 0.0
         if events or stage != shown or stage == "reconstruct" or now - last > 0.5 or wait:
             last, shown = now, stage
-            if retry_on_disconnect(partial(_write_progress, sf, job_id, values, events)):
+            if retry_on_disconnect(partial(write_progress, sf, job_id, token, values, events)):
                 raise JobCancelled
         if wait:
             time.sleep(wait)
@@ -194,30 +233,39 @@ def _progress_callback(
     return progress
 
 
-def _write_progress(sf, job_id: int, values: dict[str, Any], events: list[Event]) -> bool:
-    """Store a progress update and the events it finished; whether the job's cancel flag is set."""
-    with sf.begin() as s:
-        s.execute(update(Job).where(Job.id == job_id).values(**values))
-        _add_events(s, job_id, events)
-        return s.get(Job, job_id).cancel_requested
+class JobInputError(ValueError):
+    """What the job names cannot be had any more (another job's checkpoint, deleted since); one sentence."""
 
 
-def _add_events(session, job_id: int, events: list[Event]) -> None:
-    """The clock's finished stages and steps as job log lines (and in the worker's log)."""
-    for ev in events:
-        session.add(JobLog(job_id=job_id, level=ev.level, message=ev.message))
-        logger.log(logging.getLevelName(ev.level), "job %d: %s", job_id, ev.message)
-
-
-def _load_job(sf, job_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The job's stored recipe and evaluations."""
+def _load_job(sf, job_id: int) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
+    """The job's stored recipe (a ``model: job:N`` resolved to that job's checkpoint folder), its
+    evaluations, and the model as the job names it."""
     with sf() as s:
         job = s.get(Job, job_id)
-        return job.recipe, list(job.evaluations or [])
+        recipe, named = dict(job.recipe), job.recipe["model"]
+        reference = job_reference(named)
+        if reference is not None:
+            try:
+                recipe["model"] = str(owner_and_checkpoint(s, reference)[1])
+            except ValueError as exc:
+                raise JobInputError(str(exc)) from None
+        return recipe, list(job.evaluations or []), named
+
+
+def _cancelled_by(sf, job_id: int) -> str:
+    """``cancelled by alice`` from the job's log (``JobService.cancel`` says who asked), or
+    ``cancelled by request``."""
+    with sf() as s:
+        line = s.scalar(
+            select(JobLog.message)
+            .where(JobLog.job_id == job_id, JobLog.message.like("cancel requested by %"))
+            .order_by(JobLog.id.desc())
+        )
+    return f"cancelled by {line.removeprefix('cancel requested by ')}" if line else "cancelled by request"
 
 
 def _fresh_dir(out_dir: Path) -> None:
-    """An empty job folder (a previous attempt's leftovers removed)."""
+    """An empty attempt folder (leftovers removed)."""
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
@@ -274,7 +322,13 @@ def _prune_in_memory(recipe: dict[str, Any], progress: Callable[[str, int, int],
 
 
 def _run_evaluations(
-    sf, job_id: int, recipe: dict[str, Any], result, evaluations: list[dict[str, Any]], progress: Callable
+    sf,
+    job_id: int,
+    token: int,
+    recipe: dict[str, Any],
+    result,
+    evaluations: list[dict[str, Any]],
+    progress: Callable,
 ) -> None:
     """Run each stored evaluation on the pruned model, adding its numbers to ``result.metrics``
     (stage ``evaluate``, one step per evaluation), and the dense model's perplexity beside them
@@ -290,11 +344,11 @@ def _run_evaluations(
         try:
             dense = baseline.measure(result, last), job_id
         except Exception as exc:  # the pruned model's numbers stand without it
-            _log(sf, job_id, f"no dense baseline perplexity: {type(exc).__name__}: {exc}", "WARNING")
+            job_log(sf, job_id, token, f"no dense baseline perplexity: {public_message(exc)}", "WARNING")
     if dense is not None:
         result.metrics[baseline.DENSE] = dense[0]
         source = "measured" if dense[1] == job_id else f"from job {dense[1]}"
-        _log(sf, job_id, f"dense model perplexity {dense[0]:.4g} ({source})")
+        job_log(sf, job_id, token, f"dense model perplexity {dense[0]:.4g} ({source})")
     if evaluations:
         progress("evaluate", steps, steps)
 
@@ -313,36 +367,44 @@ def _check_export(model: str, forms: list[str]) -> None:
 
 
 def _export(
-    sf, job_id: int, result, out_dir: Path, forms: list[str], progress: Callable, metrics: dict[str, Any]
+    sf,
+    job_id: int,
+    token: int,
+    result,
+    out_dir: Path,
+    forms: list[str],
+    progress: Callable,
+    metrics: dict[str, Any],
 ) -> tuple[Path, list[FileEntry]]:
-    """Save the checkpoint into ``out_dir`` (emptied before pruning), then write the serving ``forms``
-    into it (:func:`_serving_files`); returns it and its files (from its SHA256SUMS, the serving files
-    included). Running out of disk space or quota while saving raises :class:`DiskFull` (the caller
-    removes ``out_dir``)."""
+    """Save the checkpoint into ``out_dir`` (the attempt's folder, emptied before pruning), then write
+    the serving ``forms`` into it (:func:`_serving_files`); returns it and its files (from its
+    SHA256SUMS, the serving files included). Running out of disk space or quota while saving raises
+    :class:`DiskFull`, naming the job's folder (the caller removes ``out_dir``)."""
+    folder = out_dir.parent
     try:
-        _check_free_space(result, out_dir)
+        check_free_space(result, folder)
         checkpoint = result.save(out_dir / "checkpoint")
     except DiskFull:
         raise
     except Exception as exc:
         if not is_no_space(exc):
             raise
-        raise DiskFull(_no_space_message(exc, out_dir)) from exc
+        raise DiskFull(no_space_message(exc, folder)) from exc
     if forms:
-        _serving_files(sf, job_id, checkpoint, forms, progress, metrics)
+        _serving_files(sf, job_id, token, checkpoint, forms, progress, metrics)
     try:
         files, hashed = checkpoint_files(checkpoint)
     except Exception as exc:
         if not is_no_space(exc):
             raise
-        raise DiskFull(_no_space_message(exc, out_dir)) from exc
+        raise DiskFull(no_space_message(exc, folder)) from exc
     if hashed:
-        _log(sf, job_id, f"{checkpoint} had no SHA256SUMS: its files were hashed after writing", "WARNING")
+        job_log(sf, job_id, token, f"{checkpoint} had no SHA256SUMS: its files were hashed after writing", "WARNING")
     return checkpoint, files
 
 
 def _serving_files(
-    sf, job_id: int, checkpoint: Path, forms: list[str], progress: Callable, metrics: dict[str, Any]
+    sf, job_id: int, token: int, checkpoint: Path, forms: list[str], progress: Callable, metrics: dict[str, Any]
 ) -> None:
     """Write each serving form into the saved checkpoint (``core.serving.export``: inside it, listed in
     its SHA256SUMS and model card), one step of the ``export`` stage each (step 0 saved the
@@ -358,65 +420,12 @@ def _serving_files(
             (path,) = export(checkpoint, [form], threads=len(os.sched_getaffinity(0)))
         except Exception as exc:  # ExportError, llama.cpp's EngineError, a full disk: the prune stands
             failed += 1
-            reason = str(exc) or type(exc).__name__
-            _log(sf, job_id, f"export {form} failed; the checkpoint is kept: {reason}", "WARNING")
+            reason = public_message(exc)
+            job_log(sf, job_id, token, f"export {form} failed; the checkpoint is kept: {reason}", "WARNING")
         else:
             written += 1
-            _log(sf, job_id, f"export {form}: {path.name} ({path.stat().st_size / 2**20:,.1f} MiB)")
+            job_log(sf, job_id, token, f"export {form}: {path.name} ({path.stat().st_size / 2**20:,.1f} MiB)")
     metrics.update(export_written=written, export_failed=failed)
-
-
-def _no_space_message(exc: BaseException, directory: Path) -> str:
-    """One sentence for a write that ran out of disk space or quota in ``directory``, or made a file
-    larger than the worker's file-size limit (``ulimit -f``) or the file system allow."""
-    code = no_space_errno(exc)
-    if code == errno.EFBIG:
-        return (
-            f"file too large while writing the checkpoint to {directory} (past the worker's file-size limit, "
-            "ulimit -f, or the file system's largest file); the partial output was removed (raise the limit, or "
-            "point LIAR_DATA_DIR at another file system, and re-run the job)"
-        )
-    what = "disk quota exceeded" if code == errno.EDQUOT else "no space left on device"
-    return (
-        f"{what} while writing the checkpoint to {directory}; the partial output was removed (free some "
-        "space there, or point LIAR_DATA_DIR at a larger disk, and re-run the job)"
-    )
-
-
-def _check_free_space(result, out_dir: Path) -> None:
-    """Refuse before writing when the disk has less room than the weights need."""
-    model = getattr(result, "model", None)
-    if model is None:
-        return
-    need = sum(p.numel() * p.element_size() for p in model.parameters())
-    free = shutil.disk_usage(out_dir).free
-    if free < need:
-        raise DiskFull(
-            f"not enough disk space to write the checkpoint to {out_dir}: the weights need "
-            f"{need / 1e9:.2f} GB and {free / 1e9:.2f} GB are free (free some space there, or point "
-            "LIAR_DATA_DIR at a larger disk, and re-run the job)"
-        )
-
-
-def _record_success(
-    sf, job_id: int, result, metrics: dict[str, Any], artifacts: list[Artifact], clock: StageClock
-) -> None:
-    """Store metrics, artifacts, timings and the layer report and mark the job SUCCEEDED, in one
-    transaction; raises :class:`JobCancelled` (storing nothing) if a cancel arrived meanwhile."""
-    with sf.begin() as s:
-        job = s.get(Job, job_id)
-        if job.cancel_requested:
-            raise JobCancelled
-        for name, value in metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                s.add(Metric(job_id=job_id, name=name, value=float(value)))
-        for artifact in artifacts:
-            s.add(artifact)
-        timings, events = clock.finish(stopped=False)
-        _add_events(s, job_id, [*events, Event(f"total {timings['total']:.1f} s")])
-        job.report, job.timings = result.layer_rows(), timings
-        job.recipe_as_run = result.recipe.model_dump(mode="json")
-        job.status, job.stage, job.progress, job.finished_at = Status.SUCCEEDED.value, "done", 1.0, utcnow()
 
 
 def _empty_cuda_cache() -> None:
@@ -440,37 +449,6 @@ def _evaluate(result, ev: dict[str, Any]) -> dict[str, float]:
 
         return task_metrics(out["summary"])
     return {"perplexity": out["perplexity"], "eval_tokens": out["tokens"]}
-
-
-def _finish(
-    sf, job_id: int, status: Status, error: str | None, tb: str | None = None, clock: StageClock | None = None
-) -> None:
-    """Mark the job finished without success; the timings so far (the stage it stopped in last) are kept."""
-    values: dict[str, Any] = {"status": status.value, "finished_at": utcnow(), "error": error, "traceback": tb}
-    events: list[Event] = []
-    if clock is not None:
-        values["timings"], events = clock.finish(stopped=True)
-    with sf.begin() as s:
-        s.execute(update(Job).where(Job.id == job_id).values(**values))
-        _add_events(s, job_id, events)
-        s.add(
-            JobLog(
-                job_id=job_id,
-                level="ERROR" if status == Status.FAILED else "INFO",
-                message=f"{status.value.lower()}: {error}",
-            )
-        )
-
-
-def _requeue_or_fail(sf, job_id: int, settings: Settings, reason: str) -> None:
-    with sf.begin() as s:
-        job = s.get(Job, job_id)
-        if job.attempts < settings.max_attempts:
-            job.status, job.stage = Status.QUEUED.value, "requeued"
-            s.add(JobLog(job_id=job_id, level="WARNING", message=f"{reason}; will retry"))
-        else:
-            job.status, job.finished_at, job.error = Status.FAILED.value, utcnow(), reason
-            s.add(JobLog(job_id=job_id, level="ERROR", message=f"failed after {job.attempts} attempts: {reason}"))
 
 
 @app.task(name="liar.run_job", bind=True, autoretry_for=TRANSIENT, retry_backoff=10, max_retries=2)

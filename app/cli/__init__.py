@@ -5,6 +5,7 @@
     liar sweep                   a resumable grid of runs → tables and plots            (app.cli.sweep)
     liar worker | jobs …         the job runner: a worker, and submit/list/show/cancel  (app.cli.jobs)
     liar app                     the web app with an embedded worker                    (app.cli.serve)
+    liar users                   the web app's accounts, as password hashes             (app.cli.users)
 
 Heavy libraries (torch, transformers, gradio) are imported inside the verbs, so ``liar --help`` is fast.
 """
@@ -15,10 +16,10 @@ import argparse
 import os
 import sys
 
-from app.cli import export, jobs, prune, serve, sweep
+from app.cli import export, jobs, prune, serve, sweep, users
 from app.cli.common import configure_engine, fail, quiet_transformers
 
-VERB_GROUPS = (prune, export, sweep, jobs, serve)  # the order of the verbs in ``liar --help``
+VERB_GROUPS = (prune, export, sweep, jobs, serve, users)  # the order of the verbs in ``liar --help``
 ENGINE_VERBS = ("prune", "eval", "demo", "sweep")  # verbs that load models in this process
 
 

@@ -136,7 +136,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     try:
-        info = _service().show(args.id)
+        info = _service().show(args.id, internal=True)  # the operator's view: paths and traceback
     except KeyError as exc:
         return fail(str(exc.args[0]))
     if args.json:
@@ -186,6 +186,19 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     except KeyError as exc:
         return fail(str(exc.args[0]))
     print(f"job {args.id}: {status if status != 'RUNNING' else 'cancel requested (stops at the next layer)'}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    from jobs.service import NotNow
+
+    try:
+        _service().delete(args.id)
+    except KeyError as exc:
+        return fail(str(exc.args[0]))
+    except NotNow as exc:
+        return fail(str(exc))
+    print(f"job {args.id}: deleted, with its files")
     return 0
 
 
@@ -255,3 +268,6 @@ def register(sub) -> None:
     c = jsub.add_parser("cancel", help="cancel a queued or running job")
     c.add_argument("id", type=int)
     c.set_defaults(func=cmd_cancel)
+    d = jsub.add_parser("delete", help="delete a finished job and its files")
+    d.add_argument("id", type=int)
+    d.set_defaults(func=cmd_delete)

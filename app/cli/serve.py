@@ -36,9 +36,15 @@ def bundled_assets(data_dir: Path) -> tuple[list[str], list[str], list[str]]:
 
 
 def cmd_app(args: argparse.Namespace) -> int:
+    from app.cli.common import fail
+    from app.web.auth import Login, LoginError
     from jobs.settings import Settings
 
-    settings = Settings.from_env()
+    try:
+        login = Login.from_env()  # before anything starts: a plain-text password stops the app here
+        settings = Settings.from_env()
+    except (LoginError, ValueError) as exc:
+        return fail(str(exc))
     settings.ensure_dirs()
     if not args.no_worker:
         # same process group as the app: Ctrl-C or a signal to the group stops both; SIGTERM to the app
@@ -55,7 +61,7 @@ def cmd_app(args: argparse.Namespace) -> int:
     models, texts, evals = bundled_assets(settings.data_dir)
     from app.web import launch
 
-    launch(host=args.host, port=args.port, default_models=models, default_texts=texts, eval_texts=evals)
+    launch(host=args.host, port=args.port, login=login, default_models=models, default_texts=texts, eval_texts=evals)
     return 0
 
 

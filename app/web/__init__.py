@@ -11,21 +11,17 @@ modules load without it (and nothing here loads torch).
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import gradio as gr
 
+    from app.web.auth import Login
     from jobs.service import JobService
 
 __all__ = ["build_app", "launch"]
 
 TITLE = "LIAR — retraining-free pruning"
-HEADER = (
-    "# LIAR · retraining-free structured pruning\nPrune heads and neurons, rebuild the "
-    "pruned layers by least squares, download a loadable checkpoint."
-)
 
 
 def build_app(
@@ -33,44 +29,49 @@ def build_app(
     default_models: list[str] | None = None,
     default_texts: list[str] | None = None,
     eval_texts: list[str] | None = None,
+    login: Login | None = None,
 ) -> gr.Blocks:
-    """The whole app as a ``gr.Blocks`` (not started); the lists fill the form's pickers."""
+    """The whole app as a ``gr.Blocks`` (not started); the lists fill the form's pickers; ``login``
+    tells who may do what (open when None)."""
     import gradio as gr
 
-    from app.web import api, dashboard, forms, jobs_tab, model_page, new_run
+    from app.web import api, dashboard, forms, header, jobs_tab, model_page, new_run
+    from app.web.auth import Login
     from jobs.service import JobService
 
     service = service or JobService()
+    login = login or Login()
     models = default_models or []
     texts = (default_texts or []) + forms.NAMED_SETS
     with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
-        gr.Markdown(HEADER)
+        header.build(demo, login)
         with gr.Tabs() as tabs:
             with gr.Tab("New run", id="new"):
-                new_run.build(service, models, texts, eval_texts or [])
+                new_run.build(service, models, texts, eval_texts or [], login)
             with gr.Tab("Jobs", id="jobs"):
-                picked, open_picked = jobs_tab.build(service)
+                picked, open_picked = jobs_tab.build(service, login)
             with gr.Tab("Dashboard", id="dashboard") as dashboard_tab:
                 runs = dashboard.build(service, demo, dashboard_tab)
             with gr.Tab("Model", id="model"):
-                page_id = model_page.build(service)
-        api.build(service)
+                page_id = model_page.build(service, login)
+        api.build(service, login)
         model_page.openers(demo, tabs, page_id, picked, open_picked, runs)
     return demo
 
 
-def launch(host: str = "127.0.0.1", port: int = 7860, **kwargs) -> None:
-    """Serve the app (login on when ``LIAR_APP_USERS`` is set: ``"alice:pw1,bob:pw2"``)."""
+def launch(host: str = "127.0.0.1", port: int = 7860, login: Login | None = None, **kwargs) -> None:
+    """Serve the app, with ``login`` (``app.web.auth``: accounts with hashed passwords, or a trusted
+    proxy's header; open when None)."""
     import gradio as gr
 
     from app.web import downloads
+    from app.web.auth import Login
     from app.web.forms import MAX_UPLOAD_MB
     from jobs.service import JobService
 
-    users = os.environ.get("LIAR_APP_USERS")
-    auth = [tuple(pair.split(":", 1)) for pair in users.split(",")] if users else None
+    login = login or Login()
     service = JobService()
-    demo = build_app(service, **kwargs)
+    demo = build_app(service, login=login, **kwargs)
     print(f"LIAR app on http://{host}:{port}  (data: {service.settings.data_dir})", flush=True)
     # system fonts only: the default theme would fetch web fonts from the internet
     theme = gr.themes.Default(
@@ -80,12 +81,13 @@ def launch(host: str = "127.0.0.1", port: int = 7860, **kwargs) -> None:
         theme=theme,
         server_name=host,
         server_port=port,
-        auth=auth,
-        show_error=True,
+        auth=login.check_password if login.mode == "passwords" else None,
+        auth_dependency=login.proxy_user if login.mode == "proxy" else None,
+        show_error=False,  # an unexpected exception shows as "Error": app.web.api says what it can, with an id
         allowed_paths=[str(service.settings.data_dir / "recipes")],
         max_file_size=f"{MAX_UPLOAD_MB}mb",  # refused by the server before it is stored
         quiet=True,
         prevent_thread_lock=True,
     )
-    downloads.attach(demo.server_app, service, login_required=auth is not None)  # checkpoints: plain HTTP
+    downloads.attach(demo.server_app, service, login)  # checkpoints: plain HTTP
     demo.block_thread()

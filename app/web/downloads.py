@@ -19,13 +19,17 @@ go through a Gradio component.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, FastAPI, HTTPException
+from fastapi import APIRouter, Depends, FastAPI, HTTPException
 from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
 
+from app.web.auth import Login
+from jobs.access import OPEN, Actor, Forbidden
 from jobs.service import JobService
 
 
@@ -41,32 +45,38 @@ def tar_url(job_id: int) -> str:
 def _refused(exc: Exception) -> HTTPException:
     if isinstance(exc, ValueError):
         return HTTPException(400, str(exc))
+    if isinstance(exc, Forbidden):
+        return HTTPException(403, str(exc))
     if isinstance(exc, PermissionError):
         return HTTPException(403, "that file is outside the job's folder")
     return HTTPException(404, str(exc.args[0]) if exc.args else "not found")
 
 
-def router(service: JobService, dependencies: list[Any] | None = None) -> APIRouter:
-    """The download routes (``dependencies``: e.g. the app's login check)."""
+def router(
+    service: JobService, dependencies: list[Any] | None = None, actor: Callable[..., Actor] | None = None
+) -> APIRouter:
+    """The download routes (``dependencies``: e.g. the app's login check; ``actor``: a FastAPI
+    dependency naming who asks, for ``LIAR_DOWNLOADS=owners``; everyone may when None)."""
     routes = APIRouter(dependencies=dependencies or [])
+    who = Depends(actor or (lambda: OPEN))
 
     @routes.get("/jobs/{job_id}/files/{name:path}")
-    def one_file(job_id: int, name: str) -> FileResponse:
+    def one_file(job_id: int, name: str, user: Actor = who) -> FileResponse:
         try:
-            f = service.file(job_id, name)
+            f = service.file(job_id, name, user)
         except (ValueError, PermissionError, KeyError) as exc:
             raise _refused(exc) from None
         return FileResponse(f.path, filename=PurePosixPath(f.name).name, media_type="application/octet-stream")
 
     @routes.get("/jobs/{job_id}/checkpoint.tar", response_model=None)
-    def whole_checkpoint(job_id: int) -> StreamingResponse | RedirectResponse:
+    def whole_checkpoint(job_id: int, user: Actor = who) -> StreamingResponse | RedirectResponse:
         try:
-            stream = service.checkpoint_tar(job_id)
+            stream = service.checkpoint_tar(job_id, user)
         except PermissionError as exc:
             raise _refused(exc) from None
         except KeyError as exc:
             try:
-                archive = next((f for f in service.served(job_id) if f.kind == "archive"), None)
+                archive = next((f for f in service.served(job_id, user) if f.kind == "archive"), None)
             except KeyError as missing:
                 raise _refused(missing) from None
             if archive is None:
@@ -90,14 +100,36 @@ def gradio_login_check(app: FastAPI) -> list[Any] | None:
     return None
 
 
-def attach(app: FastAPI, service: JobService, login_required: bool) -> None:
+def gradio_current_user(check: list[Any] | None) -> Callable[..., Any] | None:
+    """Gradio's own "who is this request from" (the login cookie's account, or the proxy's user): the
+    dependency its login check (:func:`gradio_login_check`) takes its user from; None if not found."""
+    for depends in check or []:
+        function = getattr(depends, "dependency", None)
+        if function is None:
+            continue
+        for parameter in inspect.signature(function).parameters.values():
+            inner = getattr(parameter.default, "dependency", None)
+            if inner is not None:
+                return inner
+    return None
+
+
+def attach(app: FastAPI, service: JobService, login: Login) -> None:
     """Add the download routes to a started Gradio app, ahead of its own, behind its login check;
-    refuses (``RuntimeError``) when login is on and this Gradio's check cannot be found."""
+    refuses (``RuntimeError``) when login is on and this Gradio's check, or its current user, cannot
+    be found."""
     check = gradio_login_check(app)
-    if check is None and login_required:
+    current = gradio_current_user(check)
+    if login.required and (check is None or current is None):
         raise RuntimeError("cannot find Gradio's login check: the download routes would be open to anyone")
+    actor = None
+    if login.required:
+
+        async def actor(user: str | None = Depends(current)) -> Actor:  # noqa: B008 - FastAPI's idiom
+            return login.named(user)
+
     before = len(app.router.routes)
-    app.include_router(router(service, check))
+    app.include_router(router(service, check, actor))
     added = app.router.routes[before:]
     del app.router.routes[before:]
     app.router.routes[0:0] = added

@@ -12,6 +12,7 @@ import json
 import math
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -21,7 +22,9 @@ from core.models.liar_families import family_of, supported_families_text, unsupp
 from core.spec.criteria import CRITERIA as _CRITERIA
 from core.spec.recipe import EXPORT_FORMATS, NAMED_DATASETS, Recipe
 from core.spec.recipe import METHODS as _METHODS
-from jobs.service import JobService, SubmitError
+from jobs.access import OPEN, Actor
+from jobs.references import job_reference
+from jobs.service import JobService, QueueError, SubmitError
 
 METHODS = list(_METHODS)
 # every registered criterion; their options go in the recipe YAML below the form
@@ -116,9 +119,15 @@ def task_evaluation(tasks, task_dir=None) -> list[dict[str, Any]]:
     return [{"type": "lm_eval", "tasks": names, **({"task_dir": folder} if folder else {})}]
 
 
-def describe_model(model: str | None) -> tuple[str | None, str]:
-    """("decoder" | "encoder" | None, a one-line description) from a local model's config.json."""
+def describe_model(model: str | None, readable: Callable[[str], bool] | None = None) -> tuple[str | None, str]:
+    """("decoder" | "encoder" | None, a one-line description) from a local model's config.json;
+    ``readable``: whether the server may read a path (a web form's: ``JobService.readable``), checked
+    before anything is read."""
+    if job_reference(model) is not None:
+        return None, "a job's checkpoint: checked when you validate or submit"
     path = Path(str(model or "")).expanduser() / "config.json"
+    if readable is not None and model and path.parent.exists() and not readable(str(path.parent)):
+        return None, "⚠ that folder is outside the folders this server reads from"
     if not path.is_file():
         if not model:
             return None, f"Supported families: {supported_families_text()}"
@@ -136,9 +145,9 @@ def describe_model(model: str | None) -> tuple[str | None, str]:
     )
 
 
-def model_hint(model: str | None) -> tuple[str, bool]:
+def model_hint(model: str | None, readable: Callable[[str], bool] | None = None) -> tuple[str, bool]:
     """(the line above the model picker, whether perplexity applies): not to encoders."""
-    kind, text = describe_model(model)
+    kind, text = describe_model(model, readable)
     if kind == "encoder":
         return text + " — perplexity does not apply", False
     return text, True
@@ -344,7 +353,7 @@ class FormRun(NamedTuple):
         return " × ".join(parts)
 
 
-def from_form(service: JobService, form) -> FormRun:
+def from_form(service: JobService, form, actor: Actor = OPEN) -> FormRun:
     """The form values as a validated :class:`FormRun` (every ratio × method checked against the
     model's config); raises SubmitError.
 
@@ -355,7 +364,10 @@ def from_form(service: JobService, form) -> FormRun:
     values = dict(zip(RECIPE_FIELDS, fields, strict=True))
     amount = parse_amount(values["ratio"])
     ratios: list[float | None] = amount if isinstance(amount, list) else [None]  # None: the speed target
-    values["upload"] = store_upload(service, values["upload"])  # where submissions may read it
+    uploaded = values["upload"]
+    values["upload"] = store_upload(service, uploaded)  # where submissions may read it
+    # a message about the stored copy names the file as it was uploaded, not the server's copy
+    known = {values["upload"]: Path(uploaded).name} if values["upload"] else {}
     recipe = build_recipe(**values)
     if not methods:
         raise SubmitError("pick at least one reconstruction method")
@@ -368,7 +380,13 @@ def from_form(service: JobService, form) -> FormRun:
     for i, (ratio, m) in enumerate((ratio, m) for ratio in ratios for m in methods):
         cell = {**recipe, "reconstruction": {**recipe["reconstruction"], "method": m}}
         cell.update({"ratio": ratio} if ratio is not None else {})
-        service.validate(cell, evals, confine=True, check_export=i == 0)  # one model, one set of forms
+        try:  # one model, one set of forms
+            service.validate(cell, evals, confine=True, check_export=i == 0, actor=actor)
+        except SubmitError as exc:
+            message = str(exc)
+            for server, name in known.items():
+                message = message.replace(server, name)
+            raise SubmitError(message) from None
     recipe["reconstruction"]["method"] = methods[0]
     return FormRun(recipe, evals, list(methods), ratios)
 
@@ -389,10 +407,10 @@ def store_recipe(service: JobService, text: str) -> Path:
     return path
 
 
-def validate_form(service: JobService, form) -> tuple[str, str, str | None]:
+def validate_form(service: JobService, form, actor: Actor = OPEN) -> tuple[str, str, str | None]:
     """(status line, recipe YAML, path of the recipe file to download) for the Validate button."""
     try:
-        run = from_form(service, form)
+        run = from_form(service, form, actor)
     except SubmitError as exc:
         return shown(str(exc)), "", None
     text = yaml.safe_dump(run.recipe, sort_keys=False)
@@ -402,13 +420,14 @@ def validate_form(service: JobService, form) -> tuple[str, str, str | None]:
     return message, text, str(store_recipe(service, text))
 
 
-def submit_form(service: JobService, form, user: str | None) -> str:
+def submit_form(service: JobService, form, user: str | None, actor: Actor = OPEN) -> str:
     """Submit the form: one job, or a sweep of one job per ratio × reconstruction method. Returns the
     status line."""
     try:
-        run = from_form(service, form)
+        run = from_form(service, form, actor)
         if run.n_jobs == 1:
-            job_id = service.submit(run.recipe, submitted_by=user or None, evaluations=run.evaluations, confine=True)
+            evals = run.evaluations
+            job_id = service.submit(run.recipe, submitted_by=user or None, evaluations=evals, confine=True, actor=actor)
             return f"✓ submitted job {job_id}"
         group, ids = service.submit_sweep(
             run.recipe,
@@ -417,8 +436,9 @@ def submit_form(service: JobService, form, user: str | None) -> str:
             submitted_by=user or None,
             evaluations=run.evaluations,
             confine=True,
+            actor=actor,
         )
-    except (SubmitError, RuntimeError) as exc:
+    except (SubmitError, QueueError) as exc:
         return shown(str(exc))
     return f"✓ submitted sweep {group} of {len(ids)} jobs ({run.describe()}): jobs {', '.join(map(str, ids))}"
 
@@ -441,7 +461,13 @@ def api_evaluations(recipe_yaml: str, ppl: str | None, seq_len: int | float | No
 
 
 def submit_yaml(
-    service: JobService, text: str, evaluate: str | None, user: str | None, tasks=None, task_dir=None
+    service: JobService,
+    text: str,
+    evaluate: str | None,
+    user: str | None,
+    tasks=None,
+    task_dir=None,
+    actor: Actor = OPEN,
 ) -> str:
     """Submit a recipe pasted or edited as YAML, with the form's evaluations. Returns the status line."""
     if not text or not text.strip():
@@ -450,8 +476,8 @@ def submit_yaml(
         data = Recipe.parse_yaml(text)  # parsed once, here; the service validates the mapping
         calibration = data.get("calibration") if isinstance(data.get("calibration"), dict) else {}
         evals = evaluations_for(evaluate, calibration.get("max_seq_length", 128)) + task_evaluation(tasks, task_dir)
-        job_id = service.submit(data, submitted_by=user or None, evaluations=evals, confine=True)
-    except (SubmitError, RuntimeError) as exc:
+        job_id = service.submit(data, submitted_by=user or None, evaluations=evals, confine=True, actor=actor)
+    except (SubmitError, QueueError) as exc:
         return shown(str(exc))
     except (ValueError, TypeError) as exc:  # the YAML itself, or a max_seq_length that is no number
         return shown(f"invalid recipe: {exc}")

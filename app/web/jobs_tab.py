@@ -1,17 +1,18 @@
 """The "Jobs" tab: a live table of recent jobs; select a row to follow its log and stage timings,
-cancel it, re-run it or open its model page."""
+cancel it, re-run it, delete it (its owner or an admin: ``jobs.access``) or open its model page."""
 
 from __future__ import annotations
 
 import gradio as gr
 
 from app.web import views
+from app.web.auth import Login
 from jobs.service import JobService
 
 REFRESH_SECONDS = 2.0
 
 
-def build(service: JobService) -> tuple[gr.State, gr.Button]:
+def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
     """The tab's components, inside the current ``gr.Tab``, and their events; returns the picked job
     (a ``gr.State``) and the "Model page" button, which the app wires to the Model tab."""
     status_filter = gr.Dropdown(views.STATUSES, value="", label="Status")
@@ -27,6 +28,7 @@ def build(service: JobService) -> tuple[gr.State, gr.Button]:
     with gr.Row():
         cancel_btn = gr.Button("Cancel job", variant="stop")
         rerun_btn = gr.Button("Re-run")
+        delete_btn = gr.Button("Delete job")
         open_btn = gr.Button("Model page ›")
     job_msg = gr.Markdown(elem_id="job-message")
     with gr.Row():
@@ -49,10 +51,17 @@ def build(service: JobService) -> tuple[gr.State, gr.Button]:
     timer.tick(refresh, [status_filter, picked], [table, *panel], api_name=False)
     status_filter.change(refresh, [status_filter, picked], [table, *panel], api_name=False)
 
-    def rerun(job_id, request: gr.Request = None):  # the account that clicked is the new job's submitter
-        return views.rerun_job(service, job_id, request)
+    # the account that clicked acts (and is a re-run's submitter)
+    def cancel(job_id, request: gr.Request = None):
+        return views.cancel_job(service, job_id, login.actor(request))
 
-    for button, action in ((cancel_btn, lambda job_id: views.cancel_job(service, job_id)), (rerun_btn, rerun)):
+    def rerun(job_id, request: gr.Request = None):
+        return views.rerun_job(service, job_id, login.actor(request))
+
+    def delete(job_id, request: gr.Request = None):
+        return views.delete_job(service, job_id, login.actor(request))
+
+    for button, action in ((cancel_btn, cancel), (rerun_btn, rerun), (delete_btn, delete)):
         button.click(action, [picked], [job_msg], api_name=False).then(
             refresh, [status_filter, picked], [table, *panel], api_name=False
         )

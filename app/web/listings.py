@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from app.web.downloads import file_url, tar_url
+from jobs.access import OPEN, Actor
 from jobs.service import JobService
 from jobs.timings import rows as timing_rows
 
@@ -26,11 +27,12 @@ def size_text(n: int | None) -> str:
     return f"{n} B"  # unreachable
 
 
-def download_listing(service: JobService, job_id: int) -> dict[str, Any]:
+def download_listing(service: JobService, job_id: int, actor: Actor = OPEN) -> dict[str, Any]:
     """The job's files (name, size, sha256, kind, url) and the address of the whole checkpoint as one
     file (``checkpoint_tar``: the streamed tar, or an older job's .tar.gz; None before the job has
-    finished). URLs are relative to the app's address. ``KeyError`` for an unknown job."""
-    files = [{**f, "url": file_url(job_id, f["name"])} for f in service.downloads(job_id)]
+    finished). URLs are relative to the app's address. ``KeyError`` for an unknown job,
+    ``jobs.access.Forbidden`` when downloads are for owners and admins and ``actor`` is neither."""
+    files = [{**f, "url": file_url(job_id, f["name"])} for f in service.downloads(job_id, actor)]
     whole = None
     if any(f["kind"] == "file" for f in files):
         whole = tar_url(job_id)
@@ -39,10 +41,10 @@ def download_listing(service: JobService, job_id: int) -> dict[str, Any]:
     return {"job": job_id, "checkpoint_tar": whole, "files": files}
 
 
-def downloads_markdown(service: JobService, job_id: int) -> str:
-    """The model page's download section: the whole checkpoint as one file, then one link per file
-    with its size and sha256 (empty when there is nothing to download yet)."""
-    listing = download_listing(service, job_id)
+def downloads_markdown(listing: dict[str, Any]) -> str:
+    """The model page's download section (of :func:`download_listing`): the whole checkpoint as one
+    file, then one link per file with its size and sha256 (empty when there is nothing to download yet)."""
+    job_id = listing["job"]
     files = listing["files"]
     if not files:
         return ""

@@ -7,11 +7,12 @@ from __future__ import annotations
 import gradio as gr
 
 from app.web import views
+from app.web.auth import Login
 from app.web.dashboard import vega
 from jobs.service import JobService
 
 
-def build(service: JobService) -> gr.Number:
+def build(service: JobService, login: Login) -> gr.Number:
     """The tab's components, inside the current ``gr.Tab``, and their events; returns the job id box
     (the Jobs tab, the dashboard and ``?job=N`` links set it)."""
     page_id = gr.Number(None, label="Job id", precision=0, elem_id="model-job-id")
@@ -25,8 +26,8 @@ def build(service: JobService) -> gr.Number:
             headers=views.REPORT_HEADERS, label="Per-layer reconstruction error", interactive=False
         )
 
-    def show(job_id):
-        page = views.model_page(service, job_id)
+    def show(job_id, request: gr.Request = None):
+        page = views.model_page(service, job_id, login.actor(request))
         return page.head, page.load, page.downloads, vega(page.layers), page.recipe, page.report
 
     page_id.change(show, [page_id], [head, load, download, layers, page_recipe, page_report], api_name=False)

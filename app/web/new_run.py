@@ -8,6 +8,7 @@ import os
 import gradio as gr
 
 from app.web import forms
+from app.web.auth import Login
 from jobs.service import JobService
 
 
@@ -73,9 +74,9 @@ def _pruning_column(models: list[str]) -> dict:
     return c
 
 
-def _data_column(texts: list[str], eval_texts: list[str]) -> dict:
+def _data_column(texts: list[str], eval_texts: list[str], named: bool) -> dict:
     """Calibration data, the held-out text to evaluate on, the serving files to write (folded away
-    under "Output"), and who submits."""
+    under "Output"), and who submits (a name box only when there is no login: ``named`` False)."""
     c = {}
     c["calibration"] = gr.Dropdown(
         texts,
@@ -123,7 +124,7 @@ def _data_column(texts: list[str], eval_texts: list[str]) -> dict:
             forms.SERVING_FORMS, value=[], label="Serving files", info=forms.SERVING_INFO, elem_id="serving-files"
         )
     c["user"] = gr.Textbox(
-        label="Your name", value=os.environ.get("USER", ""), info="recorded with the job; with login on, the account is"
+        label="Your name", value=os.environ.get("USER", ""), info="recorded with the job", visible=not named
     )
     return c
 
@@ -132,13 +133,13 @@ def _data_column(texts: list[str], eval_texts: list[str]) -> dict:
 FORM_FIELDS = (*forms.RECIPE_FIELDS, "evaluate", "tasks", "task_dir")
 
 
-def build(service: JobService, models: list[str], texts: list[str], eval_texts: list[str]) -> None:
-    """The tab's components, inside the current ``gr.Tab``, and their events."""
+def build(service: JobService, models: list[str], texts: list[str], eval_texts: list[str], login: Login) -> None:
+    """The tab's components, inside the current ``gr.Tab``, and their events (``login``: who submits)."""
     with gr.Row():
         with gr.Column(scale=3):
             c = _pruning_column(models)
         with gr.Column(scale=2):
-            c.update(_data_column(texts, eval_texts))
+            c.update(_data_column(texts, eval_texts, login.required))
     with gr.Row():
         check = gr.Button("Validate")
         submit = gr.Button("Submit", variant="primary")
@@ -151,7 +152,7 @@ def build(service: JobService, models: list[str], texts: list[str], eval_texts: 
             submit_yaml = gr.Button("Submit this YAML")
             recipe_file = gr.File(label="Download recipe", interactive=False, elem_id="recipe-file")
 
-    def validate(*form):
+    def validate(*form):  # creates nothing: checked as for anyone (Submit checks the account's rights too)
         message, text, path = forms.validate_form(service, form[:-1])
         return _status(message), text, path
 
@@ -183,14 +184,14 @@ def build(service: JobService, models: list[str], texts: list[str], eval_texts: 
     ):
         form = (model, modules, ratio, allocation, round_neurons, kv_groups, criterion, damp, calibration, upload)
         form += (text_field, label_field, samples, seq_len, seed, export, evaluate, tasks, task_dir, methods)
-        return _status(forms.submit_form(service, form, forms.submitter(user, request)))
+        return _status(forms.submit_form(service, form, forms.submitter(user, request), login.actor(request)))
 
     def submit_yaml_text(text: str, evaluate, tasks, task_dir, user, request: gr.Request | None = None):
         submitter = forms.submitter(user, request)
-        return _status(forms.submit_yaml(service, text, evaluate, submitter, tasks, task_dir))
+        return _status(forms.submit_yaml(service, text, evaluate, submitter, tasks, task_dir, login.actor(request)))
 
     def on_model_change(name):
-        text, perplexity_applies = forms.model_hint(name)
+        text, perplexity_applies = forms.model_hint(name, service.readable)
         if perplexity_applies:  # and lm-eval: both need a causal language model
             return text, gr.update(interactive=True), gr.update(interactive=True)
         return text, gr.update(value=forms.NO_EVALUATION, interactive=False), gr.update(value="", interactive=False)

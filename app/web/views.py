@@ -13,8 +13,9 @@ from typing import Any, NamedTuple
 import yaml
 
 from app.web import charts, listings
-from app.web.forms import bar, elapsed, shown, submitter
-from jobs.service import JobService, SubmitError
+from app.web.forms import bar, elapsed, shown
+from jobs.access import OPEN, Actor, Forbidden, public_error
+from jobs.service import JobService, NotNow, QueueError, SubmitError
 
 STATUSES = ["", "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"]
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -123,16 +124,27 @@ def job_panel(service: JobService, job_id, lines: int = 30) -> tuple[str, str, s
     return job_heading(info), tail, listings.timings_markdown(info["timings"], steps=False)
 
 
-def cancel_job(service: JobService, job_id) -> str:
-    """Cancel the picked job; says what happens (a running job finishes its current layer first)."""
+def _refusal(exc: Exception, action: str) -> str:
+    """A refused or failed action as the status line shows it: the sentence of a refusal, an unknown
+    job, or (anything unexpected) a public error with its id."""
+    if isinstance(exc, KeyError):
+        return shown(exc.args[0])
+    if isinstance(exc, (Forbidden, SubmitError, NotNow, QueueError)):
+        return shown(str(exc))
+    return shown(public_error(exc, action))
+
+
+def cancel_job(service: JobService, job_id, actor: Actor = OPEN) -> str:
+    """Cancel the picked job (its owner or an admin); says what happens (a running job finishes its
+    current layer first)."""
     job_id = job_id_of(job_id)
     if job_id is None:
         return shown(NOTHING_PICKED)
     try:
         before = service.show(job_id)["status"]
-        status = before if before in FINISHED else service.cancel(job_id)
-    except KeyError as exc:
-        return shown(exc.args[0])
+        status = service.cancel(job_id, actor)
+    except Exception as exc:
+        return _refusal(exc, f"cancel job {job_id}")
     if before in FINISHED:
         return f"job {job_id} had already finished ({before})"
     if status == "RUNNING":
@@ -140,22 +152,30 @@ def cancel_job(service: JobService, job_id) -> str:
     return f"job {job_id}: cancelled"
 
 
-def rerun_job(service: JobService, job_id, request: Any = None) -> str:
-    """Submit a job's recipe and evaluations again as a new job of whoever clicked (with login on, the
-    account; without, the original submitter's name, there being no one else to credit), checked as
-    any web submission is: its server-side paths must lie in the folders this server reads from,
-    whoever submitted the original and however."""
+def rerun_job(service: JobService, job_id, actor: Actor = OPEN) -> str:
+    """Submit a job's recipe and evaluations again as a new job of whoever clicked (the job's owner or
+    an admin; without a login, credited to the original submitter), checked as any web submission is
+    (``JobService.rerun``)."""
     job_id = job_id_of(job_id)
     if job_id is None:
         return shown(NOTHING_PICKED)
     try:
-        info = service.show(job_id)
-        by = submitter(info["submitted_by"], request)
-        evaluations, note = info["evaluations"], f"re-run of job {job_id}"
-        new = service.submit(info["recipe"], submitted_by=by, evaluations=evaluations, confine=True, note=note)
-    except (KeyError, SubmitError) as exc:
-        return shown(exc.args[0])
+        new = service.rerun(job_id, actor)
+    except Exception as exc:
+        return _refusal(exc, f"re-run job {job_id}")
     return f"re-submitted job {job_id} as job {new}"
+
+
+def delete_job(service: JobService, job_id, actor: Actor = OPEN) -> str:
+    """Delete the picked job with its files (its owner or an admin, once it has finished)."""
+    job_id = job_id_of(job_id)
+    if job_id is None:
+        return shown(NOTHING_PICKED)
+    try:
+        service.delete(job_id, actor)
+    except Exception as exc:
+        return _refusal(exc, f"delete job {job_id}")
+    return f"deleted job {job_id} and its files"
 
 
 # --- the Model page ------------------------------------------------------------------------------
@@ -170,7 +190,7 @@ class ModelPage(NamedTuple):
     load: str  # how to load the checkpoint (Markdown code)
 
 
-def model_page(service: JobService, job_id) -> ModelPage:
+def model_page(service: JobService, job_id, actor: Actor = OPEN) -> ModelPage:
     job_id = job_id_of(job_id)
     if job_id is None:
         return ModelPage(
@@ -184,21 +204,39 @@ def model_page(service: JobService, job_id) -> ModelPage:
         [r["layer"], r["module"], r["kept"], r["total"], round(r["error_before"], 4), round(r["error_after"], 4)]
         for r in info["report"] or []
     ]
-    ckpt = next((a["path"] for a in info["artifacts"] if a["kind"] == "checkpoint"), None)
+    try:
+        listing = listings.download_listing(service, job_id, actor)
+    except Forbidden:
+        listing = None
     return ModelPage(
         _page_head(info),
         yaml.safe_dump(info["recipe"], sort_keys=False),
         report,
         charts.layer_errors(info["report"]),
-        _downloads(service, info),
-        load_snippet(ckpt),
+        _downloads(listing, info),
+        load_snippet(_card(service, job_id) if listing and listing["files"] else None, job_id),
     )
 
 
-def _downloads(service: JobService, info: dict[str, Any]) -> str:
-    """The serving files (if the recipe asked for any), then every file of the checkpoint."""
-    serving = listings.serving_markdown(listings.download_listing(service, info["id"]), info["log"])
-    return "\n\n".join(x for x in (serving, listings.downloads_markdown(service, info["id"])) if x)
+DOWNLOADS_RESTRICTED = "Downloads on this server are for the job's owner and the administrators."
+
+
+def _downloads(listing: dict[str, Any] | None, info: dict[str, Any]) -> str:
+    """The serving files (if the recipe asked for any), then every file of the checkpoint; a line
+    saying why not, when downloads are restricted and the viewer may not."""
+    if listing is None:
+        return DOWNLOADS_RESTRICTED if info["status"] == "SUCCEEDED" else ""
+    serving = listings.serving_markdown(listing, info["log"])
+    return "\n\n".join(x for x in (serving, listings.downloads_markdown(listing)) if x)
+
+
+def _card(service: JobService, job_id: int) -> str | None:
+    """The text of the job's model card (its checkpoint's README.md), or None."""
+    try:
+        card = service.artifact(job_id) / "README.md"
+    except KeyError:
+        return None
+    return card.read_text() if card.is_file() else None
 
 
 def _metric_text(value: float) -> str:
@@ -235,14 +273,13 @@ def _page_head(info: dict[str, Any]) -> str:
 _CODE = re.compile(r"```python\n(.*?)```", re.S)
 
 
-def load_snippet(ckpt: str | None) -> str:
-    """How to load the checkpoint: the model card's code (which knows whether the bundled code is
-    needed) with the checkpoint's path filled in; empty before there is a checkpoint."""
-    if not ckpt:
-        return ""
-    card = Path(ckpt, "README.md")
-    found = _CODE.search(card.read_text()) if card.is_file() else None
+def load_snippet(card: str | None, job_id: int) -> str:
+    """How to load the checkpoint once downloaded: unpack the whole-checkpoint tar (it unpacks to
+    ``liar-job-N/``), then the model card's code (which knows whether the bundled code is needed)
+    with that folder filled in; empty before there is a checkpoint. Never the server's folder."""
+    found = _CODE.search(card) if card else None
     if found is None:
         return ""
-    code = found.group(1).replace('"PATH"', repr(str(ckpt)).replace("'", '"'))
-    return f"#### Load it\n\n```python\n{code}```"
+    folder = f"liar-job-{int(job_id)}"
+    code = found.group(1).replace('"PATH"', f'"{folder}"')
+    return f"#### Load it\n\nDownload the whole checkpoint above, `tar xf {folder}.tar`, then:\n\n```python\n{code}```"

@@ -87,6 +87,7 @@ def job_service(tmp_path, tmp_path_factory):
         database_url=f"sqlite:///{data / 'liar.db'}",
         broker_url="filesystem://",
         data_roots=(tmp_path_factory.getbasetemp(),),
+        task_dirs=(data / "tasks",),  # the folders of lm-eval YAMLs an administrator allows
     )
     settings.ensure_dirs()
     return JobService(settings)

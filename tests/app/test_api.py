@@ -107,7 +107,10 @@ def test_login_records_the_account_as_submitter(tmp_path, app_server):
     from tests.app.conftest import start_app, stop_app
 
     data = tmp_path / "data"
-    proc, url = start_app(data, "--no-worker", LIAR_APP_USERS="alice:s3cret,bob:pw")
+    from app.web.auth import hash_password
+
+    users = f"alice:{hash_password('s3cret')},bob:{hash_password('pw')}"
+    proc, url = start_app(data, "--no-worker", LIAR_APP_USERS=users)
     try:
         with pytest.raises(Exception):  # noqa: B017 - no credentials, no access
             Client(url, verbose=False).predict("", api_name="/list_jobs")

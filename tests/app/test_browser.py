@@ -189,7 +189,9 @@ def login_server(tmp_path_factory):
     from tests.app.conftest import start_app, stop_app
 
     data = tmp_path_factory.mktemp("login") / "data"
-    users = ",".join(f"{u}:{p}" for u, p in USERS.items())
+    from app.web.auth import hash_password
+
+    users = ",".join(f"{u}:{hash_password(p)}" for u, p in USERS.items())  # stored hashed, never in plain text
     proc, url = start_app(data, LIAR_APP_USERS=users, LIAR_STAGE_PAUSE="reconstruct=2,evaluate=2")
     yield {"url": url, "data": data}
     stop_app(proc)
@@ -226,6 +228,9 @@ def _ids(status: str) -> list[int]:
 def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_path, screenshots_dir):
     url, data = login_server["url"], login_server["data"]
     alice = _log_in(browser, url, "alice")
+    alice.locator("#signed-in").get_by_text("Signed in as alice").wait_for()  # who, and the way out
+    assert alice.locator("#signed-in").get_by_role("link", name="Log out").count() == 1
+    assert alice.get_by_label("Your name").count() == 0  # the account is known: no name box
     status = _submit(alice, data, "0.2, 0.4")  # a sweep over two ratios
     assert "of 2 jobs (2 ratios)" in status, status
     alice.screenshot(path=str(screenshots_dir / "new-run.png"), full_page=True)
@@ -262,6 +267,11 @@ def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_pa
     _cell(bob, "jobs-table", a1, 1).click()
     bob.locator("#job-timings").get_by_text("reconstruct").wait_for()
     bob.locator("#job-heading").get_by_text(re.compile("by alice")).wait_for()
+    for button, verb in (("Cancel job", "cancel"), ("Re-run", "re-run"), ("Delete job", "delete")):  # not his
+        bob.get_by_role("button", name=button).click()
+        refusal = f"job {a1} is alice's: only its owner or an administrator may {verb} it"
+        bob.locator("#job-message").get_by_text(refusal).wait_for()
+    assert {j["id"]: j["status"] for j in _jobs(url, auth)} == dict.fromkeys(owners, "SUCCEEDED")  # nothing changed
     bob.screenshot(path=str(screenshots_dir / "jobs-timings.png"), full_page=True)
 
     # the dashboard: perplexity vs ratio, a line per criterion · method, the dense model as a line

@@ -116,8 +116,10 @@ def test_the_model_page_and_the_jobs_tab_show_files_and_timings(finished):
     assert "&nbsp;&nbsp;&nbsp;layer 2/2 |" in head and "| **total** |" in head
     assert head.count("| params_after |") == 1 and "| layer | module |" not in head  # each table once
     assert len(report) == len(info["report"]) and layers["data"]["values"][0]["projection"] == "0 attn"
-    checkpoint = next(a["path"] for a in info["artifacts"] if a["kind"] == "checkpoint")
-    assert f'from_pretrained("{checkpoint}"' in load and "AutoTokenizer.from_pretrained" in load
+    # the folder the downloaded tar unpacks to, never the server's folder
+    assert f'from_pretrained("liar-job-{job_id}"' in load and "AutoTokenizer.from_pretrained" in load
+    assert f"tar xf liar-job-{job_id}.tar" in load and str(service.settings.data_dir) not in load
+    assert all("path" not in a for a in info["artifacts"])  # users see names, sizes and hashes only
     tab = views.job_panel(service, job_id)[2]
     assert "| load | " in tab and "layer 1/2" not in tab  # per stage only
     assert views.job_panel(service, 999)[2] == "" and views.job_panel(service, None)[2] == ""

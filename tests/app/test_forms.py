@@ -174,7 +174,9 @@ def test_lm_eval_tasks_from_the_form_reach_the_job(job_service, llama_dir, bert_
     ]
     for form, expected in (
         (_form(tmp_path, llama_dir, tasks="rt_sentimnt", task_dir=tasks), "unknown task 'rt_sentimnt'"),
-        (_form(tmp_path, llama_dir, tasks="piqa", task_dir="/etc"), "task_dir '/etc' is outside the folders"),
+        (_form(tmp_path, llama_dir, tasks="piqa", task_dir="/etc"), "task_dir '/etc' is not one of this server's task"),
+        # a folder the server may read data from is still no task folder: task YAMLs can run Python
+        (_form(tmp_path, llama_dir, tasks="piqa", task_dir=tmp_path), "the administrator lists in LIAR_TASK_DIRS"),
         (_form(tmp_path, bert_dir, tasks="piqa"), "lm-eval tasks need a causal language model"),
     ):
         message = forms.submit_form(job_service, form, "a")
@@ -306,22 +308,27 @@ def test_job_actions_and_the_model_page(job_service, llama_dir, tmp_path):
 
 
 def test_a_rerun_is_the_clicking_accounts_job_and_confined_like_a_web_submission(job_service, llama_dir, tmp_path):
-    class Request:  # what Gradio passes with login on
-        username = "alice"
+    from jobs.access import Actor
 
+    admin, bob, carol = Actor("alice", admin=True), Actor("bob"), Actor("carol")
     forms.submit_form(job_service, _form(tmp_path, llama_dir), "bob")
-    assert views.rerun_job(job_service, 1, Request()) == "re-submitted job 1 as job 2"
+    refused = views.rerun_job(job_service, 1, carol)  # not the owner, not an admin: one sentence, no job
+    assert refused == "**⚠ job 1 is bob's: only its owner or an administrator may re-run it**"
+    assert [j["id"] for j in job_service.list()] == [1]
+    assert views.rerun_job(job_service, 1, admin) == "re-submitted job 1 as job 2"
     info = job_service.show(2)
-    assert info["submitted_by"] == "alice"
+    assert info["submitted_by"] == "alice"  # the account that clicked, not the original's owner
     assert info["log"][0]["message"] == "submitted by alice (re-run of job 1)"
+    assert views.rerun_job(job_service, 1, bob) == "re-submitted job 1 as job 3"
+    assert job_service.show(3)["submitted_by"] == "bob"
     # a job submitted unconfined (the CLI, on the server) whose data lies outside the folders the web
-    # app reads from is not re-run from the web
+    # app reads from is not re-run from the web, even by its owner
     outside = Path("/tmp") / "liar-rerun-outside-roots.txt"
     outside.write_text("the quick brown fox jumps over the lazy dog. " * 50)
     try:
         recipe = {"model": str(llama_dir), "ratio": 0.3, "calibration": {"dataset": str(outside), "max_seq_length": 16}}
         cli_job = job_service.submit(recipe, submitted_by="bob")
-        message = views.rerun_job(job_service, cli_job, Request())
+        message = views.rerun_job(job_service, cli_job, bob)
         assert message.startswith("**⚠") and "outside the folders this server reads from" in message
     finally:
         outside.unlink()

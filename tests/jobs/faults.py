@@ -4,6 +4,7 @@ processes, and readings of their processes (pids, resident memory) from ``/proc`
 
 from __future__ import annotations
 
+import hashlib
 import os
 import resource
 import signal
@@ -87,6 +88,38 @@ def terminate_backends(url: str, waiting: str | None = None) -> int:
             return len(found.all())
     finally:
         admin.dispose()
+
+
+def open_transactions(url: str) -> int:
+    """Connections to ``url``'s database (but the caller's) idle inside a transaction."""
+    import sqlalchemy as sa
+
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            return c.scalar(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = :name AND pid <> pg_backend_pid() "
+                    "AND state LIKE 'idle in transaction%'"
+                ),
+                {"name": url.rsplit("/", 1)[1]},
+            )
+    finally:
+        admin.dispose()
+
+
+def pause(pid: int, url: str, tries: int = 20) -> None:
+    """SIGSTOP a process at a moment no transaction is open on ``url``'s database: one paused inside
+    its transaction would hold the job's row lock, which the reaper skips (its heartbeat thread
+    writes twice a second, so a few tries are enough)."""
+    for _ in range(tries):
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        if not open_transactions(url):
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} kept a transaction open on every try")
 
 
 def rss_mb(pid: int) -> float:
@@ -197,6 +230,30 @@ def finished(info: dict) -> bool:
 def started_lines(info: dict) -> int:
     """How many times a job started (its "started on …" log lines)."""
     return sum(line["message"].startswith("started on ") for line in info["log"])
+
+
+def snapshot(service) -> dict[str, list[tuple]]:
+    """Every row of the job tables (jobs, their log lines, metrics, artifacts), in id order: what a
+    write that must not land would change."""
+    from sqlalchemy import select
+
+    from jobs.db import Base
+
+    with service.sessions() as s:
+        return {
+            name: [tuple(row) for row in s.execute(select(table).order_by(table.c.id))]
+            for name, table in Base.metadata.tables.items()
+            if name in ("jobs", "job_logs", "metrics", "artifacts")
+        }
+
+
+def files(folder: Path) -> dict[str, str]:
+    """The files under ``folder`` (relative paths) and their sha256."""
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def kill(pid: int, group: bool = False) -> float:

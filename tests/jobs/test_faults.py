@@ -15,6 +15,8 @@ import datetime as dt
 import hashlib
 import os
 import shutil
+import signal
+import socket
 import time
 
 import pytest
@@ -27,12 +29,15 @@ from tests.jobs.faults import (
     RedisServer,
     alive,
     children,
+    files,
     finished,
     in_layer,
     job_pid,
     kill,
     parent,
+    pause,
     rss_mb,
+    snapshot,
     started_lines,
     terminate_backends,
     wait_job,
@@ -82,11 +87,12 @@ def report(case: str, **figures: float) -> None:
 
 def assert_checkpoint_is_this_attempts(stack: FaultStack, service, job_id: int) -> None:
     """The files offered are exactly the job folder's files, with the recorded digests: nothing left
-    from a killed attempt."""
+    from a killed attempt (its own folder, ``attempt-K``, removed by the attempt that succeeded)."""
     offered = {f.name: f for f in service.served(job_id)}
     folder = stack.data_dir / "artifacts" / f"job-{job_id}"
-    on_disk = {p.relative_to(folder / "checkpoint").as_posix() for p in folder.rglob("*") if p.is_file()}
-    assert on_disk == set(offered), sorted(on_disk ^ set(offered))
+    on_disk = {p.resolve() for p in folder.rglob("*") if p.is_file()}
+    recorded = {f.path.resolve() for f in offered.values()}
+    assert on_disk == recorded, sorted(map(str, on_disk ^ recorded))
     for f in offered.values():
         assert hashlib.sha256(f.path.read_bytes()).hexdigest() == f.sha256, f.name
 
@@ -141,6 +147,43 @@ def test_worker_killed_mid_layer_reruns_or_fails_after_max_attempts(faults, job_
     assert_checkpoint_is_this_attempts(faults, service, rerun)
     rerun_after = max(rerun_after, (dt.datetime.fromisoformat(done["started_at"]) - killed[rerun]).total_seconds())
     report("worker killed mid-layer", rerun_started_after_s=rerun_after, failed_after_s=gave_up)
+
+
+def test_a_worker_paused_past_its_lease_writes_nothing_once_resumed(faults, job_models):
+    """Attempt 1's process is paused (SIGSTOP) inside layer 1, past its lease: the reaper re-queues the
+    job and a second worker runs attempt 2 to success. Resumed (SIGCONT), attempt 1 runs on until its
+    next write is refused (``jobs.fencing``), then stops: the job stays as attempt 2 left it — status,
+    metrics, artifacts, log lines, files — attempt 1's folder is gone, and its worker's log says why."""
+    service = faults.service()
+    faults.start_worker(LIAR_STAGE_PAUSE="reconstruct=2")
+    job = service.submit(recipe(job_models))
+    pid = job_pid(wait_job(service, job, in_layer(1), what="attempt 1 inside layer 1"))
+    folder = faults.data_dir / "artifacts" / f"job-{job}"
+    assert list((folder / "attempt-1").rglob("*.safetensors")), "attempt 1 has written part of its checkpoint"
+    pause(pid, faults.env["LIAR_DATABASE_URL"])
+    paused = time.monotonic()
+    faults.start_worker()
+    done = wait_job(service, job, finished, what="attempt 2 to finish")
+    rerun = time.monotonic() - paused
+    assert done["status"] == "SUCCEEDED" and done["attempts"] == 2, done["error"]
+    assert job_pid(done) != pid and any(line["message"].endswith("re-queued") for line in done["log"])
+    rows, written = snapshot(service), files(folder)
+    assert written and all(name.startswith("attempt-2/checkpoint/") for name in written), sorted(written)
+
+    os.kill(pid, signal.SIGCONT)
+    resumed = time.monotonic()
+    said = f"job {job}: attempt 1 superseded (attempt 1 of job {job} no longer owns it: the job is SUCCEEDED at "
+    wait_for(lambda: said in faults.worker_log(), timeout=120, what="attempt 1 to find it was superseded")
+    wait_for(lambda: not alive(pid), timeout=60, what=f"attempt 1's process {pid} to exit")
+    stopped = time.monotonic() - resumed
+    assert snapshot(service) == rows  # not a row written, changed or added: status, metrics, artifacts, log
+    assert files(folder) == written and not (folder / "attempt-1").exists()
+    info = service.show(job, internal=True)
+    assert info["status"] == "SUCCEEDED" and len(info["metrics"]) == len(rows["metrics"])  # one of each
+    mine = [line["message"] for line in info["log"] if line["message"].endswith(f":{pid}")]
+    assert mine == [f"started on {socket.gethostname()}:{pid}"]  # attempt 1's lines end with its pid: one
+    assert_checkpoint_is_this_attempts(faults, service, job)
+    report("worker paused past its lease, resumed", rerun_done_s=rerun, superseded_stopped_after_s=stopped)
 
 
 def test_broker_restarted_without_persistence_while_jobs_are_queued(faults, job_models):
@@ -225,7 +268,7 @@ def test_disk_full_while_the_checkpoint_is_written(faults, job_models, tmp_path)
     done = wait_job(service, job, finished, what="the job to fail")
     report("disk full (file-size limit)", failed_after_submission_s=time.monotonic() - submitted)
     assert done["status"] == "FAILED"
-    assert done["error"].startswith("file too large while writing the checkpoint to "), done["error"]
+    assert done["error"].startswith("file too large while writing the checkpoint on the worker"), done["error"]
     assert "the partial output was removed" in done["error"] and done["artifacts"] == []
     assert service.downloads(job) == [] and not (faults.data_dir / "artifacts" / f"job-{job}").exists()
     assert worker.poll() is None  # the worker ignores SIGXFSZ and lives on

@@ -35,6 +35,7 @@ def test_submit_runs_to_success_with_metrics_and_loadable_checkpoint(stack, job_
 
     info = wait_for(done, what=f"job {job_id} to finish")
     assert info["status"] == "SUCCEEDED", info["error"]
+    info = service.show(job_id, internal=True)  # with the files' server paths
     assert info["submitted_by"] == "ada" and info["layer"] == info["n_layers"] == 2
     # submitted with the default criterion; the job shows what it resolved to and ran
     assert info["recipe"]["criterion"]["name"] == "auto" and info["recipe_as_run"]["criterion"]["name"] == "obs"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import re
 
 import pytest
 from sqlalchemy import update
 
 from jobs.db import Job, Status, utcnow
-from jobs.service import JobService, SubmitError
+from jobs.service import JobService, QueueError, SubmitError
 from jobs.settings import Settings
 from jobs.tasks import execute
 from tests.jobs.conftest import recipe
@@ -41,13 +43,42 @@ def service(tmp_path):
     return JobService(settings, celery_app=_FakeCelery())
 
 
-def test_failed_job_records_error_and_traceback(service, job_models):
+def test_failed_job_records_error_and_traceback(service, job_models, caplog):
     job_id = service.submit(recipe(job_models, calibration={"texts": ["too short"], "max_seq_length": 32}))
-    assert execute(job_id, service.settings) == "FAILED"
-    info = service.show(job_id)
+    with caplog.at_level(logging.ERROR, logger="liar.errors"):
+        assert execute(job_id, service.settings) == "FAILED"
+    info = service.show(job_id, internal=True)  # the operator's view has the traceback; users' has none
     assert info["status"] == "FAILED" and "fewer than the" in info["error"]
     assert "Traceback" in info["traceback"] and info["artifacts"] == []
+    shown = service.show(job_id)
+    assert "traceback" not in shown and not shown["error"].startswith(("ValueError", "RuntimeError"))
+    # users read one sentence and an error id; the worker's log has the traceback under that id
+    error_id = re.search(r"\(error id (\w+); the server log has the details\)$", shown["error"]).group(1)
+    logged = next(r for r in caplog.records if error_id in r.getMessage())
+    assert logged.exc_info is not None and f"job {job_id}" in logged.getMessage()
     assert execute(job_id, service.settings) == "skipped"  # a duplicate message does not run it again
+
+
+def test_a_jobs_checkpoint_is_named_by_its_id(service, job_models):
+    """``model: job:N`` resolves to job N's checkpoint, at submission (the engine's checks then see
+    that folder: it is pruned already, which the engine refuses) and on the worker; the job names
+    the job, never the folder; a reference whose job is gone fails in one sentence."""
+    from jobs.tasks import _load_job
+
+    first = service.submit(recipe(job_models))
+    assert execute(first, service.settings) == "SUCCEEDED"
+    checkpoint = str(service.artifact(first))
+    with pytest.raises(SubmitError, match="this model is already pruned") as refused:
+        service.submit(recipe(job_models, model=f"job:{first}", ratio=0.2))
+    assert checkpoint not in str(refused.value)
+    with service.sessions.begin() as s:  # a job naming it (as one queued before this check would)
+        s.add(Job(recipe=recipe(job_models, model=f"job:{first}"), evaluations=[], status=Status.QUEUED.value))
+    (child,) = [j["id"] for j in service.list() if j["model"] == f"job:{first}"]
+    loaded, _, named = _load_job(service.sessions, child)
+    assert loaded["model"] == checkpoint and named == f"job:{first}"
+    service.delete(first)  # the parent goes before the child runs: the child says so
+    assert execute(child, service.settings) == "FAILED"
+    assert service.show(child)["error"] == f"model job:{first}: there is no job {first}"
 
 
 def test_transient_error_requeues_then_fails(service, job_models, monkeypatch):
@@ -113,7 +144,7 @@ def test_broker_failure_creates_no_job(tmp_path, job_models):
     assert service.list() == []
 
 
-def test_a_broker_failure_never_shows_the_brokers_password(tmp_path, job_models):
+def test_a_broker_failure_never_shows_the_brokers_password(tmp_path, job_models, caplog):
     url = "redis://:s3cret-pw@broker.internal:6379/0"
 
     class Down(_FakeCelery):
@@ -122,12 +153,16 @@ def test_a_broker_failure_never_shows_the_brokers_password(tmp_path, job_models)
 
     settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'j.db'}", broker_url=url)
     service = JobService(settings, celery_app=Down())
-    with pytest.raises(RuntimeError) as caught:
+    with pytest.raises(QueueError) as caught, caplog.at_level(logging.ERROR):
         service.submit(recipe(job_models))
     message = str(caught.value)
-    assert "s3cret-pw" not in message
-    assert "redis://:***@broker.internal:6379/0" in message
-    assert message.startswith("could not queue the job: the broker at")
+    # users read one sentence with an error id: no URL, host or password
+    assert "s3cret-pw" not in message and "broker.internal" not in message and "redis://" not in message
+    assert message.startswith("could not queue the job: the job broker did not take it")
+    error_id = re.search(r"error id (\w+)", message).group(1)
+    # the server log has the detail under that id, the password masked
+    logged = [r.getMessage() for r in caplog.records if error_id in r.getMessage()]
+    assert logged and "redis://:***@broker.internal:6379/0" in logged[0] and "s3cret-pw" not in logged[0]
     assert service.list() == []
 
 

@@ -1,0 +1,183 @@
+"""What a submission must pass before a job exists: the recipe and its evaluations validated and
+preflighted against the model's config, the serving forms its ``export`` asks for, the server paths it
+names confined to the folders a web or API job may read, lm-eval task folders to those an
+administrator listed, and ``model: job:N`` resolved to that job's checkpoint. Used by
+:class:`jobs.service.JobService` (``validate``, ``submit``, ``submit_sweep``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from jobs.access import OPEN, Actor, Forbidden, require_owner
+from jobs.references import job_reference, owner_and_checkpoint
+from jobs.settings import Settings
+
+
+class SubmitError(ValueError):
+    """The submission is invalid; nothing was created."""
+
+
+def _check_tasks(model: str, evaluations: list[dict]) -> None:
+    """lm-eval evaluations name tasks that exist (registry, or the task directory's YAMLs) and a causal
+    language model (when its config is readable here): a typo fails at submission, not after pruning."""
+    tasks = [e for e in evaluations if e.get("type") == "lm_eval"]
+    if not tasks:
+        return
+    from core.evaluation.tasks import select_tasks
+    from core.pipeline.preflight import model_kind
+
+    kind = model_kind(model)
+    if kind is not None and kind[0] != "decoder":
+        raise ValueError(f"lm-eval tasks need a causal language model; {model!r} is an {kind[0]}")
+    for e in tasks:
+        select_tasks(e["tasks"], e.get("task_dir"))
+
+
+def _check_export(model: str, forms: list[str]) -> None:
+    """The serving forms a recipe asks for can be written from its model (``core.serving.preflight``:
+    family, rotary scaling, tokenizer, and the engine a quantized form needs): a model that cannot is
+    refused here rather than after hours of pruning. A local folder is checked now; a hub id by the
+    worker, once downloaded and before pruning."""
+    if not forms or not Path(model).expanduser().is_dir():  # (core.serving imports torch: only when needed)
+        return
+    from core.serving import ExportError, preflight_model
+
+    try:
+        # the engines are the worker's business (it checks again before pruning): this host may lack them
+        preflight_model(model, forms, engines=False, download=False)
+    except ExportError as exc:
+        raise SubmitError(f"invalid recipe: export: {exc}") from None
+
+
+class Validator:
+    """The checks of one server (its settings, its database for job references)."""
+
+    def __init__(self, settings: Settings, sessions):
+        self.settings, self.sessions = settings, sessions
+
+    def validate(
+        self,
+        recipe: dict | str | Path,
+        evaluations: list[dict] | None = None,
+        confine: bool = False,
+        check_export: bool = True,
+        actor: Actor = OPEN,
+    ) -> tuple[dict, list[dict]]:
+        """The recipe and evaluations as stored, validated (and preflighted against the model's config,
+        and against the serving forms its ``export`` asks for); raises :class:`SubmitError`. ``confine``:
+        a web or API submission, whose server-side paths must lie in :meth:`Settings.readable_roots`
+        (checked before anything reads them). ``check_export=False`` skips the serving forms' check
+        (about half a second: it reads the tokenizer) for the cells of a grid whose model and forms
+        were checked once. ``model: job:N`` names job N's checkpoint (:mod:`jobs.references`): checked
+        as that folder, stored as written; with downloads restricted, only for who may download it."""
+        from core.pipeline.preflight import preflight
+        from core.spec.errors import validation_message
+        from core.spec.evaluation import job_evaluation
+        from core.spec.recipe import Recipe
+
+        reference = None
+        try:
+            if isinstance(recipe, (str, Path)) and Path(recipe).suffix in (".yaml", ".yml", ".json"):
+                if confine:
+                    raise SubmitError("a web submission passes the recipe itself, not a server-side file")
+                parsed = Recipe.load(recipe)
+            else:
+                data = Recipe.parse_yaml(recipe) if isinstance(recipe, str) else recipe
+                reference = job_reference(data.get("model")) if isinstance(data, dict) else None
+                if reference is not None:
+                    data = {**data, "model": str(self.referenced_checkpoint(reference, actor))}
+                if confine and isinstance(data, dict):
+                    self.check_paths(data, evaluations, skip_model=reference is not None)
+                parsed = Recipe.model_validate(data)
+        except ValidationError as exc:
+            raise SubmitError(f"invalid recipe: {validation_message(exc)}") from None
+        except (ValueError, FileNotFoundError) as exc:
+            raise SubmitError(f"invalid recipe: {exc}") from None
+        try:
+            evals = [job_evaluation(e) for e in evaluations or []]
+            _check_tasks(parsed.model, evals)
+        except ValidationError as exc:
+            raise SubmitError(f"invalid evaluation: {validation_message(exc)}") from None
+        except (ValueError, FileNotFoundError) as exc:
+            raise SubmitError(f"invalid evaluation: {exc}") from None
+        try:  # what the model's config can tell before anything is queued (evaluation lengths included)
+            preflight(parsed, [int(e["seq_len"]) for e in evals if e.get("seq_len") is not None])
+        except ValueError as exc:
+            raise SubmitError(f"invalid recipe: {exc}") from None
+        if check_export:
+            _check_export(parsed.model, parsed.export)
+        stored = parsed.model_dump(mode="json", exclude_none=True)
+        if reference is not None:
+            stored["model"] = f"job:{reference}"  # the job page names the job, not the server's folder
+        return stored, evals
+
+    def referenced_checkpoint(self, job_id: int, actor: Actor) -> Path:
+        """The checkpoint folder ``model: job:N`` names (``ValueError``, one sentence, if there is none
+        to use); when downloads are restricted, only for the job's owner or an admin."""
+        with self.sessions() as s:
+            owner, path = owner_and_checkpoint(s, job_id)
+        if self.settings.downloads == "owners":
+            try:
+                require_owner(actor, job_id, owner, "use the checkpoint of")
+            except Forbidden as exc:
+                raise SubmitError(str(exc)) from None
+        return path
+
+    def readable(self, value: str) -> bool:
+        """Whether a server path lies inside one of :meth:`Settings.readable_roots`."""
+        resolved = Path(value).expanduser().resolve()
+        return any(resolved == r or r in resolved.parents for r in self.settings.readable_roots())
+
+    def check_paths(self, recipe: dict, evaluations: list[dict] | None, skip_model: bool = False) -> None:
+        """Every server-side path a recipe or evaluation names lies inside a readable root, and a task
+        folder inside one the administrator listed (its YAMLs can run Python)."""
+        from core.spec.recipe import NAMED_DATASETS
+
+        calibration = recipe.get("calibration") if isinstance(recipe.get("calibration"), dict) else {}
+        named = [] if skip_model else [("model", recipe.get("model"))]
+        named += [("calibration.dataset", calibration.get("dataset"))]
+        named += [("evaluation dataset", e.get("dataset")) for e in evaluations or [] if isinstance(e, dict)]
+        for field, value in named:
+            if not isinstance(value, str) or value in NAMED_DATASETS:
+                continue
+            local = value.startswith((".", "/", "~")) or value.count("/") > 1 or Path(value).expanduser().exists()
+            # a model may be a hub id; a dataset that is not named is a file
+            if (field != "model" or local) and not self.readable(value):
+                artifacts = self.settings.artifacts_dir.resolve()
+                if field == "model" and artifacts in Path(value).expanduser().resolve().parents:
+                    raise SubmitError(
+                        f"model {value!r} is a job's folder on this server: name a job's checkpoint by the "
+                        "job's id instead (model: job:42)"
+                    )
+                advice = "upload the file, or" if field != "model" else "a hub id also works; or"  # no model uploads
+                raise SubmitError(
+                    f"{field} {value!r} is outside the folders this server reads from; {advice} ask the "
+                    "administrator to add its folder to LIAR_DATA_ROOTS"
+                )
+        task_roots = [r.resolve() for r in self.settings.task_dirs]
+        for e in evaluations or []:
+            folder = e.get("task_dir") if isinstance(e, dict) else None
+            if isinstance(folder, str) and folder:
+                resolved = Path(folder).expanduser().resolve()
+                if not any(resolved == r or r in resolved.parents for r in task_roots):
+                    raise SubmitError(
+                        f"task_dir {folder!r} is not one of this server's task folders: task YAMLs can run Python, "
+                        "so a web job may use only the folders the administrator lists in LIAR_TASK_DIRS"
+                    )
+
+
+def target_cells(base: dict[str, Any], methods: list[str] | None, criteria: list[str] | None) -> list[dict]:
+    """The recipes of a speed-target sweep: ``base`` with each method × criterion."""
+    cells = []
+    for method in methods or [None]:
+        for name in criteria or [None]:
+            cell = dict(base)
+            if method is not None:
+                cell["reconstruction"] = {**base.get("reconstruction", {}), "method": method}
+            if name is not None:
+                cell["criterion"] = {"name": name, "options": base.get("criterion", {}).get("options", {})}
+            cells.append(cell)
+    return cells
