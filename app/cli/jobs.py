@@ -6,7 +6,10 @@ liar jobs submit RECIPE.yaml [--user NAME] [--ppl FILE] [--tasks piqa,arc_easy]
 liar jobs submit --model M --ratio 0.3 --calibration calib.txt [--criterion flap ...]   (the flags of liar prune)
 liar jobs list [--status RUNNING]
 liar jobs show ID [--json]      (the checkpoint's files with size and sha256; seconds per stage and layer)
-liar jobs cancel ID
+liar jobs cancel|rerun|delete ID
+
+Against the database (``LIAR_DATABASE_URL``) as its operator, or with ``--server URL`` (or
+``LIAR_SERVER``) against a running app as one of its accounts, under its rules (``app.cli.remote``).
 """
 
 from __future__ import annotations
@@ -49,10 +52,28 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _service():
+def _service(args: argparse.Namespace | None = None):
+    """The job service: a running app's API with ``--server`` (``app.cli.remote``), else the database."""
+    server = getattr(args, "server", None)
+    if server:
+        from app.cli.remote import RemoteJobs
+
+        return RemoteJobs(server)
     from jobs.service import JobService
 
     return JobService()
+
+
+def _refusals() -> tuple[type[Exception], ...]:
+    """What a command says in one line and exits 2 on: a refusal (of the service, or of a server)."""
+    from app.cli.remote import RemoteError
+    from jobs.service import NotNow, QueueError, SubmitError
+
+    return (KeyError, PermissionError, SubmitError, NotNow, QueueError, RemoteError)
+
+
+def _said(exc: Exception) -> int:
+    return fail(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))
 
 
 def _recipe_source(args: argparse.Namespace) -> str | dict:
@@ -84,7 +105,6 @@ def _ppl_seq_len(args: argparse.Namespace, recipe: str | dict) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from jobs.service import SubmitError
 
     try:
         recipe = _recipe_source(args)
@@ -99,9 +119,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
         task_options = {"task_dir": args.task_dir, "limit": args.task_limit, "num_fewshot": args.num_fewshot}
         evaluations.append({"type": "lm_eval", "tasks": args.tasks, **task_options})
     user = args.user or os.environ.get("USER")
+    sweep = args.sweep_ratios or args.sweep_methods or args.sweep_criteria
+    if sweep and args.server:
+        return fail("a sweep is submitted on the server (liar jobs submit there) or from the app's form")
     try:
-        service = _service()
-        if args.sweep_ratios or args.sweep_methods or args.sweep_criteria:
+        service = _service(args)
+        if sweep:
             group, ids = service.submit_sweep(
                 recipe,
                 args.sweep_ratios,
@@ -114,13 +137,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
         else:
             job_id = service.submit(recipe, submitted_by=user, evaluations=evaluations)
             print(json.dumps({"id": job_id}) if args.json else job_id)
-    except (SubmitError, RuntimeError) as exc:
-        return fail(str(exc))
+    except _refusals() as exc:
+        return _said(exc)
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    rows = _service().list(status=args.status, group_id=args.group, submitted_by=args.user, limit=args.limit)
+    try:
+        rows = _service(args).list(status=args.status, group_id=args.group, submitted_by=args.user, limit=args.limit)
+    except _refusals() as exc:
+        return _said(exc)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -136,9 +162,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     try:
-        info = _service().show(args.id, internal=True)  # the operator's view: paths and traceback
-    except KeyError as exc:
-        return fail(str(exc.args[0]))
+        info = _service(args).show(args.id, internal=True)  # the operator's view: paths and traceback
+    except _refusals() as exc:
+        return _said(exc)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -158,9 +184,10 @@ def _print_artifacts(artifacts: list[dict]) -> None:
     for a in artifacts:
         if a["kind"] == "checkpoint":
             count = f" in {len(files)} files" if files else ""
-            print(f"{'checkpoint':>13}: {a['path']} ({a['size']:,} bytes{count})")
+            where = f"{a['path']} " if a.get("path") else ""  # a server shows names, not its folders
+            print(f"{'checkpoint':>13}: {where}({a['size']:,} bytes{count})")
         elif a["kind"] != "file":
-            print(f"{a['kind']:>13}: {a['path']} ({a['size']:,} bytes, sha256 {a['sha256'] or '-'})")
+            print(f"{a['kind']:>13}: {a.get('path') or a['name']} ({a['size']:,} bytes, sha256 {a['sha256'] or '-'})")
     width = max((len(a["name"] or "") for a in files), default=0)
     for a in files:
         print(f"{'file':>13}: {a['name']:<{width}}  {a['size']:>15,}  {a['sha256'] or '-'}")
@@ -182,23 +209,28 @@ def _print_timings(timings: dict | None) -> None:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     try:
-        status = _service().cancel(args.id)
-    except KeyError as exc:
-        return fail(str(exc.args[0]))
+        status = _service(args).cancel(args.id)
+    except _refusals() as exc:
+        return _said(exc)
     print(f"job {args.id}: {status if status != 'RUNNING' else 'cancel requested (stops at the next layer)'}")
     return 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    from jobs.service import NotNow
-
     try:
-        _service().delete(args.id)
-    except KeyError as exc:
-        return fail(str(exc.args[0]))
-    except NotNow as exc:
-        return fail(str(exc))
+        _service(args).delete(args.id)
+    except _refusals() as exc:
+        return _said(exc)
     print(f"job {args.id}: deleted, with its files")
+    return 0
+
+
+def cmd_rerun(args: argparse.Namespace) -> int:
+    try:
+        new = _service(args).rerun(args.id, confine=False)  # a server confines it anyway; the operator need not
+    except _refusals() as exc:
+        return _said(exc)
+    print(f"job {args.id}: re-submitted as job {new}")
     return 0
 
 
@@ -271,3 +303,12 @@ def register(sub) -> None:
     d = jsub.add_parser("delete", help="delete a finished job and its files")
     d.add_argument("id", type=int)
     d.set_defaults(func=cmd_delete)
+    r = jsub.add_parser("rerun", help="submit a job's recipe again, as a new job")
+    r.add_argument("id", type=int)
+    r.set_defaults(func=cmd_rerun)
+    for verb in (s, ls, sh, c, d, r):
+        verb.add_argument(
+            "--server",
+            default=os.environ.get("LIAR_SERVER"),
+            help="a running app's address: act as an account of it (LIAR_SERVER_USER, LIAR_SERVER_PASSWORD)",
+        )

@@ -235,3 +235,38 @@ def test_no_secret_or_server_path_in_any_answer(team, broker_down):
     assert "could not queue the job" in message and "error id" in message and "127.0.0.1" not in message
     assert json.loads(down.predict(api_name="/list_jobs")) == []
     assert len(said) + 1 + 3 + 1 >= 20  # probes: API answers, the old job, the download routes, the broker
+
+
+def test_the_job_commands_against_the_server_follow_its_rules(team):
+    """``liar jobs … --server URL``: an account of the app, under the app's rules (not the database's
+    operator)."""
+    import os
+    import subprocess
+    import sys
+
+    url, service = team["url"], team["service"]
+    queued = _client(url, "bob").predict(_recipe(team), api_name="/submit")["id"]
+
+    def liar(user: str, *args: str, password: str | None = None) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LIAR_")}
+        env.update(LIAR_SERVER_USER=user, LIAR_SERVER_PASSWORD=password or PASSWORDS[user], LIAR_SERVER=url)
+        cmd = [sys.executable, "-m", "app.cli", "jobs", *args]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+    listed = liar("carol", "list", "--json")
+    assert listed.returncode == 0 and queued in {j["id"] for j in json.loads(listed.stdout)}
+    before = _snapshot(service)
+    for verb in ("cancel", "rerun", "delete"):
+        refused = liar("carol", verb, str(queued))
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert refused.stderr.strip().endswith(f"job {queued} is bob's: only its owner or an administrator may "
+                                               f"{verb.replace('rerun', 're-run')} it"), refused.stderr  # fmt: skip
+    assert _snapshot(service) == before
+    wrong = liar("bob", "list", password="not-bobs")
+    assert wrong.returncode == 2 and "cannot use the server at" in wrong.stderr and "Traceback" not in wrong.stderr
+    shown = liar("bob", "show", str(queued))
+    assert shown.returncode == 0 and "submitted_by: bob" in shown.stdout
+    assert liar("bob", "cancel", str(queued)).stdout.strip() == f"job {queued}: CANCELLED"
+    new = liar("bob", "rerun", str(queued))
+    assert new.returncode == 0 and new.stdout.startswith(f"job {queued}: re-submitted as job ")
+    assert json.loads(_client(url, "bob").predict(queued, api_name="/show_job"))["status"] == "CANCELLED"
