@@ -43,6 +43,7 @@ from jobs.fencing import (
     requeue_or_fail,
     write_progress,
 )
+from jobs.progress import Overall
 from jobs.references import job_reference, owner_and_checkpoint
 from jobs.settings import Settings
 from jobs.timings import StageClock
@@ -197,16 +198,17 @@ def _progress_callback(
     pause: dict[str, float] | None,
     refused: Callable[[], str | None],
 ) -> Callable[[str, int, int], None]:
-    """The ``progress`` hook handed to ``prune``: records the stage, its progress (``done / total``) and
-    the layer on the job row (throttled to one write per 0.5 s, except per reconstructed layer and
-    whenever a stage begins or a stage or step ends; the engine's closing "done" leaves the stage as it
-    is: evaluation and export follow), times the stages (``clock``: the job's ``timings`` and one log
-    line per finished stage, DEBUG per layer), and raises :class:`JobCancelled` once the job's cancel
-    flag is set. ``pause``: seconds to wait at the start of each step of a stage
-    (``Settings.stage_pause``, for the fault tests). Its writes are attempt ``token``'s (fenced); it
-    raises :class:`Superseded` once one is refused, or once ``refused()`` (the heartbeat thread's) says
-    why a beat was."""
+    """The ``progress`` hook handed to ``prune``: records the stage, the job's overall progress
+    (``jobs.progress.Overall``: it never goes back) and the layer on the job row (throttled to one write
+    per 0.5 s, except per reconstructed layer and whenever a stage begins or a stage or step ends; the
+    engine's closing "done" leaves the stage as it is: evaluation and export follow), times the stages
+    (``clock``: the job's ``timings`` and one log line per finished stage, DEBUG per layer), and raises
+    :class:`JobCancelled` once the job's cancel flag is set. ``pause``: seconds to wait at the start of
+    each step of a stage (``Settings.stage_pause``, for the fault tests). Its writes are attempt
+    ``token``'s (fenced); it raises :class:`Superseded` once one is refused, or once ``refused()`` (the
+    heartbeat thread's) says why a beat was."""
     last, shown = 0.0, None
+    overall = Overall()  # the row's progress: the whole job's, only ever forward (jobs.progress)
 
     def progress(stage: str, done: int, total: int) -> None:
         nonlocal last, shown
@@ -217,7 +219,7 @@ def _progress_callback(
         events = clock.update(stage, done, total)
         values: dict[str, Any] = {}
         if stage != "done":
-            values.update(stage=stage, progress=done / max(total, 1))
+            values.update(stage=stage, progress=overall.update(stage, done, total))
         if stage == "reconstruct":
             values.update(layer=done, n_layers=total)
         if events:
@@ -332,13 +334,24 @@ def _run_evaluations(
 ) -> None:
     """Run each stored evaluation on the pruned model, adding its numbers to ``result.metrics``
     (stage ``evaluate``, one step per evaluation), and the dense model's perplexity beside them
-    (``jobs.baseline``: copied from the job that measured it, else measured in one more step)."""
+    (``jobs.baseline``: copied from the job that measured it, else measured in one more step). An
+    evaluation that fails costs neither the pruned model nor the job: a WARNING line says which and
+    why (with an error id), ``evaluations_failed`` counts them, and the job goes on to export."""
     last = baseline.last_perplexity(evaluations)
     dense = baseline.known(sf, recipe, last) if last is not None else None
     steps = len(evaluations) + int(last is not None and dense is None)
+    failed = 0
     for i, ev in enumerate(evaluations):
         progress("evaluate", i, steps)
-        result.metrics.update(_evaluate(result, ev))
+        try:
+            result.metrics.update(_evaluate(result, ev))
+        except Exception as exc:  # a hub outage, a broken task file, memory: the prune stands
+            failed += 1
+            what = f"evaluation {i + 1} ({ev.get('type')} on {_evaluated_on(ev)})"
+            reason = public_error(exc, f"job {job_id}, {what}")
+            job_log(sf, job_id, token, f"{what} failed; the checkpoint is kept: {reason}", "WARNING")
+    if evaluations:
+        result.metrics["evaluations_failed"] = failed
     if last is not None and dense is None:
         progress("evaluate", len(evaluations), steps)
         try:
@@ -351,6 +364,13 @@ def _run_evaluations(
         job_log(sf, job_id, token, f"dense model perplexity {dense[0]:.4g} ({source})")
     if evaluations:
         progress("evaluate", steps, steps)
+
+
+def _evaluated_on(ev: dict[str, Any]) -> str:
+    """What an evaluation reads, as its log line names it: the dataset's file name, or the tasks."""
+    if ev.get("type") == "lm_eval":
+        return ", ".join(ev.get("tasks") or [])
+    return Path(str(ev.get("dataset"))).name
 
 
 def _check_export(model: str, forms: list[str]) -> None:

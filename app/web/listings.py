@@ -33,12 +33,16 @@ def download_listing(service: JobService, job_id: int, actor: Actor = OPEN) -> d
     finished). URLs are relative to the app's address. ``KeyError`` for an unknown job,
     ``jobs.access.Forbidden`` when downloads are for owners and admins and ``actor`` is neither."""
     files = [{**f, "url": file_url(job_id, f["name"])} for f in service.downloads(job_id, actor)]
-    whole = None
+    whole, size = None, None
     if any(f["kind"] == "file" for f in files):
         whole = tar_url(job_id)
+        try:  # the tar's exact length (headers and padding included), as the download will be
+            size = len(service.checkpoint_tar(job_id, actor))
+        except KeyError:  # a file gone from the server: the routes say so when asked
+            size = None
     elif files:  # a job from before per-file artifacts: its archive
-        whole = files[0]["url"]
-    return {"job": job_id, "checkpoint_tar": whole, "files": files}
+        whole, size = files[0]["url"], files[0]["size"]
+    return {"job": job_id, "checkpoint_tar": whole, "checkpoint_tar_size": size, "files": files}
 
 
 def downloads_markdown(listing: dict[str, Any]) -> str:
@@ -48,10 +52,9 @@ def downloads_markdown(listing: dict[str, Any]) -> str:
     files = listing["files"]
     if not files:
         return ""
-    total = sum(f["size"] for f in files if f["kind"] == "file")
-    if total:
+    if any(f["kind"] == "file" for f in files):
         whole = (
-            f"**[⬇ Whole checkpoint as one file — liar-job-{job_id}.tar, {size_text(total)}]"
+            f"**[⬇ Whole checkpoint as one file — liar-job-{job_id}.tar, {size_text(listing['checkpoint_tar_size'])}]"
             f"({listing['checkpoint_tar']})** (an uncompressed tar, made while it downloads; "
             "or take the files one by one and check them with `sha256sum -c SHA256SUMS`)"
         )

@@ -17,7 +17,8 @@ from app.web.forms import bar, elapsed, shown
 from jobs.access import OPEN, Actor, Forbidden, public_error
 from jobs.service import JobService, NotNow, QueueError, SubmitError
 
-STATUSES = ["", "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"]
+# the Status filter's choices, (label, value): "all" is no filter
+STATUSES = [("all", ""), *((s, s) for s in ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"))]
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED")
 TABLE_COLUMNS = [
     "id",
@@ -71,16 +72,34 @@ def status_text(job: dict[str, Any]) -> str:
     return f"{job['status']} · {CANCELLING}" if pending else job["status"]
 
 
+def _why_ended(info: dict[str, Any]) -> str:
+    """A cancelled job's reason is no error: ``**Cancelled:** cancelled by alice``."""
+    label = "Cancelled" if info["status"] == "CANCELLED" else "Error"
+    return f"**{label}:** {info['error']}"
+
+
+def stage_text(job: dict[str, Any], ahead: int = 0) -> str:
+    """The stage, saying what a job waits for: its place in the queue, or the worker's start."""
+    if job["status"] == "QUEUED":
+        return f"queued ({ahead} ahead)" if ahead else "queued"
+    if job["stage"] == "starting":
+        return "starting (the worker loads the engine)"
+    return job["stage"] or "–"
+
+
 def job_rows(service: JobService, status: str | None = None) -> list[list[Any]]:
     """The jobs table: one row of :data:`TABLE_COLUMNS` per recent job, newest first."""
     rows = []
-    for j in service.list(status=status or None, limit=200):
+    jobs = service.list(status=status or None, limit=200)
+    queued = sorted(j["id"] for j in jobs if j["status"] == "QUEUED")
+    for j in jobs:
         layer = f"{j['layer']}/{j['n_layers']}" if j["n_layers"] else "–"
+        ahead = queued.index(j["id"]) if j["id"] in queued else 0
         rows.append(
             [
                 j["id"],
                 status_text(j),
-                j["stage"] or "–",
+                stage_text(j, ahead),
                 layer,
                 bar(j["progress"] or 0.0),
                 elapsed(j["elapsed_s"]),
@@ -96,7 +115,7 @@ def job_rows(service: JobService, status: str | None = None) -> list[list[Any]]:
 
 def job_heading(info: dict[str, Any]) -> str:
     """One line on the picked job: who, what, where it is, and a pending cancel."""
-    where = info["stage"] or "–"
+    where = stage_text(info)
     if info["stage"] == "reconstruct" and info["n_layers"]:
         where += f" (layer {info['layer']}/{info['n_layers']})"
     line = (
@@ -107,7 +126,7 @@ def job_heading(info: dict[str, Any]) -> str:
     if info.get("cancel_requested") and info["status"] == "RUNNING":
         line += f"\n\n**⏳ {CANCELLING}**: the job stops at its next layer or stage boundary."
     if info["error"]:
-        line += f"\n\n**Error:** {info['error']}"
+        line += f"\n\n{_why_ended(info)}"
     return line
 
 
@@ -257,7 +276,7 @@ def _page_head(info: dict[str, Any]) -> str:
         f"{info['method']} · {info['criterion']} · by {info['submitted_by'] or '–'}"
     )
     if info["error"]:
-        head += f"\n\n**Error:** {info['error']}"
+        head += f"\n\n{_why_ended(info)}"
     metrics = info["metrics"]
     names = [k for k in KEY_METRICS if k in metrics] + sorted(k for k in metrics if k not in KEY_METRICS)
     if names:

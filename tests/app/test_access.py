@@ -131,6 +131,13 @@ def test_cancel_rerun_and_delete_say_who_and_what(tmp_path, llama_dir, caplog):
         views.delete_job(service, new, Actor("alice")) == f"**⚠ job {new} is QUEUED: cancel it first, then delete it**"
     )
     assert views.delete_job(service, 999, ADMIN) == "**⚠ no job 999**"
+    heading = views.job_heading(service.show(queued))
+    assert "**Cancelled:** cancelled by alice" in heading and "Error" not in heading  # a cancel is no error
+    # the queue says where a job stands
+    later = service.submit({"model": str(llama_dir), "ratio": 0.3, "calibration": {"dataset": "wikitext2"}}, "bob")
+    stages = {row[0]: row[2] for row in views.job_rows(service)}
+    assert stages[new] == "queued" and stages[later] == "queued (1 ahead)"
+    assert ("all", "") in views.STATUSES  # the Status filter's "no filter" has a name
     # without a login nobody can be told apart: the open server lets anyone act (as before)
     assert service.cancel(new, OPEN) == "CANCELLED" and service.show(new)["error"] == "cancelled by request"
 

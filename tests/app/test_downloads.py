@@ -45,6 +45,7 @@ def test_each_file_and_the_whole_checkpoint_download(finished, tmp_path):
     whole = http.get(f"/{listing['checkpoint_tar']}")
     assert whole.status_code == 200 and whole.headers["content-type"] == "application/x-tar"
     assert int(whole.headers["content-length"]) == len(whole.content)
+    assert listing["checkpoint_tar_size"] == len(whole.content)  # the model page's size is the tar's own
     assert whole.headers["content-disposition"] == f'attachment; filename="liar-job-{job_id}.tar"'
     with tarfile.open(fileobj=io.BytesIO(whole.content), mode="r:") as tar:
         tar.extractall(tmp_path / "x", filter="data")

@@ -50,19 +50,50 @@ def rows_seen(monkeypatch):
     return seen
 
 
+def _overall(rows_seen, stage, done, total) -> float:
+    """The figure the row should show after this call: the stage's place in the job, never below an
+    earlier one (the slow, obvious version of ``jobs.progress.Overall``)."""
+    from jobs.progress import LAST_BEFORE_SUCCESS, STAGE_SHARES
+
+    names = [name for name, _ in STAGE_SHARES]
+    start = sum(share for name, share in STAGE_SHARES[: names.index(stage)])
+    here = min(start + dict(STAGE_SHARES)[stage] * done / total, LAST_BEFORE_SUCCESS)
+    earlier = [row for row in rows_seen[: [r[:3] for r in rows_seen].index((stage, done, total))]]
+    return max([here] + [row[4] for row in earlier])
+
+
+def test_progress_only_moves_forward_over_a_sweep(service, job_models, rows_seen):
+    """Every progress call of every job of a sweep (a streamed and an in-memory job, each with an
+    evaluation): the row's figure never decreases, and is 1 only once the job succeeded."""
+    evaluation = [{"type": "perplexity", "dataset": str(job_models["calib"]), "seq_len": 32}]
+    _, ids = service.submit_sweep(recipe(job_models), ratios=[0.2, 0.4], evaluations=evaluation)
+    in_memory = service.submit(recipe(job_models, criterion={"name": "taylor"}), evaluations=evaluation)
+    for job in [*ids, in_memory]:
+        rows_seen.clear()
+        assert execute(job, service.settings) == "SUCCEEDED"
+        figures = [row_progress for *_, row_progress in rows_seen]
+        assert figures == sorted(figures), (job, [(r[0], r[1], r[2], r[4]) for r in rows_seen])
+        assert figures[-1] < 1 and service.show(job)["progress"] == 1.0
+        stages = [r[3] for r in rows_seen]
+        assert "reconstruct" in stages and "evaluate" in stages  # each stage's name stays on the row
+    assert "speed" in stages  # the in-memory job times the dense model: a stage that comes back later
+
+
 def test_evaluate_and_export_are_stages_of_their_own(service, job_models, rows_seen):
     evaluation = [{"type": "perplexity", "dataset": str(job_models["calib"]), "seq_len": 32}]
     job = service.submit(recipe(job_models), evaluations=evaluation)
     assert execute(job, service.settings) == "SUCCEEDED"
     shown = [(row_stage, row_progress) for _, _, _, row_stage, row_progress in rows_seen]
     assert "done" not in [stage for stage, _ in shown]  # the engine's end marker is no stage of the job
-    assert ("evaluate", 0.0) in shown and ("export", 0.0) in shown and ("export", 1.0) in shown
-    # a call that starts or ends a stage shows it on the row at once, at that stage's progress
+    assert {"evaluate", "export"} <= {stage for stage, _ in shown}
+    # a call that starts or ends a stage shows it on the row at once, with the job's overall progress
     previous = None
     for stage, done, total, row_stage, row_progress in rows_seen:
         if stage != "done" and (stage != previous or done == total):
-            assert (row_stage, row_progress) == (stage, pytest.approx(done / total)), (stage, done, total)
+            assert row_stage == stage and row_progress == pytest.approx(_overall(rows_seen, stage, done, total))
         previous = stage
+    figures = [row_progress for *_, row_progress in rows_seen]
+    assert figures == sorted(figures) and figures[-1] < 1  # forward only; 1 is the success
     evaluate = [(done, total) for stage, done, total, *_ in rows_seen if stage == "evaluate"]
     assert evaluate == [(0, 2), (1, 2), (2, 2)]  # the pruned model, then the dense one
     info = service.show(job)

@@ -332,3 +332,20 @@ def test_a_sweep_checks_its_serving_forms_once(service, job_models, serving_mode
     base = recipe(job_models, model=str(serving_models["llama"]), export=["gguf-f16"])
     _, ids = service.submit_sweep(base, ratios=[0.2, 0.3], methods=["bias", "ls"])
     assert len(ids) == 4 and calls == [(serving_models["llama"], ["gguf-f16"])]
+
+
+def test_an_evaluation_that_fails_after_the_prune_keeps_the_checkpoint(service, job_models, tmp_path):
+    """The held-out text is gone by the time the job evaluates (a share unmounted, a hub outage): the
+    pruned model is still exported and the job SUCCEEDED, the failure a WARNING line with an error id."""
+    held = tmp_path / "held-out.txt"
+    held.write_text(job_models["calib"].read_text())
+    ev = [{"type": "perplexity", "dataset": str(held), "seq_len": 32}]
+    job_id = service.submit(recipe(job_models), evaluations=ev)
+    held.unlink()
+    assert execute(job_id, service.settings) == "SUCCEEDED", service.show(job_id)["error"]
+    info = service.show(job_id)
+    assert info["metrics"]["evaluations_failed"] == 1 and "perplexity" not in info["metrics"]
+    assert any(a["kind"] == "checkpoint" for a in info["artifacts"]) and service.artifact(job_id).is_dir()
+    (line,) = [x for x in info["log"] if "failed; the checkpoint is kept" in x["message"]]
+    assert line["level"] == "WARNING" and line["message"].startswith("evaluation 1 (perplexity on held-out.txt)")
+    assert "error id" in line["message"] and str(tmp_path) not in line["message"]
