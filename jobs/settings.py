@@ -11,6 +11,7 @@
 | ``LIAR_CACHE``      | ``~/.cache/liar``                     | cached benchmark models and texts (readable too) |
 | ``LIAR_TASK_DIRS``  | (none)                                | folders of lm-eval task YAMLs web jobs may use |
 | ``LIAR_DOWNLOADS``  | ``all``                               | ``owners``: only a job's owner and admins download |
+| ``LIAR_OFFLINE``    | ``0``                                 | ``1``: the workers cannot reach the Hugging Face Hub |
 | ``LIAR_STAGE_PAUSE`` | (none)                               | fault tests: ``reconstruct=2`` pauses each layer 2 s |
 
 The defaults need no server: SQLite and Celery's filesystem transport (which, unlike the SQLAlchemy
@@ -66,6 +67,9 @@ class Settings:
     # only an administrator's list, never the data folders
     task_dirs: tuple[Path, ...] = ()
     downloads: str = "all"  # "owners": a job's files go to its owner and the admins only
+    # the workers cannot reach the Hugging Face Hub: a hub id not already cached, a named dataset or a
+    # registry lm-eval task is refused at submission instead of failing on the worker
+    offline: bool = False
     # seconds a worker waits at the start of each step of a stage, once the step is recorded: lets the
     # fault tests (tests/jobs/test_faults.py) land a kill or a cancel inside a layer; empty in production
     stage_pause: tuple[tuple[str, float], ...] = ()
@@ -82,6 +86,7 @@ class Settings:
             data_roots=_paths(os.environ.get("LIAR_DATA_ROOTS", "")),
             task_dirs=_paths(os.environ.get("LIAR_TASK_DIRS", "")),
             downloads=os.environ.get("LIAR_DOWNLOADS", "all").strip().lower() or "all",
+            offline=os.environ.get("LIAR_OFFLINE", "0").strip().lower() in ("1", "true", "yes"),
             stage_pause=tuple(
                 (stage.strip(), float(seconds))
                 for stage, _, seconds in (p.partition("=") for p in os.environ.get("LIAR_STAGE_PAUSE", "").split(","))

@@ -20,20 +20,64 @@ class SubmitError(ValueError):
     """The submission is invalid; nothing was created."""
 
 
-def _check_tasks(model: str, evaluations: list[dict]) -> None:
+OFFLINE = "which this server's workers cannot reach (LIAR_OFFLINE)"
+
+
+def _check_tasks(model: str, evaluations: list[dict], offline: bool = False) -> None:
     """lm-eval evaluations name tasks that exist (registry, or the task directory's YAMLs) and a causal
-    language model (when its config is readable here): a typo fails at submission, not after pruning."""
+    language model (when its config is readable here): a typo fails at submission, not after pruning.
+    ``offline``: a registry task (its data on the Hub) is refused too."""
     tasks = [e for e in evaluations if e.get("type") == "lm_eval"]
     if not tasks:
         return
-    from core.evaluation.tasks import select_tasks
+    from core.evaluation.tasks import LOCAL_TASKS, select_tasks
     from core.pipeline.preflight import model_kind
 
     kind = model_kind(model)
     if kind is not None and kind[0] != "decoder":
         raise ValueError(f"lm-eval tasks need a causal language model; {model!r} is an {kind[0]}")
     for e in tasks:
-        select_tasks(e["tasks"], e.get("task_dir"))
+        selection = select_tasks(e["tasks"], e.get("task_dir"))
+        hub = [n for n in selection.names if n not in selection.local and n not in LOCAL_TASKS]
+        if offline and hub:
+            raise ValueError(
+                f"lm-eval task {hub[0]!r} loads its data from the Hugging Face Hub, {OFFLINE}: use a task folder "
+                "whose YAMLs read local files, or the local tasks (" + ", ".join(LOCAL_TASKS) + ")"
+            )
+
+
+def check_sources(recipe, evaluations: list[dict], offline: bool) -> None:
+    """What the worker will read, read now where this host can (``ValueError``, one sentence): the
+    calibration file's records and fields; and, for ``offline`` workers, no model, dataset or task
+    that only the Hub has."""
+    from core.data.texts import read_records, read_rows
+    from core.pipeline.preflight import model_kind
+    from core.spec.recipe import NAMED_DATASETS
+
+    model = recipe.model
+    if offline and not Path(model).expanduser().is_dir() and model_kind(model) is None:  # nor in the hub cache
+        raise ValueError(
+            f"model {model!r} is no folder on this server and not in its Hugging Face cache, and the Hub is one "
+            f"{OFFLINE}: use a local model folder"
+        )
+    calibration = recipe.calibration
+    if calibration.texts is None and calibration.dataset in NAMED_DATASETS:
+        if offline:
+            raise ValueError(
+                f"calibration.dataset {calibration.dataset!r} comes from the Hugging Face Hub, {OFFLINE}: "
+                "use a text or .jsonl file"
+            )
+    elif calibration.texts is None:
+        read_records(calibration.dataset, calibration.text_field)  # a missing field fails now, not on the worker
+        if calibration.label_field is not None:
+            field = calibration.label_field
+            for i, row in enumerate(read_rows(calibration.dataset)[1], 1):
+                if field not in row:
+                    raise ValueError(f"{calibration.dataset}: record {i} has no label field {field!r}")
+    for e in evaluations:
+        dataset = e.get("dataset") if e.get("type") == "perplexity" else None
+        if dataset in NAMED_DATASETS and offline:  # (a file's existence: core.spec.evaluation)
+            raise ValueError(f"evaluation dataset {dataset!r} comes from the Hugging Face Hub, {OFFLINE}")
 
 
 def _check_export(model: str, forms: list[str]) -> None:
@@ -98,14 +142,15 @@ class Validator:
             raise SubmitError(f"invalid recipe: {exc}") from None
         try:
             evals = [job_evaluation(e) for e in evaluations or []]
-            _check_tasks(parsed.model, evals)
+            _check_tasks(parsed.model, evals, self.settings.offline)
         except ValidationError as exc:
             raise SubmitError(f"invalid evaluation: {validation_message(exc)}") from None
         except (ValueError, FileNotFoundError) as exc:
             raise SubmitError(f"invalid evaluation: {exc}") from None
         try:  # what the model's config can tell before anything is queued (evaluation lengths included)
             preflight(parsed, [int(e["seq_len"]) for e in evals if e.get("seq_len") is not None])
-        except ValueError as exc:
+            check_sources(parsed, evals, self.settings.offline)  # what the worker would read, read now
+        except (ValueError, FileNotFoundError) as exc:
             raise SubmitError(f"invalid recipe: {exc}") from None
         if check_export:
             _check_export(parsed.model, parsed.export)
