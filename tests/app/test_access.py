@@ -22,11 +22,24 @@ from jobs.settings import Settings
 ADMIN, OWNER, OTHER = Actor("alice", admin=True), Actor("bob"), Actor("carol")
 
 
-def _service(tmp_path, llama_dir, **over) -> JobService:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request):
+    """The job database of a test: SQLite (the default), or a fresh one on the real PostgreSQL (the
+    refusals are checked inside the row-locking transaction that would change the job)."""
+    if request.param == "sqlite":
+        yield None
+        return
+    from tests.jobs.conftest import postgres_database
+
+    with postgres_database("liar_access") as url:
+        yield url
+
+
+def _service(tmp_path, llama_dir, database: str | None = None, **over) -> JobService:
     data = tmp_path / "data"
     settings = Settings(
         data_dir=data,
-        database_url=f"sqlite:///{data / 'liar.db'}",
+        database_url=database or f"sqlite:///{data / 'liar.db'}",
         broker_url="filesystem://",
         data_roots=(llama_dir.parent,),  # the test model's folder
         **over,
@@ -56,9 +69,10 @@ def _finished(service: JobService, llama_dir, owner: str) -> int:
 def _snapshot(service: JobService) -> tuple:
     """Every row of the job tables, and the artifacts folder's files: what a refused action must not change."""
     with service.sessions() as s:
+        tables = (Job, JobLog, Metric, Artifact)
         rows = tuple(
-            tuple(tuple(getattr(r, c.name) for c in table.__table__.c) for r in s.scalars(select(table)))
-            for table in (Job, JobLog, Metric, Artifact)
+            tuple(tuple(getattr(r, c.name) for c in t.__table__.c) for r in s.scalars(select(t).order_by(t.id)))
+            for t in tables
         )
     files = tuple(sorted(str(p) for p in service.settings.artifacts_dir.rglob("*")))
     return rows, files
@@ -78,10 +92,10 @@ CHANGES = ("cancel", "re-run", "delete")  # the others read; they are refused on
 @pytest.mark.parametrize("downloads", ["all", "owners"])
 @pytest.mark.parametrize("action", list(ACTIONS))
 @pytest.mark.parametrize("actor", [OWNER, OTHER, ADMIN, Actor(None)], ids=["owner", "other", "admin", "nobody"])
-def test_every_action_by_every_kind_of_user(tmp_path, llama_dir, downloads, action, actor):
+def test_every_action_by_every_kind_of_user(tmp_path, llama_dir, database, downloads, action, actor):
     """The owner and an admin may; another user, or a request with no account behind it, is refused
     with one sentence and nothing changes (no row, no file, no log line)."""
-    service = _service(tmp_path, llama_dir, downloads=downloads)
+    service = _service(tmp_path, llama_dir, database, downloads=downloads)
     queued = service.submit({"model": str(llama_dir), "ratio": 0.3, "calibration": {"dataset": "wikitext2"}}, "bob")
     done = _finished(service, llama_dir, "bob")
     allowed = actor in (OWNER, ADMIN) or (action not in CHANGES and downloads == "all")
@@ -101,8 +115,8 @@ def test_every_action_by_every_kind_of_user(tmp_path, llama_dir, downloads, acti
         assert _snapshot(service) == before
 
 
-def test_cancel_rerun_and_delete_say_who_and_what(tmp_path, llama_dir, caplog):
-    service = _service(tmp_path, llama_dir)
+def test_cancel_rerun_and_delete_say_who_and_what(tmp_path, llama_dir, database, caplog):
+    service = _service(tmp_path, llama_dir, database)
     queued = service.submit({"model": str(llama_dir), "ratio": 0.3, "calibration": {"dataset": "wikitext2"}}, "bob")
     with pytest.raises(NotNow, match=f"job {queued} is QUEUED: cancel it first, then delete it"):
         service.delete(queued, OWNER)
