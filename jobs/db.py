@@ -172,6 +172,13 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+# A process stopped (SIGSTOP, a frozen VM) inside one of its short transactions would hold the job's row
+# lock for as long as its connection lives, and the reaper skips locked rows: PostgreSQL ends such a
+# session after this long (none of this code leaves a transaction idle: every one is a few statements),
+# so the job is reaped within this plus one lease. The stopped process, resumed, finds its connection
+# gone and, through jobs.fencing, that it no longer owns the job.
+IDLE_IN_TRANSACTION_MS = 60_000
+
 MIGRATION_LOCK_KEY = 0x4C494152  # "LIAR": the PostgreSQL advisory lock that serialises schema upgrades
 
 
@@ -194,6 +201,8 @@ def _migration_lock(url: str, engine: Engine) -> Iterator[None]:
     connection for the duration), or an exclusive file lock beside a SQLite database."""
     if engine.dialect.name == "postgresql":
         with engine.connect() as conn:
+            # this connection only holds the lock while others migrate: idle in its transaction on purpose
+            conn.execute(text("SET idle_in_transaction_session_timeout = 0"))
             conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
             try:
                 yield
@@ -260,7 +269,11 @@ def connect(url: str) -> sessionmaker:
         if url not in _engines:
             if url.startswith("sqlite:///"):
                 Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-            engine = create_engine(url, pool_pre_ping=True, future=True)
+            options = {}
+            if url.startswith("postgresql"):  # see IDLE_IN_TRANSACTION_MS
+                idle = f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"
+                options["connect_args"] = {"options": idle}
+            engine = create_engine(url, pool_pre_ping=True, future=True, **options)
             if engine.dialect.name == "sqlite":
                 event.listen(engine, "connect", _sqlite_pragmas)
             upgrade(url, engine, auto=os.environ.get("LIAR_AUTO_MIGRATE", "1") != "0")

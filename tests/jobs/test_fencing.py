@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -339,3 +340,23 @@ def test_a_superseded_attempt_keeps_a_checkpoint_the_job_records(service, caplog
     jobs.tasks._stand_down(service.sessions, job, token, service.settings, exc.value)
     assert (folder / "checkpoint").is_dir()
     assert caplog.records[-1].getMessage().endswith(f"kept its folder {folder}")
+
+
+@pytest.mark.integration
+def test_postgresql_ends_a_transaction_left_idle_by_a_stopped_process():
+    """A worker stopped inside a transaction would hold its job's row lock (the reaper skips locked rows)
+    until its connection died: the job database's sessions end such a transaction after
+    ``IDLE_IN_TRANSACTION_MS``, so the job is reaped within that plus a lease."""
+    from sqlalchemy import text
+
+    from jobs.db import IDLE_IN_TRANSACTION_MS, connect
+
+    with postgres_database("liar_idle") as url:
+        with connect(url)() as s:
+            shown = s.execute(text("SHOW idle_in_transaction_session_timeout")).scalar()
+            assert shown == f"{IDLE_IN_TRANSACTION_MS // 60_000}min"
+            s.execute(text("SET idle_in_transaction_session_timeout = 200"))  # the same rule, in a test's time
+            s.execute(text("SELECT 1"))
+            time.sleep(0.6)  # stopped inside the transaction
+            with pytest.raises(Exception, match="idle-in-transaction timeout|terminat|closed"):  # noqa: B017
+                s.execute(text("SELECT 1"))
