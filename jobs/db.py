@@ -208,6 +208,7 @@ def _migration_lock(url: str, engine: Engine) -> Iterator[None]:
                 yield
             finally:
                 conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK_KEY})
+                conn.execute(text("RESET idle_in_transaction_session_timeout"))  # back to the pool as it came
                 conn.commit()
     elif engine.dialect.name == "sqlite" and url.startswith("sqlite:///"):
         import fcntl
