@@ -26,9 +26,9 @@ def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
     picked = gr.State(None)
     heading = gr.Markdown(views.job_panel(service, None)[0], elem_id="job-heading")
     with gr.Row():
-        cancel_btn = gr.Button("Cancel job", variant="stop")
+        cancel_btn = gr.Button("Cancel job", variant="stop", interactive=False)  # until a job that can stop is picked
         rerun_btn = gr.Button("Re-run")
-        delete_btn = gr.Button("Delete job")
+        delete_btn = gr.Button("Delete job", interactive=False)  # until a finished job is picked
         open_btn = gr.Button("Model page ›")
     job_msg = gr.Markdown(elem_id="job-message")
     with gr.Row():
@@ -37,19 +37,24 @@ def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
     timer = gr.Timer(REFRESH_SECONDS)
     panel = [heading, log_tail, timings]
 
+    def buttons(job_id) -> list:
+        """Cancel while the job can still stop, Delete once it has finished (views.actions_enabled)."""
+        return [gr.update(interactive=on) for on in views.actions_enabled(service, job_id)]
+
     def pick(evt: gr.SelectData):
         job_id = views.job_id_of(evt.row_value)
-        return job_id, *views.job_panel(service, job_id)
+        return job_id, *views.job_panel(service, job_id), *buttons(job_id)
 
     def refresh(status, job_id):
         rows = views.job_rows(service, status)
         if job_id is None:
-            return rows, gr.skip(), gr.skip(), gr.skip()
-        return rows, *views.job_panel(service, job_id)
+            return rows, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return rows, *views.job_panel(service, job_id), *buttons(job_id)
 
-    table.select(pick, None, [picked, *panel], api_name=False)
-    timer.tick(refresh, [status_filter, picked], [table, *panel], api_name=False)
-    status_filter.change(refresh, [status_filter, picked], [table, *panel], api_name=False)
+    states = [cancel_btn, delete_btn]
+    table.select(pick, None, [picked, *panel, *states], api_name=False)
+    timer.tick(refresh, [status_filter, picked], [table, *panel, *states], api_name=False)
+    status_filter.change(refresh, [status_filter, picked], [table, *panel, *states], api_name=False)
 
     # the account that clicked acts (and is a re-run's submitter)
     def cancel(job_id, request: gr.Request = None):
@@ -63,6 +68,6 @@ def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
 
     for button, action in ((cancel_btn, cancel), (rerun_btn, rerun), (delete_btn, delete)):
         button.click(action, [picked], [job_msg], api_name=False).then(
-            refresh, [status_filter, picked], [table, *panel], api_name=False
+            refresh, [status_filter, picked], [table, *panel, *states], api_name=False
         )
     return picked, open_btn

@@ -153,6 +153,20 @@ def _refusal(exc: Exception, action: str) -> str:
     return shown(public_error(exc, action))
 
 
+def actions_enabled(service: JobService, job_id) -> tuple[bool, bool]:
+    """(Cancel, Delete) buttons usable for the picked job: Cancel while it is queued or running (and
+    no cancel is pending), Delete once it has finished; neither with nothing picked."""
+    job_id = job_id_of(job_id)
+    if job_id is None:
+        return False, False
+    try:
+        info = service.show(job_id)
+    except KeyError:
+        return False, False
+    finished = info["status"] in FINISHED
+    return not finished and not info.get("cancel_requested"), finished
+
+
 def cancel_job(service: JobService, job_id, actor: Actor = OPEN) -> str:
     """Cancel the picked job (its owner or an admin); says what happens (a running job finishes its
     current layer first)."""

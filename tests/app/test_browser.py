@@ -238,10 +238,12 @@ def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_pa
 
     # watch the first job live: select its row, see it reconstruct layer by layer, then evaluate
     alice.get_by_role("tab", name="Jobs").click()
-    alice.get_by_role("button", name="Cancel job").click()  # nothing selected yet: a sentence
-    alice.locator("#job-message").get_by_text("select a job in the table first").wait_for()
+    cancel, delete = (alice.get_by_role("button", name=n) for n in ("Cancel job", "Delete job"))
+    assert cancel.is_disabled() and delete.is_disabled()  # nothing selected yet
     wait_for(lambda: "RUNNING" in _cell(alice, "jobs-table", a1, 1).inner_text(), timeout=LONG, what="job 1 to run")
     _cell(alice, "jobs-table", a1, 1).click()
+    wait_for(cancel.is_enabled, timeout=30, what="Cancel to be usable on a running job")
+    assert delete.is_disabled()  # a running job is cancelled before it is deleted
     heading, log = alice.locator("#job-heading"), alice.locator("#job-log")
     heading.get_by_text(re.compile(rf"Job {a1}")).wait_for()
     heading.get_by_text(re.compile(r"RUNNING · reconstruct \(layer \d/2\)")).wait_for(timeout=LONG * 1000)
@@ -267,7 +269,9 @@ def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_pa
     _cell(bob, "jobs-table", a1, 1).click()
     bob.locator("#job-timings").get_by_text("reconstruct").wait_for()
     bob.locator("#job-heading").get_by_text(re.compile("by alice")).wait_for()
-    for button, verb in (("Cancel job", "cancel"), ("Re-run", "re-run"), ("Delete job", "delete")):  # not his
+    wait_for(bob.get_by_role("button", name="Delete job").is_enabled, timeout=30, what="Delete on a finished job")
+    assert bob.get_by_role("button", name="Cancel job").is_disabled()  # a finished job cannot be cancelled
+    for button, verb in (("Re-run", "re-run"), ("Delete job", "delete")):  # not his
         bob.get_by_role("button", name=button).click()
         refusal = f"job {a1} is alice's: only its owner or an administrator may {verb} it"
         bob.locator("#job-message").get_by_text(refusal).wait_for()
