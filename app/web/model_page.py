@@ -31,7 +31,19 @@ def build(service: JobService, login: Login) -> gr.Number:
         return page.head, page.load, page.downloads, vega(page.layers), page.recipe, page.report
 
     page_id.change(show, [page_id], [head, load, download, layers, page_recipe, page_report], api_name=False)
+    page_id.change(None, [page_id], None, js=LINK_JS, api_name=False)  # the address names the open job
     return page_id
+
+
+# the page's address follows the open job (``?job=N``): a reload, or the address copied for a colleague,
+# opens the same page (``openers`` reads it)
+LINK_JS = """(id) => {
+    if (id) {
+        const address = new URL(window.location.href);
+        address.searchParams.set("job", Math.trunc(id));
+        window.history.replaceState(null, "", address);
+    }
+}"""
 
 
 def openers(

@@ -251,6 +251,9 @@ def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_pa
     wait_for(lambda: "layer 1/2:" in log.inner_text(), timeout=LONG, what="the live log to show layer 1")
     heading.get_by_text(re.compile(r"RUNNING · evaluate ·")).wait_for(timeout=LONG * 1000)  # a stage of its own
     assert "user" in alice.locator("#jobs-table").inner_text()
+    alice.get_by_role("button", name="Model page ›").click()  # the address names the job it opens
+    alice.wait_for_url(re.compile(rf"\?job={a1}$"))
+    alice.locator("#model-head").get_by_text(f"Job {a1}").wait_for()
 
     bob = _log_in(browser, url, "bob")
     (b1,) = _ids(_submit(bob, data, "0.3", ("ls",)))
