@@ -96,6 +96,11 @@ def _check_export(model: str, forms: list[str]) -> None:
         raise SubmitError(f"invalid recipe: export: {exc}") from None
 
 
+def _inside(path: Path, roots: list[Path]) -> bool:
+    """Whether the resolved ``path`` is one of ``roots`` or lies below one."""
+    return any(path == r or r in path.parents for r in roots)
+
+
 class Validator:
     """The checks of one server (its settings, its database for job references)."""
 
@@ -174,7 +179,7 @@ class Validator:
     def readable(self, value: str) -> bool:
         """Whether a server path lies inside one of :meth:`Settings.readable_roots`."""
         resolved = Path(value).expanduser().resolve()
-        return any(resolved == r or r in resolved.parents for r in self.settings.readable_roots())
+        return _inside(resolved, self.settings.readable_roots())
 
     def check_paths(self, recipe: dict, evaluations: list[dict] | None, skip_model: bool = False) -> None:
         """Every server-side path a recipe or evaluation names lies inside a readable root, and a task
@@ -207,7 +212,7 @@ class Validator:
             folder = e.get("task_dir") if isinstance(e, dict) else None
             if isinstance(folder, str) and folder:
                 resolved = Path(folder).expanduser().resolve()
-                if not any(resolved == r or r in resolved.parents for r in task_roots):
+                if not _inside(resolved, task_roots):
                     raise SubmitError(
                         f"task_dir {folder!r} is not one of this server's task folders: task YAMLs can run Python, "
                         "so a web job may use only the folders the administrator lists in LIAR_TASK_DIRS"

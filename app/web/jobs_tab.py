@@ -37,19 +37,20 @@ def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
     timer = gr.Timer(REFRESH_SECONDS)
     panel = [heading, log_tail, timings]
 
-    def buttons(job_id) -> list:
-        """Cancel while the job can still stop, Delete once it has finished (views.actions_enabled)."""
-        return [gr.update(interactive=on) for on in views.actions_enabled(service, job_id)]
+    def view(job_id) -> list:
+        """The panel, then Cancel and Delete usable or not (views.job_view: one read of the job)."""
+        panel_values, buttons = views.job_view(service, job_id)
+        return [*panel_values, *(gr.update(interactive=on) for on in buttons)]
 
     def pick(evt: gr.SelectData):
         job_id = views.job_id_of(evt.row_value)
-        return job_id, *views.job_panel(service, job_id), *buttons(job_id)
+        return job_id, *view(job_id)
 
     def refresh(status, job_id):
         rows = views.job_rows(service, status)
         if job_id is None:
             return rows, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        return rows, *views.job_panel(service, job_id), *buttons(job_id)
+        return rows, *view(job_id)
 
     states = [cancel_btn, delete_btn]
     table.select(pick, None, [picked, *panel, *states], api_name=False)

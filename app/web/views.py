@@ -130,17 +130,31 @@ def job_heading(info: dict[str, Any]) -> str:
     return line
 
 
-def job_panel(service: JobService, job_id, lines: int = 30) -> tuple[str, str, str]:
-    """(heading, log tail, stage timings per stage) of the picked job, from one read of it."""
+def job_view(service: JobService, job_id, lines: int = 30) -> tuple[tuple[str, str, str], tuple[bool, bool]]:
+    """The picked job's panel (heading, log tail, stage timings per stage) and its buttons (Cancel while
+    it is queued or running and no cancel is pending, Delete once it has finished), from one read of
+    it: the Jobs tab refreshes both every few seconds."""
     job_id = job_id_of(job_id)
     if job_id is None:
-        return "Select a job in the table to follow its log.", "", ""
+        return ("Select a job in the table to follow its log.", "", ""), (False, False)
     try:
         info = service.show(job_id)
     except KeyError as exc:
-        return shown(exc.args[0]), "", ""
+        return (shown(exc.args[0]), "", ""), (False, False)
     tail = "\n".join(f"{x['at'][11:19]} {x['level']:7s} {x['message']}" for x in info["log"][-lines:])
-    return job_heading(info), tail, listings.timings_markdown(info["timings"], steps=False)
+    finished = info["status"] in FINISHED
+    buttons = (not finished and not info.get("cancel_requested"), finished)
+    return (job_heading(info), tail, listings.timings_markdown(info["timings"], steps=False)), buttons
+
+
+def job_panel(service: JobService, job_id, lines: int = 30) -> tuple[str, str, str]:
+    """(heading, log tail, stage timings per stage) of the picked job (:func:`job_view`)."""
+    return job_view(service, job_id, lines)[0]
+
+
+def actions_enabled(service: JobService, job_id) -> tuple[bool, bool]:
+    """(Cancel, Delete) usable for the picked job (:func:`job_view`)."""
+    return job_view(service, job_id)[1]
 
 
 def _refusal(exc: Exception, action: str) -> str:
@@ -151,20 +165,6 @@ def _refusal(exc: Exception, action: str) -> str:
     if isinstance(exc, (Forbidden, SubmitError, NotNow, QueueError)):
         return shown(str(exc))
     return shown(public_error(exc, action))
-
-
-def actions_enabled(service: JobService, job_id) -> tuple[bool, bool]:
-    """(Cancel, Delete) buttons usable for the picked job: Cancel while it is queued or running (and
-    no cancel is pending), Delete once it has finished; neither with nothing picked."""
-    job_id = job_id_of(job_id)
-    if job_id is None:
-        return False, False
-    try:
-        info = service.show(job_id)
-    except KeyError:
-        return False, False
-    finished = info["status"] in FINISHED
-    return not finished and not info.get("cancel_requested"), finished
 
 
 def cancel_job(service: JobService, job_id, actor: Actor = OPEN) -> str:
