@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 __all__ = ["build_app", "launch"]
 
 TITLE = "LIAR — retraining-free pruning"
+# a box's message (new_run: "field-error") in the error colour, where its help line was
+CSS = """
+.field-error .info-text, .field-error.prose, .field-error p { color: var(--error-text-color, #b91c1c) !important; }
+.field-error .info-text { font-weight: 600; }
+"""
 
 
 def build_app(
@@ -79,6 +84,7 @@ def launch(host: str = "127.0.0.1", port: int = 7860, login: Login | None = None
     )
     demo.queue().launch(
         theme=theme,
+        css=CSS,
         server_name=host,
         server_port=port,
         auth=login.check_password if login.mode == "passwords" else None,

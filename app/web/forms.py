@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from app.web.fields import FieldError, field_for
 from core.models.liar_families import family_of, supported_families_text, unsupported_reason
 from core.spec.criteria import CRITERIA as _CRITERIA
 from core.spec.recipe import EXPORT_FORMATS, NAMED_DATASETS, Recipe
@@ -29,12 +30,9 @@ from jobs.service import JobService, QueueError, SubmitError
 METHODS = list(_METHODS)
 # every registered criterion; their options go in the recipe YAML below the form
 CRITERIA = ["auto", *_CRITERIA]
-CRITERIA_INFO = (
-    "auto (the default): obs with global allocation for decoders up to 50% (no layer losing more than "
-    "1.2 × the ratio above 30%), kwon for an encoder classifier with labelled calibration data "
-    "(calibration.label_field), magnitude otherwise · magnitude · "
-    "flap (activations) · snip, kwon, taylor (gradients of the calibration loss) · "
-    "kcm (neurons only) · obs (output-error paths, allocation global) · random; options: edit the recipe YAML"
+CRITERION_LINE = (
+    "auto (the default) picks for the model: obs for decoders up to 50%, kwon for a labelled encoder, "
+    "magnitude otherwise"
 )
 NAMED_SETS = list(NAMED_DATASETS)
 MAX_UPLOAD_MB = 50
@@ -86,9 +84,20 @@ def elapsed(seconds: float | None) -> str:
     return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-def shown(message: str) -> str:
-    """An error message as the status line shows it."""
-    return f"**⚠ {message}**"
+class Status(str):
+    """A status line; ``field``: the form box an error is about (:func:`app.web.fields.field_for`;
+    None for a success or the form as a whole), where the tab repeats it."""
+
+    field: str | None = None
+    message: str = ""  # the sentence itself, without the line's decoration
+
+
+def shown(message: str | Exception) -> Status:
+    """An error message as the status line shows it, knowing its box."""
+    line = Status(f"**⚠ {message}**")
+    line.message = str(message)
+    line.field = field_for(message) if isinstance(message, SubmitError) else None
+    return line
 
 
 def submitter(user: str | None, request: Any = None) -> str | None:
@@ -114,7 +123,7 @@ def task_evaluation(tasks, task_dir=None) -> list[dict[str, Any]]:
     names, folder = str(tasks or "").strip(), str(task_dir or "").strip()
     if not names:
         if folder:
-            raise SubmitError("a task folder needs task names (lm-eval tasks)")
+            raise FieldError("tasks", "a task folder needs task names (lm-eval tasks)")
         return []
     return [{"type": "lm_eval", "tasks": names, **({"task_dir": folder} if folder else {})}]
 
@@ -164,10 +173,10 @@ def parse_amount(text) -> list[float] | float:
     if not speedups:
         return parse_ratios(text)
     if len(parts) > 1:
-        raise SubmitError("a speed-up (1.5x) goes alone in the ratio box: one target per submission")
+        raise FieldError("ratio", "a speed-up (1.5x) goes alone in the ratio box: one target per submission")
     value = float(speedups[0].group(1))
     if not 1 < value <= 20:
-        raise SubmitError(f"a speed-up must lie above 1x and at most 20x, got {parts[0]}")
+        raise FieldError("ratio", f"a speed-up must lie above 1x and at most 20x, got {parts[0]}")
     return value
 
 
@@ -178,9 +187,9 @@ def parse_ratios(text) -> list[float]:
     if isinstance(text, (int, float)):
         parts = [str(text)]
     else:
-        parts = [p for p in re.split(r"[,;\s]+", str(text or "").strip()) if p]
+        parts = [p for p in re.split(r"[,;\s]+", str(text or "").replace("−", "-").strip()) if p]  # (U+2212)
     if not parts:
-        raise SubmitError("enter a ratio between 0 and 1 (several, separated by commas, make a sweep)")
+        raise FieldError("ratio", "enter a ratio between 0 and 1 (several, separated by commas, make a sweep)")
     ratios: list[float] = []
     words, outside = [], []  # every bad one is named, not just the first
     for part in parts:
@@ -203,7 +212,7 @@ def parse_ratios(text) -> list[float]:
         what = f"ratio {outside[0]} must lie" if one else f"ratios {_joined(outside)} must each lie"
         problems.append(f"{what} strictly between 0 and 1 (the fraction of the blocks' parameters to remove)")
     if problems:
-        raise SubmitError("; ".join(problems))
+        raise FieldError("ratio", "; ".join(problems))
     return ratios
 
 
@@ -219,16 +228,17 @@ def _joined(items: list[str]) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
-def _number(value, name: str, whole: bool = True, minimum: float | None = None) -> int | float:
-    """A number box's value, or SubmitError naming the box (an emptied box gives None)."""
+def _number(value, name: str, field: str, whole: bool = True, minimum: float | None = None) -> int | float:
+    """A number box's value, or a FieldError naming the box (``name``; ``field``: its form field)."""
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise SubmitError(f"{name} must be a number, got {'nothing' if value in (None, '') else repr(value)}") from None
+        got = "nothing" if value in (None, "") else repr(value)
+        raise FieldError(field, f"{name} must be a number, got {got}") from None
     if math.isnan(number) or (whole and not number.is_integer()):
-        raise SubmitError(f"{name} must be a whole number, got {value!r}")
+        raise FieldError(field, f"{name} must be a whole number, got {value!r}")
     if minimum is not None and number < minimum:
-        raise SubmitError(f"{name} must be at least {minimum:g}, got {number:g}")
+        raise FieldError(field, f"{name} must be at least {minimum:g}, got {number:g}")
     return int(number) if whole else number
 
 
@@ -255,10 +265,10 @@ def build_recipe(
     the serving forms ticked, checked by the recipe);
     raises SubmitError."""
     if not model or not str(model).strip():
-        raise SubmitError("choose a model: a Hugging Face id or a local directory")
+        raise FieldError("model", "choose a model: a Hugging Face id or a local directory")
     source = upload if upload else calibration
     if not source or not str(source).strip():
-        raise SubmitError("choose a calibration set or upload a .txt / .jsonl file")
+        raise FieldError("calibration", "choose a calibration set or upload a .txt / .jsonl file")
     if round_neurons in (None, "", "auto"):
         multiple: int | str = "auto"
     else:
@@ -267,10 +277,12 @@ def build_recipe(
         except (TypeError, ValueError):
             multiple = 0
         if multiple < 1:
-            raise SubmitError(f"FFN width multiple must be auto or a whole number ≥ 1, got {round_neurons!r}")
+            message = f"FFN width multiple must be auto or a whole number ≥ 1, got {round_neurons!r}"
+            raise FieldError("round_neurons", message)
     groups = KV_GROUP_CHOICES[0] if kv_groups in (None, "") else kv_groups
     if groups not in KV_GROUP_CHOICES:
-        raise SubmitError(f"key/value groups must be one of {', '.join(KV_GROUP_CHOICES)}, got {kv_groups!r}")
+        choices = ", ".join(KV_GROUP_CHOICES)
+        raise FieldError("kv_groups", f"key/value groups must be one of {choices}, got {kv_groups!r}")
     round_to = {"neurons": multiple} if multiple != "auto" else {}
     round_to.update({"kv_groups": groups} if groups != KV_GROUP_CHOICES[0] else {})
     rounding = {"round_to": round_to} if round_to else {}
@@ -285,13 +297,13 @@ def build_recipe(
         "allocation": allocation,
         **rounding,
         "criterion": {"name": criterion},
-        "reconstruction": {"method": "ls", "damp": _number(damp, "damping", whole=False, minimum=0)},
+        "reconstruction": {"method": "ls", "damp": _number(damp, "damping", "damp", whole=False, minimum=0)},
         "calibration": {
             "dataset": str(source).strip(),
             **fields,
-            "num_calibration_samples": _number(samples, "samples", minimum=1),
-            "max_seq_length": _number(seq_len, "sequence length", minimum=2),
-            "seed": _number(seed, "seed"),
+            "num_calibration_samples": _number(samples, "samples", "samples", minimum=1),
+            "max_seq_length": _number(seq_len, "sequence length", "seq_len", minimum=2),
+            "seed": _number(seed, "seed", "seed"),
         },
         **serving,
     }
@@ -303,10 +315,11 @@ def _record_fields(text_field, label_field) -> dict[str, Any]:
     stays as short as before. Two text fields, comma-separated, make an encoder's sentence pair."""
     texts = [t.strip() for t in str(text_field or "").split(",") if t.strip()]
     if len(texts) > 2:
-        raise SubmitError(f"give one text field, or two for a sentence pair, not {len(texts)}: {text_field!r}")
+        message = f"give one text field, or two for a sentence pair, not {len(texts)}: {text_field!r}"
+        raise FieldError("text_field", message)
     label = str(label_field or "").strip()
     if label and label in texts:
-        raise SubmitError(f"the label field {label!r} is also a text field")
+        raise FieldError("label_field", f"the label field {label!r} is also a text field")
     out: dict[str, Any] = {}
     if texts and texts != ["text"]:
         out["text_field"] = texts[0] if len(texts) == 1 else texts
@@ -323,9 +336,10 @@ def store_upload(service: JobService, upload: str | None) -> str | None:
     src = Path(upload)
     size = src.stat().st_size
     if size > MAX_UPLOAD_MB * 2**20:
-        raise SubmitError(f"the uploaded file is {size / 2**20:.0f} MB; the limit is {MAX_UPLOAD_MB} MB")
+        raise FieldError("upload", f"the uploaded file is {size / 2**20:.0f} MB; the limit is {MAX_UPLOAD_MB} MB")
     if src.suffix.lower() not in (".txt", ".jsonl", ".json"):
-        raise SubmitError(f"upload a .txt, .jsonl or .json file, not {src.suffix or 'a file without extension'}")
+        kind = src.suffix or "a file without extension"
+        raise FieldError("upload", f"upload a .txt, .jsonl or .json file, not {kind}")
     digest = hashlib.sha256(src.read_bytes()).hexdigest()[:20]
     dest = service.settings.uploads_dir / f"{digest}{src.suffix.lower()}"
     if not dest.exists():
@@ -345,6 +359,15 @@ class FormRun(NamedTuple):
     @property
     def n_jobs(self) -> int:
         return len(self.methods) * len(self.ratios)
+
+    def document(self) -> str:
+        """The run as YAML: the recipe of one job; for a sweep, a grid (``base`` and ``grid``, the form
+        of ``liar sweep``'s files) that "Submit this YAML" submits whole."""
+        if self.n_jobs == 1:
+            return yaml.safe_dump(self.recipe, sort_keys=False)
+        axes: dict[str, list] = {"ratio": list(self.ratios)} if len(self.ratios) > 1 else {}
+        axes.update({"reconstruction": list(self.methods)} if len(self.methods) > 1 else {})
+        return yaml.safe_dump({"base": self.recipe, "grid": axes}, sort_keys=False)  # (grid.ratio wins)
 
     def describe(self) -> str:
         """``3 ratios × 2 methods`` for a sweep."""
@@ -370,11 +393,12 @@ def from_form(service: JobService, form, actor: Actor = OPEN) -> FormRun:
     known = {values["upload"]: Path(uploaded).name} if values["upload"] else {}
     recipe = build_recipe(**values)
     if not methods:
-        raise SubmitError("pick at least one reconstruction method")
+        raise FieldError("methods", "pick at least one reconstruction method")
     if len(ratios) * len(methods) > MAX_FORM_JOBS:
-        raise SubmitError(
+        raise FieldError(
+            "ratio",
             f"{len(ratios)} ratios × {len(methods)} methods is {len(ratios) * len(methods)} jobs; the form "
-            f"queues at most {MAX_FORM_JOBS} (use `liar sweep` for a bigger grid)"
+            f"queues at most {MAX_FORM_JOBS} (use `liar sweep` for a bigger grid)",
         )
     evals = evaluations_for(evaluate, recipe["calibration"]["max_seq_length"]) + task_evaluation(tasks, task_dir)
     for i, (ratio, m) in enumerate((ratio, m) for ratio in ratios for m in methods):
@@ -385,8 +409,9 @@ def from_form(service: JobService, form, actor: Actor = OPEN) -> FormRun:
         except SubmitError as exc:
             message = str(exc)
             for server, name in known.items():
-                message = message.replace(server, name)
-            raise SubmitError(message) from None
+                if server in message:  # about the uploaded file: said under the upload box
+                    raise FieldError("upload", message.replace(server, name)) from None
+            raise exc from None
     recipe["reconstruction"]["method"] = methods[0]
     return FormRun(recipe, evals, list(methods), ratios)
 
@@ -407,16 +432,43 @@ def store_recipe(service: JobService, text: str) -> Path:
     return path
 
 
+def check_form(service: JobService, form, actor: Actor = OPEN) -> Status | str:
+    """The form's first problem as a status line (its box in ``field``), or "" when it is valid;
+    writes nothing but the uploaded file's stored copy."""
+    try:
+        from_form(service, form, actor)
+    except SubmitError as exc:
+        return shown(exc)
+    return ""
+
+
+def advanced_title(values: dict[str, Any]) -> str:
+    """The Advanced accordion's title: its current choices, so a glance shows what a run will do
+    (``values``: the boxes of ``new_run.SUMMARY_FIELDS``)."""
+    methods = values.get("methods") or []
+    parts = [f"prune {values.get('modules')}", f"allocation {values.get('allocation')}"]
+    parts.append(f"reconstruction {' + '.join(methods) if methods else '(none picked)'}")
+    parts.append(f"damping {values.get('damp')}")
+    parts.append(f"{values.get('samples')} samples × {values.get('seq_len')} tokens")
+    evaluate, tasks = values.get("evaluate"), str(values.get("tasks") or "").strip()
+    evaluations = [f"perplexity on {Path(str(evaluate)).name}"] if evaluate and evaluate != NO_EVALUATION else []
+    evaluations += [f"lm-eval {tasks}"] if tasks else []
+    parts.append(" and ".join(evaluations) if evaluations else "no evaluation")
+    export = values.get("export") or []
+    parts.append(f"serving files: {', '.join(export)}" if export else "no serving files")
+    return "Advanced · " + " · ".join(parts)
+
+
 def validate_form(service: JobService, form, actor: Actor = OPEN) -> tuple[str, str, str | None]:
     """(status line, recipe YAML, path of the recipe file to download) for the Validate button."""
     try:
         run = from_form(service, form, actor)
     except SubmitError as exc:
-        return shown(str(exc)), "", None
-    text = yaml.safe_dump(run.recipe, sort_keys=False)
+        return shown(exc), "", None
+    text = run.document()
     message = "✓ valid"
     if run.n_jobs > 1:
-        message += f": a sweep of {run.n_jobs} jobs ({run.describe()}); the YAML is its first job"
+        message += f": a sweep of {run.n_jobs} jobs ({run.describe()}); the YAML holds all of them"
     return message, text, str(store_recipe(service, text))
 
 
@@ -439,7 +491,7 @@ def submit_form(service: JobService, form, user: str | None, actor: Actor = OPEN
             actor=actor,
         )
     except (SubmitError, QueueError) as exc:
-        return shown(str(exc))
+        return shown(exc)
     return f"✓ submitted sweep {group} of {len(ids)} jobs ({run.describe()}): jobs {', '.join(map(str, ids))}"
 
 
@@ -460,25 +512,7 @@ def api_evaluations(recipe_yaml: str, ppl: str | None, seq_len: int | float | No
     return [{"type": "perplexity", "dataset": str(ppl), "seq_len": length}]
 
 
-def submit_yaml(
-    service: JobService,
-    text: str,
-    evaluate: str | None,
-    user: str | None,
-    tasks=None,
-    task_dir=None,
-    actor: Actor = OPEN,
-) -> str:
-    """Submit a recipe pasted or edited as YAML, with the form's evaluations. Returns the status line."""
-    if not text or not text.strip():
-        return shown("the recipe box is empty: validate the form or paste a recipe")
-    try:
-        data = Recipe.parse_yaml(text)  # parsed once, here; the service validates the mapping
-        calibration = data.get("calibration") if isinstance(data.get("calibration"), dict) else {}
-        evals = evaluations_for(evaluate, calibration.get("max_seq_length", 128)) + task_evaluation(tasks, task_dir)
-        job_id = service.submit(data, submitted_by=user or None, evaluations=evals, confine=True, actor=actor)
-    except (SubmitError, QueueError) as exc:
-        return shown(str(exc))
-    except (ValueError, TypeError) as exc:  # the YAML itself, or a max_seq_length that is no number
-        return shown(f"invalid recipe: {exc}")
-    return f"✓ submitted job {job_id}"
+def estimate_line(service: JobService, form) -> str:
+    """The engine's estimate of the run the form describes (``core.pipeline.estimate``), as one line
+    above Submit; empty while the form cannot make a recipe (Validate says why)."""
+    return ""

@@ -77,10 +77,34 @@ def _jobs(url: str, auth: tuple[str, str] | None = None) -> list[dict]:
     return json.loads(Client(url, auth=auth, verbose=False).predict("", api_name="/list_jobs"))
 
 
+ADVANCED = ("Samples", "Sequence length", "Seed", "Damping", "Text field", "Label field", "lm-eval tasks")
+
+
+def _open_advanced(page) -> None:
+    """Open the New-run tab's Advanced section (closed on a new page) if it is closed."""
+    if not page.get_by_label("Samples", exact=True).is_visible():
+        page.locator("#advanced > button").first.click()
+        page.get_by_label("Samples", exact=True).wait_for()
+
+
 def _fill(page, label: str, value: str) -> None:
+    if label in ADVANCED:
+        _open_advanced(page)
     box = page.get_by_label(label, exact=True)
     box.fill(value)
     box.press("Tab")
+
+
+def _info(page, label: str) -> str:
+    """The help line under a box (by its label, or ``#id``), where its error message shows."""
+    if label.startswith("#"):
+        return page.locator(f"{label} .info-text").inner_text()
+    return (
+        page.get_by_label(label, exact=True)
+        .locator("xpath=ancestor::*[contains(@class,'block')][1]")
+        .locator(".info-text")
+        .inner_text()
+    )
 
 
 def _fill_ratio(page, value: str) -> None:
@@ -131,6 +155,7 @@ def test_bad_ratios_and_emptied_fields_are_sentences_not_toasts(page, app_server
     page.get_by_role("button", name="Submit", exact=True).click()
     page.locator("#submit-status").get_by_text(re.compile("ratio 1.5 must lie strictly between 0 and 1")).wait_for()
     _fill_ratio(page, "0.2")
+    _open_advanced(page)
     for label, message in (("Samples", "samples must be a number"), ("Calibration set", "choose a calibration set")):
         box = page.get_by_label(label, exact=True)
         kept = box.input_value()
@@ -150,6 +175,110 @@ def test_bad_ratios_and_emptied_fields_are_sentences_not_toasts(page, app_server
     assert len(list(recipes.iterdir())) <= count + 1
 
 
+FIRST_SCREEN_JS = """() => {
+  const advanced = document.querySelector('#advanced');
+  const blocks = new Set();
+  for (const el of document.querySelectorAll('input, textarea, select')) {
+    const block = el.closest('.block');
+    if (!block || block.contains(advanced) || advanced.contains(block)) continue;
+    if (!(advanced.compareDocumentPosition(block) & Node.DOCUMENT_POSITION_PRECEDING)) continue;
+    if (!block.closest('[role=tabpanel]') || block.getClientRects().length === 0) continue;  // other tabs, hidden
+    blocks.add(block);
+  }
+  return [...blocks].map(b => (b.innerText || b.id).split('\\n')[0].trim());
+}"""
+
+
+def test_the_first_screen_is_the_four_choices_then_advanced(browser, app_server, screenshots_dir):
+    """A newcomer's first screen: model, ratio, criterion and calibration set (and its upload, and a
+    name without login) — at most 6 inputs before "Advanced", whose title shows its current values."""
+    pg = _new_page(browser, app_server["url"])
+    pg.get_by_role("tab", name="New run").wait_for()
+    pg.wait_for_timeout(1000)
+    boxes = pg.evaluate(FIRST_SCREEN_JS)
+    assert len(boxes) <= 6, boxes
+    for label in ("Model", "Ratio or speed-up", "Criterion", "Calibration set"):
+        assert any(b.startswith(label) for b in boxes), (label, boxes)
+    title = pg.locator("#advanced > button").first.inner_text()
+    assert "prune both" in title and "128 samples × 128 tokens" in title, title
+    assert not pg.get_by_label("Samples", exact=True).is_visible()
+    pg.screenshot(path=str(screenshots_dir / "new-run-first-screen.png"), full_page=True)
+    _fill(pg, "Samples", "64")  # the title follows the values
+    pg.locator("#advanced > button").get_by_text(re.compile("64 samples × 128 tokens")).wait_for()
+    pg.context.close()
+
+
+def test_a_bad_box_is_named_in_place_until_it_is_fixed(browser, app_server):
+    """The message goes under the box it is about, not in a fading toast or as a bare "Error" badge,
+    and stays there until the box is fixed; a list of ratios names every bad one."""
+    pg = _new_page(browser, app_server["url"])
+    pg.get_by_role("tab", name="New run").wait_for()
+    before = len(_jobs(app_server["url"]))
+    submit = pg.get_by_role("button", name="Submit", exact=True)
+    _fill(pg, "Samples", "0")
+    submit.click()
+    wait_for(lambda: "⚠ samples must be at least 1, got 0" in _info(pg, "Samples"), timeout=60, what="the message")
+    pg.get_by_label("Seed", exact=True).click()  # elsewhere: the message stays
+    pg.wait_for_timeout(1500)
+    assert "⚠ samples must be at least 1" in _info(pg, "Samples")
+    assert pg.locator(".toast-body").count() == 0
+    _fill(pg, "Samples", "8")  # fixed: the help line is back
+    wait_for(lambda: "⚠" not in _info(pg, "Samples"), timeout=60, what="the message to go")
+    pg.locator("#submit-status").get_by_text("✓ fixed").wait_for()
+
+    _fill(pg, "Sequence length", "-5")
+    submit.click()
+    wait_for(lambda: "⚠ sequence length must be at least 2" in _info(pg, "Sequence length"), timeout=60, what="it")
+    assert pg.get_by_text("Error", exact=True).count() == 0  # no bare red badges
+    _fill(pg, "Sequence length", "32")
+    wait_for(lambda: "⚠" not in _info(pg, "Sequence length"), timeout=60, what="the message to go")
+
+    _fill_ratio(pg, "0.2, 1.5, −0.1")
+    submit.click()
+    message = "ratios 1.5 and -0.1 must each lie strictly between 0 and 1"
+    wait_for(lambda: message in _info(pg, "#ratio"), timeout=60, what="both ratios named")
+    assert len(_jobs(app_server["url"])) == before
+    pg.context.close()
+
+
+def test_an_upload_visibly_replaces_the_calibration_set(browser, app_server, tmp_path):
+    pg = _new_page(browser, app_server["url"])
+    pg.get_by_role("tab", name="New run").wait_for()
+    calibration = pg.locator("#calibration input").first
+    chosen = calibration.input_value()
+    records = tmp_path / "my-records.jsonl"
+    records.write_text("".join(json.dumps({"text": f"line {i} of my own text"}) + "\n" for i in range(40)))
+    pg.locator("#upload input[type=file]").set_input_files(str(records))
+    wait_for(lambda: calibration.input_value() == "⬆ my-records.jsonl", timeout=60, what="the upload to show")
+    assert calibration.is_disabled()
+    pg.locator("#calibration").get_by_text(re.compile("the uploaded my-records.jsonl replaces it")).wait_for()
+    _fill(pg, "Samples", "8")
+    _fill(pg, "Sequence length", "16")
+    pg.get_by_role("button", name="Validate").click()
+    pg.locator("#submit-status").get_by_text("✓ valid").wait_for()
+    assert "uploads/" in pg.locator(".cm-content").first.inner_text()  # the recipe reads the upload
+    pg.locator("#upload button[aria-label='Clear']").first.click()  # removed: the set chosen before is back
+    wait_for(lambda: calibration.input_value() == chosen, timeout=60, what="the set to come back")
+    assert calibration.is_enabled()
+    pg.context.close()
+
+
+def test_a_sweep_in_the_recipe_box_submits_all_its_jobs(browser, app_server):
+    pg = _new_page(browser, app_server["url"])
+    pg.get_by_role("tab", name="New run").wait_for()
+    before = len(_jobs(app_server["url"]))
+    _fill(pg, "Samples", "4")
+    _fill(pg, "Sequence length", "16")
+    _fill_ratio(pg, "0.2, 0.3")
+    pg.get_by_role("button", name="Validate").click()
+    pg.locator("#submit-status").get_by_text("the YAML holds all of them").wait_for()
+    assert "grid:" in pg.locator(".cm-content").first.inner_text()  # the recipe box opened, with the grid
+    pg.get_by_role("button", name="Submit this YAML").click()
+    pg.locator("#submit-status").get_by_text(re.compile(r"submitted sweep \w+ of 2 jobs")).wait_for()
+    assert len(_jobs(app_server["url"])) == before + 2
+    pg.context.close()
+
+
 def test_no_requests_leave_the_machine(page):
     """Works offline: no analytics, no web fonts, nothing fetched from outside (charts included)."""
     for tab in ("Jobs", "Dashboard", "Model", "New run"):
@@ -166,6 +295,7 @@ def test_encoder_is_detected_and_pasted_recipe_submits(page, app_server):
     _fill(page, "Model", str(data / "models" / "tiny-llama-demo"))
     page.locator("#model-info").get_by_text(re.compile("decoder")).wait_for()
     before = len(_jobs(app_server["url"]))
+    page.locator("#recipe > button").first.click()  # the recipe as YAML, folded away
     box = page.locator(".cm-content").first  # the editable recipe box
     box.click()
     page.keyboard.press("Control+A")
@@ -213,6 +343,7 @@ def _submit(pg, data: Path, ratios: str, methods: tuple[str, ...] = ("liar",)) -
     _fill(pg, "Samples", "8")
     _fill(pg, "Sequence length", "32")
     _fill_ratio(pg, ratios)
+    _open_advanced(pg)
     for method in ("liar", "ls"):
         box = pg.get_by_label(method, exact=True)
         box.check() if method in methods else box.uncheck()
@@ -311,7 +442,7 @@ def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_pa
     bob.get_by_text(f"Job {a1} — SUCCEEDED").wait_for()
     head = bob.locator("#model-head")
     assert "by alice" in head.inner_text()
-    assert len(re.findall(r"^params_after\t", bob.locator("body").inner_text(), re.M)) == 1  # metrics shown once
+    assert len(re.findall(r"^parameters, pruned\t", bob.locator("body").inner_text(), re.M)) == 1  # metrics shown once
     bob.locator("#error-plot svg.marks").first.wait_for()
     bob.locator("#error-plot").get_by_text("0 attn").first.wait_for()  # layers named on the axis
     downloads = bob.locator("#model-downloads")

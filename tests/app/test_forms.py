@@ -13,7 +13,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.web import forms, views
+from app.web import forms, recipe_box, views
 from app.web.forms import build_recipe, describe_model, evaluations_for
 from app.web.views import job_rows
 from core.models.liar_families import supported_families_text
@@ -182,7 +182,7 @@ def test_lm_eval_tasks_from_the_form_reach_the_job(job_service, llama_dir, bert_
         message = forms.submit_form(job_service, form, "a")
         assert message.startswith("**⚠") and expected in message, message
     text = yaml.safe_dump(build_recipe(**_fields(tmp_path, model=str(llama_dir))))
-    assert forms.submit_yaml(job_service, text, "(none)", "a", "piqa") == "✓ submitted job 2"
+    assert recipe_box.submit(job_service, text, "(none)", "a", "piqa") == "✓ submitted job 2"
     assert job_service.show(2)["evaluations"][0]["tasks"] == ["piqa"]
 
 
@@ -273,8 +273,8 @@ def test_validate_submit_and_the_jobs_table(job_service, llama_dir, tmp_path):
     assert forms.submit_form(job_service, _form(tmp_path, llama_dir), "ada") == "✓ submitted job 1"
     message = forms.submit_form(job_service, _form(tmp_path, llama_dir, methods=["liar", "ls"]), "bob")
     assert message.startswith("✓ submitted sweep ") and message.endswith(" of 2 jobs (2 methods): jobs 2, 3")
-    assert forms.submit_yaml(job_service, " ", "(none)", "ada").startswith("**⚠ the recipe box is empty")
-    assert forms.submit_yaml(job_service, text, "(none)", None) == "✓ submitted job 4"
+    assert recipe_box.submit(job_service, " ", "(none)", "ada").startswith("**⚠ the recipe box is empty")
+    assert recipe_box.submit(job_service, text, "(none)", None) == "✓ submitted job 4"
 
     rows = job_rows(job_service)
     assert [r[0] for r in rows] == [4, 3, 2, 1]
@@ -406,17 +406,41 @@ def test_emptied_or_bad_fields_are_one_sentence(tmp_path, field, value, message)
 def test_the_form_submits_a_sweep_of_ratios_and_methods(job_service, llama_dir, tmp_path):
     form = _form(tmp_path, llama_dir, methods=["liar", "ls"], ratio="0.2, 0.4")
     message, text, _ = forms.validate_form(job_service, form)
-    assert message == "✓ valid: a sweep of 4 jobs (2 ratios × 2 methods); the YAML is its first job"
-    assert yaml.safe_load(text)["ratio"] == 0.2
+    assert message == "✓ valid: a sweep of 4 jobs (2 ratios × 2 methods); the YAML holds all of them"
+    grid = yaml.safe_load(text)  # the grid form of `liar sweep`'s files
+    assert grid["grid"] == {"ratio": [0.2, 0.4], "reconstruction": ["liar", "ls"]}
     message = forms.submit_form(job_service, form, "ada")
     assert message.endswith(" of 4 jobs (2 ratios × 2 methods): jobs 1, 2, 3, 4"), message
     cells = sorted((j["ratio"], j["method"]) for j in job_service.list())
     assert cells == [(0.2, "liar"), (0.2, "ls"), (0.4, "liar"), (0.4, "ls")]
     assert len({j["group_id"] for j in job_service.list()}) == 1
-    # a bad ratio in the list: nothing queued
+    # a bad ratio in the list: nothing queued, and the ratio box is the one named
     message = forms.submit_form(job_service, _form(tmp_path, llama_dir, ratio="0.2, 1.2"), "ada")
     assert message.startswith("**⚠ ratio 1.2 must lie strictly between 0 and 1 (the fraction of the blocks'")
+    assert message.field == "ratio"
     assert len(job_service.list()) == 4
+    # the validated YAML, submitted as it is, queues the whole sweep again (it queued only the first job)
+    message = recipe_box.submit(job_service, text, "(none)", "ada")
+    assert message == "✓ submitted sweep " + message.split()[3] + " of 4 jobs: jobs 5, 6, 7, 8", message
+    cells = sorted((j["ratio"], j["method"]) for j in job_service.list() if j["id"] > 4)
+    assert cells == [(0.2, "liar"), (0.2, "ls"), (0.4, "liar"), (0.4, "ls")]
+
+
+@pytest.mark.parametrize(
+    "grid, message",
+    [
+        ("grid: {ratio: [0.2, 1.5]}", "ratio"),
+        ("grid: {model: [a, b]}", "grid.model needs `liar sweep`"),
+        ("grid: {reconstruction: [{method: ls, damp: 0.1}]}", "give plain values here"),
+        ("grid: {}", "a sweep needs base"),
+        ("grid: {ratio: [0.2]}\nevaluation: {perplexity: {text: x}}", "not evaluation"),
+    ],
+)
+def test_a_bad_sweep_grid_in_the_recipe_box_queues_nothing(job_service, llama_dir, tmp_path, grid, message):
+    base = yaml.safe_dump({"base": build_recipe(**_fields(tmp_path, model=str(llama_dir)))})
+    line = recipe_box.submit(job_service, base + grid, "(none)", "ada")
+    assert line.startswith("**⚠") and message in line, line
+    assert job_service.list() == []
 
 
 def test_validating_keeps_one_recipe_file_per_recipe(job_service, llama_dir, tmp_path, monkeypatch):
@@ -467,7 +491,7 @@ def test_web_submissions_read_only_inside_the_data_roots(job_service, llama_dir,
         text = yaml.safe_dump(
             {"model": str(llama_dir), "ratio": 0.3, "calibration": {"dataset": str(outside), "max_seq_length": 16}}
         )
-        assert "outside the folders this server reads from" in forms.submit_yaml(job_service, text, None, "ada")
+        assert "outside the folders this server reads from" in recipe_box.submit(job_service, text, None, "ada")
         assert job_service.list() == []
         job_service.submit(text)  # the CLI's path: unconfined
         assert len(job_service.list()) == 1
@@ -515,7 +539,7 @@ def test_serving_files_land_in_the_recipe_and_its_yaml(job_service, tmp_path_fac
     assert message.startswith("**⚠ invalid recipe: export: GGUF export writes the LLaMA, Mistral and Qwen2 families")
     assert text == "" and "\n" not in message
     assert forms.submit_form(job_service, _form(tmp_path, gemma, export=["gguf-f16"]), "ada").startswith("**⚠ invalid")
-    assert forms.submit_yaml(
+    assert recipe_box.submit(
         job_service, f"model: {gemma}\nratio: 0.3\nexport: [gguf-f16]\ncalibration: {{texts: [a b]}}\n", "(none)", None
     ).startswith("**⚠ invalid recipe: export: GGUF export")
     assert len(job_service.list()) == 4
@@ -573,3 +597,70 @@ def test_a_speed_target_sweep_over_methods_queues_one_job_each(tmp_path, job_ser
     jobs = job_service.list()
     assert {j["method"] for j in jobs} == {"ls", "liar"} and len({j["group_id"] for j in jobs}) == 1
     assert all(j["ratio"] is None and j["target"]["speedup"] == 1.4 for j in jobs)
+
+
+def test_every_bad_box_is_named_and_placed(job_service, llama_dir, tmp_path):
+    """Each bad input of the form gets one sentence naming its box, and the tab knows which box to
+    show it under (``Status.field``); the form as a whole gets none. Nothing is queued."""
+    bad_jsonl = tmp_path / "records.jsonl"
+    bad_jsonl.write_text('{"body": "no text field here"}\n')
+    outside = tmp_path.parent.parent / "elsewhere"  # outside the data roots
+    cases = [
+        (dict(samples=0), "samples", "samples must be at least 1, got 0"),
+        (dict(seq_len=-5), "seq_len", "sequence length must be at least 2, got -5"),
+        (dict(seed=1.5), "seed", "seed must be a whole number"),
+        (dict(damp=-1), "damp", "damping must be at least 0"),
+        (dict(ratio="0.2, 1.5, −0.1"), "ratio", "ratios 1.5 and -0.1 must each lie strictly between 0 and 1"),
+        (dict(ratio=""), "ratio", "enter a ratio"),
+        (dict(calibration=str(bad_jsonl)), "text_field", "record 1 has no field 'text'"),
+        (dict(calibration=str(bad_jsonl), text_field="body", label_field="label"), "label_field", "label field"),
+        (dict(text_field="a, b, c"), "text_field", "give one text field"),
+        (dict(model=str(outside / "model")), "model", "outside the folders this server reads from"),
+        (dict(model=""), "model", "choose a model"),
+        (dict(methods=[]), "methods", "pick at least one reconstruction method"),
+        (dict(tasks="no_such_task"), "tasks", "no_such_task"),
+        (dict(task_dir=str(tmp_path)), "tasks", "a task folder needs task names"),
+        (dict(evaluate=str(tmp_path / "missing.txt")), "evaluate", "missing.txt"),
+        (dict(round_neurons="0"), "round_neurons", "FFN width multiple"),
+    ]
+    for over, field, words in cases:
+        methods = over.pop("methods", ["ls"])
+        line = forms.submit_form(
+            job_service, _form(tmp_path, over.pop("model", llama_dir), methods=methods, **over), "ada"
+        )
+        assert line.startswith("**⚠") and words in line, (over, line)
+        assert line.field == field, (over, line, line.field)
+        assert line.message in line and "\n" not in line.message
+    assert job_service.list() == []
+    assert forms.check_form(job_service, _form(tmp_path, llama_dir)) == ""  # a valid form: nothing to show
+
+
+@pytest.mark.parametrize(
+    "message, field",
+    [
+        ("invalid recipe: calibration.max_seq_length: must be at most 64 (the model's positions)", "seq_len"),
+        ("invalid recipe: model 'x' does not exist", "model"),
+        ("invalid recipe: ratio 0.95 leaves a layer of the model without heads", "ratio"),
+        ("invalid evaluation: lm-eval task 'piqa' loads its data from the Hugging Face Hub", "tasks"),
+        ("invalid recipe: calibration.dataset 'wikitext2' comes from the Hugging Face Hub", "calibration"),
+        ("the queue is unreachable: try again", None),
+    ],
+)
+def test_service_messages_find_their_box(message, field):
+    from app.web.fields import field_for
+
+    assert field_for(message) == field
+
+
+def test_the_advanced_title_shows_the_current_choices():
+    title = forms.advanced_title(
+        dict(modules="heads", allocation="global", methods=["ls", "liar"], damp=0.01, samples=64, seq_len=256,
+             evaluate="/data/texts/wiki.txt", tasks="piqa", export=["gguf"])
+    )  # fmt: skip
+    assert title == (
+        "Advanced · prune heads · allocation global · reconstruction ls + liar · damping 0.01 · 64 samples × "
+        "256 tokens · perplexity on wiki.txt and lm-eval piqa · serving files: gguf"
+    )
+    title = forms.advanced_title(dict(modules="both", allocation="auto", methods=[], damp=0.001, samples=128,
+                                      seq_len=128, evaluate="(none)", tasks="", export=[]))  # fmt: skip
+    assert "reconstruction (none picked)" in title and "no evaluation · no serving files" in title
