@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from jobs.access import OPEN, Actor, Forbidden, require_owner
+from jobs.hub import missing_model
 from jobs.references import job_reference, owner_and_checkpoint
 from jobs.settings import Settings
 
@@ -55,11 +56,14 @@ def check_sources(recipe, evaluations: list[dict], offline: bool) -> None:
     from core.spec.recipe import NAMED_DATASETS
 
     model = recipe.model
-    if offline and not Path(model).expanduser().is_dir() and model_kind(model) is None:  # nor in the hub cache
+    remote = not Path(model).expanduser().is_dir() and model_kind(model) is None  # nor in the hub cache
+    if offline and remote:
         raise ValueError(
             f"model {model!r} is no folder on this server and not in its Hugging Face cache, and the Hub is one "
             f"{OFFLINE}: use a local model folder"
         )
+    if remote and (missing := missing_model(model)):  # asked of the Hub now, not found on the worker
+        raise ValueError(missing)
     calibration = recipe.calibration
     if calibration.texts is None and calibration.dataset in NAMED_DATASETS:
         if offline:
