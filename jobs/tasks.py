@@ -301,9 +301,14 @@ def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None], ch
     return result
 
 
+PREFILL_REPEATS = 5  # timed prefills a side, each one forward over 4 × 128 tokens: a median and a spread
+
+
 def _prune_in_memory(recipe: dict[str, Any], progress: Callable[[str, int, int], None]):
-    """The model loaded whole, with its end-to-end prefill speed measured before and after pruning."""
-    from core.evaluation.speed import prefill_tokens_per_second
+    """The model loaded whole, with its end-to-end prefill speed measured before and after pruning:
+    ``PREFILL_REPEATS`` timed runs a side (the model is pruned in place, so the two sides cannot be
+    interleaved), the speed-up's median and its conservative spread (``core.evaluation.speed``)."""
+    from core.evaluation.speed import prefill_speedup, prefill_timing
     from core.models.loading import load_model
     from core.pipeline.sequential import prune
 
@@ -311,14 +316,20 @@ def _prune_in_memory(recipe: dict[str, Any], progress: Callable[[str, int, int],
     model, tokenizer, _ = load_model(recipe["model"], recipe.get("dtype", "auto"), recipe.get("device", "auto"))
     progress("load", 1, 1)
     progress("speed", 0, 1)
-    dense = prefill_tokens_per_second(model)
+    dense = prefill_timing(model, repeats=PREFILL_REPEATS)
     progress("speed", 1, 1)
     result = prune(recipe, model=model, tokenizer=tokenizer, progress=progress, measure_speed=True)
     progress("speed", 0, 1)
-    pruned = prefill_tokens_per_second(result.model)
+    pruned = prefill_timing(result.model, repeats=PREFILL_REPEATS)
     progress("speed", 1, 1)
+    median, low, high = prefill_speedup(dense, pruned)
     result.metrics.update(
-        prefill_tok_s_dense=round(dense, 1), prefill_tok_s=round(pruned, 1), prefill_speedup=round(pruned / dense, 4)
+        prefill_tok_s_dense=round(dense.tokens_per_second, 1),
+        prefill_tok_s=round(pruned.tokens_per_second, 1),
+        prefill_speedup=round(median, 4),
+        prefill_speedup_low=round(low, 4),
+        prefill_speedup_high=round(high, 4),
+        prefill_speedup_repeats=PREFILL_REPEATS,
     )
     return result
 

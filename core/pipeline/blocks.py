@@ -103,8 +103,7 @@ def reconstruct_blocks(
         ctx.io.load(li)
         if li == len(layers) - 1:
             runner.enter_last_block()
-        if ctx.speed is not None:
-            ctx.speed.time(layer, runner, "dense")
+        before = ctx.speed.dense_copy(layer, runner.device) if ctx.speed is not None else None
         planned = plan.layers[li]
         dense = runner.dense_pass(layer, _pruned_paths(loop, li, planned)) if runner.dense and li <= last_pruned else {}
         block = _Block(layer, li, dense)
@@ -114,7 +113,8 @@ def reconstruct_blocks(
             runner.advance(layer)
         runner.restore(layer)
         if ctx.speed is not None:
-            ctx.speed.time(layer, runner, "pruned")
+            ctx.speed.time(before, layer, _forward_on(runner, li), runner.device)
+            before = None  # the dense copy goes before the next block comes
         realised.append(lp)
         layout.append({"heads": lp.heads, "kv_heads": lp.kv_heads, "neurons": len(lp.neurons), "bias": block.added})
         ctx.io.done(li, layer)
@@ -274,6 +274,15 @@ def _chooser(loop: _Loop, block: _Block, lp: LayerPlan) -> Strategy:
 def _sinks(data: FitData, fit) -> list:
     """Per calibration batch, where collect() streams its inputs: ``fit`` for the fit batches."""
     return [fit] * data.n_fit + [_NO_STATS] * (len(data.runner.hidden) - data.n_fit)
+
+
+def _forward_on(runner: BlockRunner, li: int):
+    """Block ``li``'s forward on the first calibration batch's stored inputs, for its dense copy and its
+    pruned self alike (the runner finds a block's arguments by the block, and the copy is not one of the
+    model's). The inputs are fetched once, so a batch kept on the host is not copied inside a timing."""
+    x = runner.offload.fetch(runner.hidden[0])
+    args, kwargs = runner.extra[0][li]
+    return lambda block: block(x, *args, **kwargs)
 
 
 def _prunes(loop: _Loop, li: int, lp: LayerPlan) -> bool:

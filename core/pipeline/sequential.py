@@ -132,8 +132,9 @@ def prune(
     criterion — skips scoring (criteria do not depend on the ratio or the reconstruction method, so
     sweeps score once); ``progress(stage, i, n)`` is called at every stage and after every block;
     ``show_progress`` draws a progress bar; ``measure_speed`` times every block on one calibration
-    batch before and after pruning (``block_seconds_dense`` / ``block_seconds_pruned`` /
-    ``block_speedup`` in the metrics).
+    batch, dense and pruned side by side (:class:`~core.pipeline.measure.BlockSpeed`: ``block_speedup``
+    and its spread ``block_speedup_low`` / ``_high`` over ``block_speedup_repeats`` repeats,
+    ``block_seconds_dense`` / ``block_seconds_pruned`` in the metrics).
     """
     run = RunOptions.of(options)
     recipe = as_recipe(recipe)

@@ -44,7 +44,7 @@ def test_submit_runs_to_success_with_metrics_and_loadable_checkpoint(stack, job_
     assert info["metrics"]["perplexity"] > 1 and 0.25 < info["metrics"]["achieved_ratio"] < 0.35
     m = info["metrics"]  # streamed; the realised speed, every block timed on the worker before and after
     assert m["block_seconds_dense"] > 0 and m["block_seconds_pruned"] > 0
-    assert m["block_speedup"] == pytest.approx(m["block_seconds_dense"] / m["block_seconds_pruned"], rel=1e-2)
+    assert m["block_speedup_low"] <= m["block_speedup"] <= m["block_speedup_high"]  # the median and its spread
     assert len(info["report"]) > 0 and info["log"][0]["message"] == "submitted by ada"
     import hashlib
 

@@ -301,7 +301,7 @@ def test_block_timings_run_torch_s_own_kernels(calls, monkeypatch, llama_dir, co
 
     monkeypatch.setattr(measure.BlockSpeed, "_time", timed)
     result, _, _ = _prune(llama_dir, corpus, measure_speed=True)
-    assert len(inside) == 4 and inside == [0] * 4  # 2 blocks, dense and pruned: no oneDNN product timed
+    assert inside == [0] * 2  # 2 blocks, each dense copy and pruned block timed together: no oneDNN product
     assert result.metrics["block_speedup"] > 0
 
 

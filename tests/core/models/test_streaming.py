@@ -634,7 +634,7 @@ def test_block_speed_is_measured_before_and_after_pruning(llama_dir, corpus, tmp
     result = prune(recipe_for(llama_dir, corpus, device="cpu"), output_dir=tmp_path / "out", measure_speed=True)
     m = result.metrics
     assert m["block_seconds_dense"] > 0 and m["block_seconds_pruned"] > 0
-    assert m["block_speedup"] == pytest.approx(m["block_seconds_dense"] / m["block_seconds_pruned"], rel=1e-3)
+    assert m["block_speedup_low"] <= m["block_speedup"] <= m["block_speedup_high"] and m["block_speedup_repeats"] == 5
     assert "block_speedup" not in prune(recipe_for(llama_dir, corpus, device="cpu")).metrics
     result.discard()
 
