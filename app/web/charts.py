@@ -9,8 +9,10 @@ charts read like the paper's figures:
   job and a click on it opens the job (:func:`job_link`).
 - :func:`perplexity_vs_size`: perplexity against the parameters kept, the dense model as a point.
 - :func:`perplexity_vs_speed`: perplexity against the realised speed-up measured on the worker (end to
-  end prefill where the job measured it, else the blocks' forward time), the dense model as a point at
-  1.0: the trade-off a user picks a model from.
+  end prefill where the job measured it, else the blocks' forward time), each with an error bar from
+  the least to the greatest of its repeated timings, the dense model as a point at 1.0: the trade-off
+  a user picks a model from. A speed-up its own spread swamps (``app.web.figures.measurable``), or an
+  older job's single timing, is left off and the chart's subtitle says how many were.
 - :func:`layer_errors`: a job's relative output error per pruned projection before and after
   reconstruction, with the layers named on the axis.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from app.web.figures import SPEEDUPS, measurable, speedup_of, speedup_text
 from core.evaluation.tasks import TASKS_ACC_MEAN
 from jobs.baseline import DENSE
 from jobs.service import JobService
@@ -46,8 +49,9 @@ METRICS = {
     "speedup": ("realised speed-up (dense time / pruned time)", False),
     "tasks_acc": ("mean accuracy over the lm-eval tasks", False),
 }
-# where a run's speed-up comes from: end-to-end prefill when the job measured it, else the blocks' forward
-SPEED_METRICS = (("realised_speedup", "target workload"), ("prefill_speedup", "prefill"), ("block_speedup", "blocks"))
+# where a run's speed-up comes from, in this order of preference: the target's workload, end-to-end
+# prefill, the blocks' forward (app.web.figures.SPEEDUPS)
+SPEED_METRICS = tuple(SPEEDUPS.items())
 DASHBOARD_METRICS = list(METRICS)
 SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"  # names the version; never fetched
 WIDTH, HEIGHT = 520, 300
@@ -77,7 +81,6 @@ def run_rows(service: JobService, model="", method="", user="", criterion="") ->
         ):
             continue
         m = all_metrics[j["id"]]
-        speed = next(((m[k], what) for k, what in SPEED_METRICS if m.get(k) is not None), (None, None))
         rows.append(
             {
                 "id": j["id"],
@@ -91,13 +94,55 @@ def run_rows(service: JobService, model="", method="", user="", criterion="") ->
                 "dense": _round(m.get(DENSE), 3),
                 "tasks_acc": _round(m.get(TASKS_ACC_MEAN)),
                 "params_after": m.get("params_after"),
-                "speedup": _round(speed[0], 3),
                 "user": j["submitted_by"] or "–",
                 "params_before": m.get("params_before"),
-                "speed_of": speed[1],
+                **_speed(m),
             }
         )
     return rows
+
+
+def _speed(m: dict[str, Any]) -> dict[str, Any]:
+    """A run's speed-up fields: the first of :data:`SPEED_METRICS` recorded with a spread, else the first
+    recorded at all (an older job's single timing). ``speedup`` is its median only where it stands out
+    of its spread (:func:`~app.web.figures.measurable`) — what the charts plot — else None;
+    ``speedup_text`` is what the runs table shows either way."""
+    recorded = [k for k, _ in SPEED_METRICS if m.get(k) is not None]
+    spread = [k for k in recorded if None not in speedup_of(m, k)]
+    key = (spread or recorded or [None])[0]
+    if key is None:
+        return {"speedup": None, "speedup_low": None, "speedup_high": None, "speedup_text": "–", "speed_of": None}
+    median, low, high = speedup_of(m, key)
+    return {
+        "speedup": _round(median, 3) if measurable(median, low, high) else None,
+        "speedup_low": _round(low, 3),
+        "speedup_high": _round(high, 3),
+        "speedup_text": speedup_text(median, low, high),
+        "speed_of": SPEEDUPS[key],
+    }
+
+
+def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs table's rows: the speed-up as text, with its spread or why it has no number."""
+    return [{**r, "speedup": r.get("speedup_text", r.get("speedup"))} for r in rows]
+
+
+def _left_off(rows: list[dict[str, Any]]) -> int:
+    """How many runs recorded a speed-up the charts do not plot (not measurable, or a single timing)."""
+    return sum(1 for r in rows if r.get("speed_of") and r.get("speedup") is None)
+
+
+def speed_caption(rows: list[dict[str, Any]]) -> str:
+    """Why runs with a speed-up are missing from the speed charts (empty when none is): the note
+    under the dashboard's charts."""
+    n = _left_off(rows)
+    if not n:
+        return ""
+    runs = "run's" if n == 1 else "runs'"
+    return (
+        f"{n} {runs} speed-up left off the speed charts: a single timing, or a spread of repeated "
+        "timings wider than the speed-up itself — not measurable on this worker."
+    )
 
 
 def _series(rows: list[dict[str, Any]]):
@@ -153,6 +198,8 @@ def _points(rows: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:
             "achieved": r["achieved"],
             "params": r["params_after"],
             "speedup": r.get("speedup"),
+            "speedup_low": r.get("speedup_low"),
+            "speedup_high": r.get("speedup_high"),
             "speed_of": r.get("speed_of") or "blocks",
             "value": r[field],
             "user": r["user"],
@@ -182,12 +229,30 @@ def metric_vs_ratio(rows: list[dict[str, Any]], metric: str = "perplexity") -> d
             "encoding": {"x": x, "y": y, "color": color, "tooltip": _tooltip(metric), "href": {"field": "href"}},
         },
     ]
+    if metric == "speedup":  # the spread of the repeated timings: least to greatest
+        layers.append(_error_bars({"x": x, "y": {**y, "field": "speedup_low"}, "y2": {"field": "speedup_high"}}))
     dense = _dense(rows) if metric == "perplexity" else []
     if dense:
         layers += _dense_rule(dense, min(p["ratio"] for p in points))
     spec = _base(f"{metric} vs pruning ratio", points)
+    if metric == "speedup":
+        spec["title"] = _speed_title(spec["title"], rows)
     spec["layer"] = layers
     return spec
+
+
+def _speed_title(title: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A speed chart's title, its subtitle saying what the bars are and how many runs are left off."""
+    note, n = "bars: least to greatest of each run's repeated timings", _left_off(rows)
+    left_off = f"{n} run{'s' * (n != 1)} left off: not measurable on this worker (see the note)"
+    return {"text": title, "subtitle": [note, left_off] if n else note}
+
+
+def _error_bars(encoding: dict[str, Any]) -> dict[str, Any]:
+    """A layer of error bars (``x``/``y`` and ``x2``/``y2`` the ends of each run's spread), in its
+    series' colour; runs without a spread draw none."""
+    color = {"field": "series", "type": "nominal", "title": "criterion · method"}
+    return {"mark": {"type": "errorbar", "ticks": True}, "encoding": {**encoding, "color": color}}
 
 
 def _dense_rule(dense: list[dict[str, Any]], left: float) -> list[dict[str, Any]]:
@@ -255,10 +320,13 @@ def perplexity_vs_speed(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     color = {"field": "series", "type": "nominal", "title": "criterion · method"}
     tooltip = _tooltip("perplexity") + [
         {"field": "speedup", "type": "quantitative", "title": "speed-up"},
+        {"field": "speedup_low", "type": "quantitative", "title": "least"},
+        {"field": "speedup_high", "type": "quantitative", "title": "greatest"},
         {"field": "speed_of", "type": "nominal", "title": "measured on"},
     ]
     layers: list[dict[str, Any]] = [
         {"mark": {"type": "line"}, "encoding": {"x": x, "y": y, "color": color, "order": {"field": "ratio"}}},
+        _error_bars({"x": {**x, "field": "speedup_low"}, "x2": {"field": "speedup_high"}, "y": y}),
         {
             "mark": {"type": "point", "filled": True, "size": 90, "cursor": "pointer"},
             "encoding": {"x": x, "y": y, "color": color, "tooltip": tooltip, "href": {"field": "href"}},
@@ -278,6 +346,7 @@ def perplexity_vs_speed(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
             }
         )
     spec = _base("perplexity vs realised speed-up (◆ dense)", points)
+    spec["title"] = _speed_title(spec["title"], rows)
     spec["layer"] = layers
     return spec
 

@@ -1,6 +1,7 @@
 """The "Dashboard" tab: finished runs, filtered; a metric against the pruning ratio as in the paper's
-figures, perplexity against the parameters kept and against the realised speed-up, and the runs table
-(charts: ``app.web.charts``)."""
+figures, perplexity against the parameters kept and against the realised speed-up (with its spread;
+the note under the charts says how many runs' speed-ups were not measurable, the table which), and
+the runs table (charts: ``app.web.charts``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from app.web import charts, forms
 from jobs.service import JobService
 
 HINT = "Hover a point for its job; click it (or a row of the table) to open the job."
+NO_RUNS = "No succeeded runs match these filters."
 
 
 def vega(spec: dict[str, Any] | None):
@@ -44,8 +46,8 @@ def build(service: JobService, demo: gr.Blocks, tab: gr.Tab) -> gr.Dataframe:
         import pandas as pd
 
         rows = charts.run_rows(service, model, method, user, criterion)
-        table = pd.DataFrame(rows, columns=charts.RUN_COLUMNS)
-        text = HINT if rows else "No succeeded runs match these filters."
+        table = pd.DataFrame(charts.table_rows(rows), columns=charts.RUN_COLUMNS)
+        text = " ".join(filter(None, (HINT, charts.speed_caption(rows)))) if rows else NO_RUNS
         plots = (
             charts.metric_vs_ratio(rows, metric),
             charts.perplexity_vs_size(rows),

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from app.web import charts, listings
+from app.web import charts, figures, listings
 from app.web.forms import bar, elapsed, shown
 from jobs.access import OPEN, Actor, Forbidden, public_error
 from jobs.service import JobService, NotNow, QueueError, SubmitError
@@ -272,10 +272,6 @@ def _card(service: JobService, job_id: int) -> str | None:
     return card.read_text() if card.is_file() else None
 
 
-def _metric_text(value: float) -> str:
-    return f"{int(value):,}" if float(value).is_integer() and abs(value) >= 1000 else f"{value:.6g}"
-
-
 def asked(info: dict[str, Any]) -> str:
     """What a job was asked for: its ratio, or its speed target."""
     target = info.get("target")
@@ -291,12 +287,9 @@ def _page_head(info: dict[str, Any]) -> str:
     )
     if info["error"]:
         head += f"\n\n{_why_ended(info)}"
-    metrics = info["metrics"]
-    names = [k for k in KEY_METRICS if k in metrics] + sorted(k for k in metrics if k not in KEY_METRICS)
-    if names:
-        head += "\n\n| metric | value |\n|---|---:|\n" + "\n".join(
-            f"| {k} | {_metric_text(metrics[k])} |" for k in names
-        )
+    table = figures.metrics_markdown(info["metrics"], KEY_METRICS)  # named for readers, speed-ups with spreads
+    if table:
+        head += "\n\n" + table
     timings = listings.timings_markdown(info.get("timings"))
     if timings:
         head += "\n\n#### Where the time went\n\n" + timings

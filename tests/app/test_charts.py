@@ -9,6 +9,7 @@ import json
 import pytest
 
 from app.web import charts
+from app.web.figures import NOT_MEASURABLE, SINGLE_TIMING
 from jobs.db import Job, Metric, Status
 
 
@@ -119,11 +120,15 @@ def test_layer_errors_name_the_layers():
 @pytest.fixture()
 def finished_jobs(job_service):
     """Three succeeded jobs and a failed one, stored directly (no worker)."""
+    # job 2 timed its blocks once (an older job: no spread); job 3 its blocks and its prefill repeatedly
+    spreads = {"block_speedup_low": 1.02, "block_speedup_high": 1.3, "prefill_speedup_low": 1.15}
+    spreads |= {"prefill_speedup_high": 1.25, "prefill_speedup_repeats": 5}
     runs = [
         ("ada", 0.2, "liar", {"perplexity": 20.5, "perplexity_dense": 15.0, "achieved_ratio": 0.19}),
         ("bob", 0.4, "liar", {"perplexity": 31.0, "achieved_ratio": 0.39, "params_after": 100.0, "block_speedup": 1.4}),
         ("ada", 0.2, "ls", {"perplexity": 19.0, "achieved_ratio": 0.19, "block_speedup": 1.1, "prefill_speedup": 1.2}),
     ]
+    runs[2][3].update(spreads)
     with job_service.sessions.begin() as s:
         for user, ratio, method, metrics in runs:
             recipe = {"model": "/m/llama-7b", "ratio": ratio, "reconstruction": {"method": method}}
@@ -162,8 +167,11 @@ def test_lm_eval_accuracy_is_a_dashboard_metric(finished_jobs):
 def test_run_rows_filter_the_succeeded_jobs(finished_jobs):
     rows = charts.run_rows(finished_jobs)
     assert [r["id"] for r in rows] == [3, 2, 1] and rows[2]["dense"] == 15.0 and rows[2]["model"] == "llama-7b"
-    # the realised speed-up: end-to-end prefill where the job measured it, else the blocks'
-    assert [(r["speedup"], r["speed_of"]) for r in rows] == [(1.2, "prefill"), (1.4, "blocks"), (None, None)]
+    # the realised speed-up: end-to-end prefill where the job measured it, else the blocks'; a single
+    # timing (no spread) is no number to plot
+    speeds = [(r["speedup"], r["speed_of"], r["speedup_text"]) for r in rows]
+    assert speeds == [(1.2, "prefill", "1.20× (1.15–1.25)"), (None, "blocks", SINGLE_TIMING), (None, None, "–")]
+    assert [r["speedup"] for r in charts.table_rows(rows)] == ["1.20× (1.15–1.25)", SINGLE_TIMING, "–"]
     assert set(charts.RUN_COLUMNS) <= set(rows[0])
     assert [r["id"] for r in charts.run_rows(finished_jobs, user="ada")] == [3, 1]
     assert [r["id"] for r in charts.run_rows(finished_jobs, method="ls")] == [3]
@@ -185,6 +193,7 @@ def test_a_speed_target_job_sits_at_its_reached_ratio_with_its_measured_speed_up
         s.add(job)
         s.flush()
         metrics = {"achieved_ratio": 0.41, "perplexity": 40.0, "realised_speedup": 1.52, "prefill_speedup": 1.3}
+        metrics |= {"realised_speedup_low": 1.45, "realised_speedup_high": 1.6}
         s.add_all(Metric(job_id=job.id, name=k, value=v) for k, v in metrics.items())
         job_id = job.id
     row = next(r for r in charts.run_rows(finished_jobs) if r["id"] == job_id)
@@ -192,3 +201,47 @@ def test_a_speed_target_job_sits_at_its_reached_ratio_with_its_measured_speed_up
     info = finished_jobs.show(job_id)
     assert asked(info) == "speed-up 1.5× (decode_b1)"
     assert asked({"ratio": 0.3, "target": None}) == "ratio 0.3"
+
+
+def test_the_speed_charts_draw_each_run_s_spread_as_an_error_bar():
+    rows = [_row(1, 0.2, 6.9, speedup=1.31, speedup_low=1.25, speedup_high=1.36, speed_of="blocks")]
+    rows.append(_row(2, 0.4, 9.8, speedup=1.8, speedup_low=1.7, speedup_high=1.9, speed_of="prefill"))
+    spec = charts.perplexity_vs_speed(rows)
+    bars = _layer(spec, "errorbar")
+    assert bars["encoding"]["x"]["field"] == "speedup_low" and bars["encoding"]["x2"] == {"field": "speedup_high"}
+    assert bars["encoding"]["y"]["field"] == "value" and bars["encoding"]["color"]["field"] == "series"
+    assert [(v["speedup_low"], v["speedup_high"]) for v in spec["data"]["values"]] == [(1.25, 1.36), (1.7, 1.9)]
+    assert "least to greatest" in spec["title"]["subtitle"]
+    by_ratio = _layer(charts.metric_vs_ratio(rows, "speedup"), "errorbar")["encoding"]
+    assert by_ratio["y"]["field"] == "speedup_low" and by_ratio["y2"] == {"field": "speedup_high"}
+    assert not any(layer["mark"]["type"] == "errorbar" for layer in charts.metric_vs_ratio(rows, "perplexity")["layer"])
+
+
+def test_a_speed_up_its_spread_swamps_is_left_off_the_chart_and_the_caption_says_why(job_service):
+    """The issue: two identical recipes showed 35.4× and 1.07×, a 50% job 0.651×, each a single timing
+    on a busy worker. Neither a noisy figure nor a single timing becomes a point or a confident number."""
+    measured = {"block_speedup": 1.31, "block_speedup_low": 1.25, "block_speedup_high": 1.36}
+    runs = [
+        {"block_speedup": 35.4, "block_speedup_low": 0.9, "block_speedup_high": 41.0},  # spread holds 1
+        {"block_speedup": 0.651},  # an older job's single timing
+        measured,
+    ]
+    with job_service.sessions.begin() as s:
+        for metrics in runs:
+            recipe = {"model": "/m/llama-7b", "ratio": 0.2, "reconstruction": {"method": "liar"}}
+            job = Job(recipe=recipe | {"criterion": {"name": "magnitude"}}, evaluations=[])
+            job.status, job.submitted_by = Status.SUCCEEDED.value, "ada"
+            s.add(job)
+            s.flush()
+            metrics = {"perplexity": 9.0, "achieved_ratio": 0.2} | metrics
+            s.add_all(Metric(job_id=job.id, name=k, value=v) for k, v in metrics.items())
+    rows = charts.run_rows(job_service)
+    assert [r["speedup_text"] for r in rows] == ["1.31× (1.25–1.36)", SINGLE_TIMING, NOT_MEASURABLE]
+    spec = charts.perplexity_vs_speed(rows)
+    assert [v["job"] for v in spec["data"]["values"]] == [3]  # only the measurable one is a point
+    caption = charts.speed_caption(rows)
+    assert caption.startswith("2 runs' speed-up left off") and "not measurable on this worker" in caption
+    assert spec["title"]["subtitle"][1] == "2 runs left off: not measurable on this worker (see the note)"
+    table = json.dumps(charts.table_rows(rows), ensure_ascii=False)
+    assert "35.4" not in table and "0.651" not in table
+    assert charts.speed_caption(rows[:1]) == ""
