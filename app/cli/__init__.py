@@ -1,6 +1,7 @@
 """The ``liar`` command: one parser, each verb group registering its subcommands on it.
 
     liar prune | eval | demo     one model: prune it, evaluate it, or try the install  (app.cli.prune)
+    liar estimate                a recipe's size, peak memory and time on a worker class (app.cli.estimate)
     liar export | engines        a checkpoint for llama.cpp (GGUF), and the engines   (app.cli.export)
     liar sweep                   a resumable grid of runs → tables and plots            (app.cli.sweep)
     liar worker | jobs …         the job runner: a worker, and submit/list/show/cancel  (app.cli.jobs)
@@ -16,10 +17,10 @@ import argparse
 import os
 import sys
 
-from app.cli import export, jobs, prune, serve, sweep, users
+from app.cli import estimate, export, jobs, prune, serve, sweep, users
 from app.cli.common import configure_engine, fail, quiet_transformers
 
-VERB_GROUPS = (prune, export, sweep, jobs, serve, users)  # the order of the verbs in ``liar --help``
+VERB_GROUPS = (prune, estimate, export, sweep, jobs, serve, users)  # the order of the verbs in ``liar --help``
 ENGINE_VERBS = ("prune", "eval", "demo", "sweep")  # verbs that load models in this process
 
 
