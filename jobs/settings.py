@@ -12,6 +12,7 @@
 | ``LIAR_TASK_DIRS``  | (none)                                | folders of lm-eval task YAMLs web jobs may use |
 | ``LIAR_DOWNLOADS``  | ``all``                               | ``owners``: only a job's owner and admins download |
 | ``LIAR_OFFLINE``    | ``0``                                 | ``1``: the workers cannot reach the Hugging Face Hub |
+| ``LIAR_WORKER_CLASS`` | ``cpu``                             | what the workers are (``cpu``, ``a100-80gb``, ``h100-80gb``): the New-run estimate's |
 | ``LIAR_STAGE_PAUSE`` | (none)                               | fault tests: ``reconstruct=2`` pauses each layer 2 s |
 
 The defaults need no server: SQLite and Celery's filesystem transport (which, unlike the SQLAlchemy
@@ -70,6 +71,9 @@ class Settings:
     # the workers cannot reach the Hugging Face Hub: a hub id not already cached, a named dataset or a
     # registry lm-eval task is refused at submission instead of failing on the worker
     offline: bool = False
+    # what the workers are (core.pipeline.estimate.WORKERS): the New-run page estimates time and memory
+    # on it before Submit
+    worker_class: str = "cpu"
     # seconds a worker waits at the start of each step of a stage, once the step is recorded: lets the
     # fault tests (tests/jobs/test_faults.py) land a kill or a cancel inside a layer; empty in production
     stage_pause: tuple[tuple[str, float], ...] = ()
@@ -87,6 +91,7 @@ class Settings:
             task_dirs=_paths(os.environ.get("LIAR_TASK_DIRS", "")),
             downloads=os.environ.get("LIAR_DOWNLOADS", "all").strip().lower() or "all",
             offline=os.environ.get("LIAR_OFFLINE", "0").strip().lower() in ("1", "true", "yes"),
+            worker_class=os.environ.get("LIAR_WORKER_CLASS", "cpu").strip().lower() or "cpu",
             stage_pause=tuple(
                 (stage.strip(), float(seconds))
                 for stage, _, seconds in (p.partition("=") for p in os.environ.get("LIAR_STAGE_PAUSE", "").split(","))
@@ -94,6 +99,10 @@ class Settings:
             ),
         )
         values.update(overrides)
+        from core.pipeline.estimate import WORKERS  # (torch-free)
+
+        if values["worker_class"] not in WORKERS:
+            raise ValueError(f"LIAR_WORKER_CLASS is {values['worker_class']!r}; use one of {', '.join(WORKERS)}")
         if values["downloads"] not in DOWNLOAD_POLICIES:
             raise ValueError(f"LIAR_DOWNLOADS is {values['downloads']!r}; use one of {', '.join(DOWNLOAD_POLICIES)}")
         return cls(**values)

@@ -52,7 +52,7 @@ def build_app(
         header.build(demo, login)
         with gr.Tabs() as tabs:
             with gr.Tab("New run", id="new"):
-                new_run.build(service, models, texts, eval_texts or [], login)
+                new_run.build(demo, service, models, texts, eval_texts or [], login)
             with gr.Tab("Jobs", id="jobs"):
                 picked, open_picked = jobs_tab.build(service, login)
             with gr.Tab("Dashboard", id="dashboard") as dashboard_tab:

@@ -442,23 +442,6 @@ def check_form(service: JobService, form, actor: Actor = OPEN) -> Status | str:
     return ""
 
 
-def advanced_title(values: dict[str, Any]) -> str:
-    """The Advanced accordion's title: its current choices, so a glance shows what a run will do
-    (``values``: the boxes of ``new_run.SUMMARY_FIELDS``)."""
-    methods = values.get("methods") or []
-    parts = [f"prune {values.get('modules')}", f"allocation {values.get('allocation')}"]
-    parts.append(f"reconstruction {' + '.join(methods) if methods else '(none picked)'}")
-    parts.append(f"damping {values.get('damp')}")
-    parts.append(f"{values.get('samples')} samples × {values.get('seq_len')} tokens")
-    evaluate, tasks = values.get("evaluate"), str(values.get("tasks") or "").strip()
-    evaluations = [f"perplexity on {Path(str(evaluate)).name}"] if evaluate and evaluate != NO_EVALUATION else []
-    evaluations += [f"lm-eval {tasks}"] if tasks else []
-    parts.append(" and ".join(evaluations) if evaluations else "no evaluation")
-    export = values.get("export") or []
-    parts.append(f"serving files: {', '.join(export)}" if export else "no serving files")
-    return "Advanced · " + " · ".join(parts)
-
-
 def validate_form(service: JobService, form, actor: Actor = OPEN) -> tuple[str, str, str | None]:
     """(status line, recipe YAML, path of the recipe file to download) for the Validate button."""
     try:
@@ -510,9 +493,3 @@ def api_evaluations(recipe_yaml: str, ppl: str | None, seq_len: int | float | No
             model = None  # the service reports what is wrong with the recipe
         length = default_eval_seq_len(model)
     return [{"type": "perplexity", "dataset": str(ppl), "seq_len": length}]
-
-
-def estimate_line(service: JobService, form) -> str:
-    """The engine's estimate of the run the form describes (``core.pipeline.estimate``), as one line
-    above Submit; empty while the form cannot make a recipe (Validate says why)."""
-    return ""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from app.web import forms, recipe_box
+from app.web import forms, preview, recipe_box
 from app.web.auth import Login
 from jobs.service import JobService
 
@@ -140,8 +140,11 @@ def _marks(c: dict, field: str | None, message: str = "", open_advanced: bool = 
     return out
 
 
-def build(service: JobService, models: list[str], texts: list[str], eval_texts: list[str], login: Login) -> None:
-    """The tab's components, inside the current ``gr.Tab``, and their events (``login``: who submits)."""
+def build(
+    demo: gr.Blocks, service: JobService, models: list[str], texts: list[str], eval_texts: list[str], login: Login
+) -> None:
+    """The tab's components, inside the current ``gr.Tab`` of ``demo``, and their events (``login``: who
+    submits)."""
     c = _first_screen(models, texts, login.required)
     c["estimate"] = gr.Markdown(elem_id="estimate")
     with gr.Row():
@@ -150,7 +153,7 @@ def build(service: JobService, models: list[str], texts: list[str], eval_texts: 
     status = gr.Markdown(visible=False, elem_id="submit-status")
     with gr.Accordion("Advanced", open=False, elem_id="advanced") as advanced:
         c.update(_advanced(eval_texts))
-    advanced.label = forms.advanced_title({n: c[n].value for n in SUMMARY_FIELDS})  # its current values
+    advanced.label = preview.advanced_title({n: c[n].value for n in SUMMARY_FIELDS})  # its current values
     with gr.Accordion("Recipe as YAML", open=False, elem_id="recipe") as recipe_panel:
         with gr.Row():
             c["recipe"] = gr.Code(
@@ -164,6 +167,7 @@ def build(service: JobService, models: list[str], texts: list[str], eval_texts: 
                 recipe_file = gr.File(label="Download recipe", interactive=False, elem_id="recipe-file")
         c["recipe_error"] = gr.Markdown(visible=False, elem_id="recipe-error", elem_classes=[ERROR_CLASS])
     _wire(service, c, login, advanced, recipe_panel, status, (check, submit, submit_yaml, recipe_file))
+    _wire_hints(demo, service, c, advanced)
 
 
 def _wire(service: JobService, c: dict, login: Login, advanced, recipe_panel, status, buttons) -> None:
@@ -232,10 +236,9 @@ def _wire(service: JobService, c: dict, login: Login, advanced, recipe_panel, st
     for name in (*FORM_FIELDS, "methods"):
         event = c[name].blur if isinstance(c[name], (gr.Textbox, gr.Number)) else c[name].change
         event(recheck, [showing, *inputs], outputs, api_name=False, trigger_mode="always_last")
-    _wire_hints(service, c, advanced, inputs)
 
 
-def _wire_hints(service: JobService, c: dict, advanced, inputs: list) -> None:
+def _wire_hints(demo: gr.Blocks, service: JobService, c: dict, advanced) -> None:
     """The model's description, the upload replacing the calibration set, the Advanced title and the
     estimate, each following the boxes they depend on."""
 
@@ -262,14 +265,16 @@ def _wire_hints(service: JobService, c: dict, advanced, inputs: list) -> None:
     summary = [c[n] for n in SUMMARY_FIELDS]
 
     def retitle(*values):
-        return gr.update(label=forms.advanced_title(dict(zip(SUMMARY_FIELDS, values, strict=True))))
+        return gr.update(label=preview.advanced_title(dict(zip(SUMMARY_FIELDS, values, strict=True))))
 
     for box in summary:
         box.change(retitle, summary, [advanced], api_name=False, show_progress="hidden")
 
     def estimate(*form):
-        return forms.estimate_line(service, form[:-1])
+        return preview.estimate_line(service, form)
 
+    inputs = [c[name] for name in FORM_FIELDS] + [c["methods"]]
+    demo.load(estimate, inputs, [c["estimate"]], api_name=False, show_progress="hidden")
     for name in ("model", "ratio", "modules", "criterion", "samples", "seq_len", "allocation"):
         c[name].change(
             estimate, inputs, [c["estimate"]], api_name=False, show_progress="hidden", trigger_mode="always_last"

@@ -199,6 +199,9 @@ def test_the_first_screen_is_the_four_choices_then_advanced(browser, app_server,
     assert len(boxes) <= 6, boxes
     for label in ("Model", "Ratio or speed-up", "Criterion", "Calibration set"):
         assert any(b.startswith(label) for b in boxes), (label, boxes)
+    pg.locator("#estimate").get_by_text(
+        re.compile("parameters after pruning .* peak ≈ .* on this server's CPU")
+    ).wait_for()
     title = pg.locator("#advanced > button").first.inner_text()
     assert "prune both" in title and "128 samples × 128 tokens" in title, title
     assert not pg.get_by_label("Samples", exact=True).is_visible()

@@ -13,7 +13,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.web import forms, recipe_box, views
+from app.web import forms, preview, recipe_box, views
 from app.web.forms import build_recipe, describe_model, evaluations_for
 from app.web.views import job_rows
 from core.models.liar_families import supported_families_text
@@ -653,7 +653,7 @@ def test_service_messages_find_their_box(message, field):
 
 
 def test_the_advanced_title_shows_the_current_choices():
-    title = forms.advanced_title(
+    title = preview.advanced_title(
         dict(modules="heads", allocation="global", methods=["ls", "liar"], damp=0.01, samples=64, seq_len=256,
              evaluate="/data/texts/wiki.txt", tasks="piqa", export=["gguf"])
     )  # fmt: skip
@@ -661,6 +661,37 @@ def test_the_advanced_title_shows_the_current_choices():
         "Advanced · prune heads · allocation global · reconstruction ls + liar · damping 0.01 · 64 samples × "
         "256 tokens · perplexity on wiki.txt and lm-eval piqa · serving files: gguf"
     )
-    title = forms.advanced_title(dict(modules="both", allocation="auto", methods=[], damp=0.001, samples=128,
+    title = preview.advanced_title(dict(modules="both", allocation="auto", methods=[], damp=0.001, samples=128,
                                       seq_len=128, evaluate="(none)", tasks="", export=[]))  # fmt: skip
     assert "reconstruction (none picked)" in title and "no evaluation · no serving files" in title
+
+
+def test_the_estimate_above_submit_is_the_engines(job_service, llama_dir, tmp_path):
+    """The line above Submit is ``core.pipeline.estimate``'s, for the form's first ratio, on the
+    server's worker class; nothing while the form cannot make a recipe or names an unreadable folder."""
+    from core.pipeline.estimate import estimate
+
+    form = _form(tmp_path, llama_dir, ratio="0.3, 0.5", methods=["ls"])
+    line = preview.estimate_line(job_service, form)
+    recipe = build_recipe(**_fields(tmp_path, model=str(llama_dir), ratio="0.3"))
+    recipe["reconstruction"]["method"] = "ls"
+    expected = estimate(recipe, job_service.settings.worker_class)
+    assert line == f"Estimate (for ratio 0.3, the first of 2): {expected.summary()}"
+    assert "parameters after pruning" in line and "on this server's CPU" in line
+    assert preview.estimate_line(job_service, _form(tmp_path, llama_dir, samples=0)) == ""
+    outside = tmp_path.parent.parent / "elsewhere-model"
+    outside.mkdir(exist_ok=True)
+    (outside / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert preview.estimate_line(job_service, _form(tmp_path, outside)) == ""  # never read outside the roots
+    assert preview.estimate_line(job_service, _form(tmp_path, "org/not-cached")).startswith("Estimate: cannot estimate")
+
+
+def test_the_worker_class_is_one_the_estimate_knows(monkeypatch, tmp_path):
+    from jobs.settings import Settings
+
+    monkeypatch.setenv("LIAR_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("LIAR_WORKER_CLASS", "H100-80GB")
+    assert Settings.from_env().worker_class == "h100-80gb"
+    monkeypatch.setenv("LIAR_WORKER_CLASS", "tpu")
+    with pytest.raises(ValueError, match="LIAR_WORKER_CLASS is 'tpu'; use one of cpu, a100-80gb, h100-80gb"):
+        Settings.from_env()
