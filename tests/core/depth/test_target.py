@@ -104,6 +104,7 @@ def test_target_run_keeps_the_candidate_with_the_least_held_aside_loss(tmp_path,
     assert result.model.config.num_hidden_layers == 6 - kept["blocks"]
     assert result.recipe.target is None and result.recipe.ratio == kept["ratio"]
     assert result.metrics["realised_speedup"] == 2.0
+    assert (result.metrics["realised_speedup_low"], result.metrics["realised_speedup_high"]) == (2.0, 2.0)
     assert result.metrics["predicted_speedup"] == pytest.approx(table.speedup(kept["blocks"], kept["width"]), rel=1e-3)
     held = result.metrics["heldout_loss"]
     from core.data.calibration import calibration_batches
@@ -148,3 +149,13 @@ def test_a_speed_target_for_an_encoder_is_refused_at_submit(bert_dir, corpus):
     recipe = Recipe.model_validate(recipe_for(bert_dir, corpus, ratio=None, target={"speedup": 1.5}))
     with pytest.raises(ValueError, match="a speed target times decoding; bert is an encoder"):
         check_model_fit(recipe, AutoConfig.from_pretrained(bert_dir))
+
+
+def test_the_realised_speed_up_carries_the_spread_of_its_rounds():
+    metrics = target_mod.realised([2.0, 2.4, 1.8], [1.0, 1.0, 1.5])  # per-round ratios 2.0, 2.4, 1.2
+    assert metrics == {
+        "realised_speedup": round(2.0 / 1.0, 4),  # median dense / median pruned
+        "realised_speedup_low": 1.2,
+        "realised_speedup_high": 2.4,
+        "realised_speedup_repeats": 3,
+    }
