@@ -42,6 +42,10 @@ class Forbidden(PermissionError):
     """The actor may not do this to the job; the message says why, in one sentence."""
 
 
+class NotNow(ValueError):
+    """The action does not apply to the job as it is (deleting a running job); nothing changed."""
+
+
 def may_change(actor: Actor, owner: str | None) -> bool:
     """Whether ``actor`` may cancel, re-run or delete (or, when downloads are restricted, download)
     a job submitted by ``owner``. A job nobody owns (submitted with login off) is the admins'."""

@@ -116,6 +116,13 @@ class Job(Base):
     report: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     # wall time per stage (``jobs.timings.StageClock.snapshot``): {"stages": [...], "total": s}
     timings: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # positions in ``evaluations`` of those that failed in the run whose metrics the job records (None:
+    # finished before revision 0004, or no evaluations); a re-evaluation rewrites them (jobs.reevaluation)
+    failed_evaluations: Mapped[list[int] | None] = mapped_column(JSON)
+    # a re-evaluation: the job whose checkpoint it evaluates, and the positions in that job's
+    # ``evaluations`` of its own evaluations (jobs.reevaluation); None for a pruning job
+    source_job_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    source_evaluations: Mapped[list[int] | None] = mapped_column(JSON)
 
     metrics: Mapped[list[Metric]] = relationship(back_populates="job", cascade="all, delete-orphan")
     artifacts: Mapped[list[Artifact]] = relationship(back_populates="job", cascade="all, delete-orphan")

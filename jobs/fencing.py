@@ -14,7 +14,8 @@ the network — thus writes nothing over the attempt that replaced it: it stops 
 
 Every write of an attempt is here: the claim, the heartbeat (:class:`Heartbeat`), log lines
 (:func:`job_log`), progress (:func:`write_progress`), and the end — :func:`record_success`,
-:func:`finish`, :func:`requeue_or_fail`.
+:func:`finish`, :func:`requeue_or_fail` — but a re-evaluation's success, which also completes its
+source job's metrics in the same fenced transaction (``jobs.reevaluation.record``).
 """
 
 from __future__ import annotations
@@ -161,26 +162,29 @@ def record_success(
     with fenced(sf, job_id, token) as s:
         if s.scalar(select(Job.cancel_requested).where(Job.id == job_id)):
             return False
-        for name, value in metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                s.add(Metric(job_id=job_id, name=name, value=float(value)))
+        add_metrics(s, job_id, metrics)
         s.add_all(artifacts)
-        timings, events = clock.finish(stopped=False)
-        _add_events(s, job_id, [*events, Event(f"total {timings['total']:.1f} s"), Event("succeeded")])
-        s.execute(
-            update(Job)
-            .where(Job.id == job_id)
-            .values(
-                report=result.layer_rows(),
-                timings=timings,
-                recipe_as_run=as_run,
-                status=Status.SUCCEEDED.value,
-                stage="done",
-                progress=1.0,
-                finished_at=server_utcnow(),
-            )
-        )
+        mark_succeeded(s, job_id, clock, report=result.layer_rows(), recipe_as_run=as_run)
     return True
+
+
+def numeric(metrics: dict[str, Any]) -> dict[str, float]:
+    """The metrics a job records: the numbers (a flag or a text in the engine's summary is not one)."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def add_metrics(session: Session, job_id: int, metrics: dict[str, Any]) -> None:
+    """Inside an attempt's fenced transaction: the job's metrics (:func:`numeric`)."""
+    session.add_all(Metric(job_id=job_id, name=name, value=value) for name, value in numeric(metrics).items())
+
+
+def mark_succeeded(session: Session, job_id: int, clock: StageClock, **values: Any) -> None:
+    """Inside an attempt's fenced transaction (:func:`record_success`, ``jobs.reevaluation.record``):
+    the job SUCCEEDED with its timings, ``values`` on its row, and its last log lines."""
+    timings, events = clock.finish(stopped=False)
+    _add_events(session, job_id, [*events, Event(f"total {timings['total']:.1f} s"), Event("succeeded")])
+    done = {"status": Status.SUCCEEDED.value, "stage": "done", "progress": 1.0, "finished_at": server_utcnow()}
+    session.execute(update(Job).where(Job.id == job_id).values(timings=timings, **done, **values))
 
 
 def finish(

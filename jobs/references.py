@@ -16,6 +16,11 @@ from sqlalchemy import select
 
 from jobs.db import Artifact, Job, Status
 
+
+class JobInputError(ValueError):
+    """What a job names cannot be had any more (another job's checkpoint, deleted since); one sentence."""
+
+
 _REFERENCE = re.compile(r"\s*job:\s*(\d+)\s*")
 
 

@@ -1,4 +1,5 @@
-"""The job API used by the CLI and the web app: submit, sweep, list, show, cancel, reap.
+"""The job API used by the CLI and the web app: submit, sweep, list, show, cancel, re-run, re-evaluate
+(``jobs.reevaluation``), delete, reap.
 
 SQL is the source of truth; Celery only carries "run job N" messages. Every state change goes
 through the database, so a job is never silently lost:
@@ -18,13 +19,17 @@ import datetime as dt
 import logging
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
-from jobs.access import OPEN, Actor, new_error_id, public_text, require_owner
+from jobs import reevaluation
+from jobs.access import OPEN, Actor, NotNow, new_error_id, public_text, require_owner
 from jobs.artifacts import Served, TarStream, check_name, confined, job_dir
+from jobs.broker import queued_job_ids
 from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, db_now, server_utcnow, utcnow
 from jobs.settings import Settings, redact_url, scrub
 from jobs.submission import SubmitError, Validator, target_cells
@@ -34,10 +39,6 @@ logger = logging.getLogger(__name__)
 # what a list reads: plain rows of every column but the large ones no summary shows (building ORM
 # objects and parsing a thousand reports and timings was most of the dashboard's time: bench/load.py)
 _LISTED = tuple(c for c in Job.__table__.c if c.name not in ("report", "timings", "traceback", "evaluations"))
-
-
-class NotNow(ValueError):
-    """The action does not apply to the job as it is (deleting a running job); nothing changed."""
 
 
 class QueueError(RuntimeError):
@@ -92,19 +93,21 @@ class JobService:
         ``note``: said in the job's first log line beside who submitted it (``re-run of job 3``).
         Raises :class:`SubmitError`, or :class:`QueueError` when the broker does not take the job."""
         data, evals = self.validate(recipe, evaluations, confine, check_export, actor)
+        queued = Status.QUEUED.value
+        job = Job(recipe=data, evaluations=evals, submitted_by=submitted_by, group_id=group_id, status=queued)
+        return self._queue(lambda s: (job, note))
+
+    def _queue(self, build: Callable[[Session], tuple[Job, str | None]]) -> int:
+        """Insert the job ``build`` makes (in the transaction it checks in: a re-evaluation holds its
+        source's row) with its first log line, ``submitted by … (note)``, then send its message; if the
+        broker does not take it, the row is deleted again and :class:`QueueError` raised."""
         with self.sessions.begin() as s:
-            job = Job(
-                recipe=data,
-                evaluations=evals,
-                submitted_by=submitted_by,
-                group_id=group_id,
-                status=Status.QUEUED.value,
-                stage="queued",
-            )
+            job, note = build(s)
+            job.stage = "queued"
             s.add(job)
             s.flush()
             job_id = job.id
-            said = f"submitted by {submitted_by or 'anonymous'}" + (f" ({note})" if note else "")
+            said = f"submitted by {job.submitted_by or 'anonymous'}" + (f" ({note})" if note else "")
             s.add(JobLog(job_id=job_id, message=said))
         try:
             self._send(job_id)
@@ -247,6 +250,7 @@ class JobService:
             "allocation": ran.get("allocation"),
             "submitted_by": job.submitted_by,
             "group_id": job.group_id,
+            "source_job": job.source_job_id,  # a re-evaluation's: the job whose checkpoint it evaluates
             "worker": job.worker,
             "attempts": job.attempts,
             "created_at": iso(job.created_at),
@@ -358,16 +362,34 @@ class JobService:
             if job is None:
                 raise KeyError(f"no job {job_id}")
             owner, recipe, evaluations = job.submitted_by, job.recipe, list(job.evaluations or [])
+            source = job.source_job_id
         require_owner(actor, job_id, owner, "re-run")
+        if source is not None:  # its recipe is its source's: re-running it would prune again
+            raise NotNow(f"job {job_id} is a re-evaluation of job {source}: re-evaluate job {source} instead")
         by = actor.name or owner
         return self.submit(
             recipe, by, evaluations=evaluations, confine=confine, note=f"re-run of job {job_id}", actor=actor
         )
 
+    def reevaluate(
+        self, job_id: int, actor: Actor = OPEN, evaluations: str | list[int] | None = None, confine: bool = True
+    ) -> int:
+        """Run a succeeded job's evaluations again on its checkpoint, without pruning, as a new job of
+        ``actor`` (without a login, of the original submitter) whose results complete this job's
+        metrics (:mod:`jobs.reevaluation`); ``evaluations``: None the failed ones (all if none
+        failed), ``"all"``, or their numbers (``"1,3"``). Only the job's owner or an admin; every
+        refusal is one sentence (:class:`NotNow`, :class:`SubmitError`, ``Forbidden``)."""
+
+        def build(s: Session) -> tuple[Job, str]:
+            return reevaluation.request(s, self.validator, job_id, actor, evaluations, confine)
+
+        return self._queue(build)
+
     def delete(self, job_id: int, actor: Actor = OPEN) -> None:
         """Delete a finished job: its row, metrics, log and every file it wrote. Only its owner or an
-        admin (:class:`Forbidden`); a queued or running job is cancelled first (:class:`NotNow`).
-        Nothing else records the job afterwards, so the server log says who deleted it."""
+        admin (:class:`Forbidden`); a queued or running job is cancelled first, and so is one that is
+        evaluating the job again (:class:`NotNow`). Nothing else records the job afterwards, so the
+        server log says who deleted it."""
         with self.sessions.begin() as s:
             job = s.get(Job, job_id, with_for_update=True)
             if job is None:
@@ -375,6 +397,11 @@ class JobService:
             require_owner(actor, job_id, job.submitted_by, "delete")
             if not Status(job.status).finished:
                 raise NotNow(f"job {job_id} is {job.status}: cancel it first, then delete it")
+            busy = reevaluation.pending(s, job_id)
+            if busy is not None:
+                raise NotNow(
+                    f"job {busy} is evaluating job {job_id}'s checkpoint: cancel it first, then delete job {job_id}"
+                )
             s.delete(job)
         logger.info("job %d deleted by %s", job_id, actor)
         shutil.rmtree(job_dir(self.settings.artifacts_dir, job_id), ignore_errors=True)
@@ -400,29 +427,7 @@ class JobService:
 
     def queued_in_broker(self) -> set[int] | None:
         """Job ids of the messages waiting in the broker queue (None if the broker cannot be read)."""
-        import ast
-        import json
-
-        try:
-            if self.settings.broker_url.startswith("filesystem://"):
-                raw = [p.read_text() for p in (self.settings.broker_dir / "queue").glob("*.msg")]
-            elif self.settings.broker_url.startswith(("redis://", "rediss://")):
-                import redis
-
-                client = redis.Redis.from_url(self.settings.broker_url)
-                raw = client.lrange("liar", 0, -1)
-                client.close()
-            else:
-                return None
-            ids = set()
-            for item in raw:
-                headers = json.loads(item).get("headers", {})
-                args = ast.literal_eval(headers.get("argsrepr", "()"))
-                if headers.get("task") == "liar.run_job" and args:
-                    ids.add(int(args[0]))
-            return ids
-        except Exception:
-            return None
+        return queued_job_ids(self.settings)
 
     def resend_lost(self, older_than: float = 10.0) -> list[int]:
         """Re-send QUEUED jobs that have no message in the broker (e.g. Redis restarted without

@@ -128,7 +128,6 @@ class Validator:
         as that folder, stored as written; with downloads restricted, only for who may download it."""
         from core.pipeline.preflight import preflight
         from core.spec.errors import validation_message
-        from core.spec.evaluation import job_evaluation
         from core.spec.recipe import Recipe
 
         reference = None
@@ -149,13 +148,7 @@ class Validator:
             raise SubmitError(f"invalid recipe: {validation_message(exc)}") from None
         except (ValueError, FileNotFoundError) as exc:
             raise SubmitError(f"invalid recipe: {exc}") from None
-        try:
-            evals = [job_evaluation(e) for e in evaluations or []]
-            _check_tasks(parsed.model, evals, self.settings.offline)
-        except ValidationError as exc:
-            raise SubmitError(f"invalid evaluation: {validation_message(exc)}") from None
-        except (ValueError, FileNotFoundError) as exc:
-            raise SubmitError(f"invalid evaluation: {exc}") from None
+        evals = self.evaluations(parsed.model, evaluations or [])
         try:  # what the model's config can tell before anything is queued (evaluation lengths included)
             preflight(parsed, [int(e["seq_len"]) for e in evals if e.get("seq_len") is not None])
             check_sources(parsed, evals, self.settings.offline)  # what the worker would read, read now
@@ -167,6 +160,25 @@ class Validator:
         if reference is not None:
             stored["model"] = f"job:{reference}"  # the job page names the job, not the server's folder
         return stored, evals
+
+    def evaluations(self, model: str, evaluations: list[dict], confine: bool = False) -> list[dict]:
+        """``evaluations`` as stored, validated for ``model`` (a file that exists, lm-eval tasks that
+        do and a causal language model to run them); ``confine``: their server paths and task folders
+        checked as a web submission's are (:meth:`check_paths`). Raises :class:`SubmitError`. Also
+        what a re-evaluation checks again (``jobs.reevaluation``): the cause of a failure fixed."""
+        from core.spec.errors import validation_message
+        from core.spec.evaluation import job_evaluation
+
+        if confine:
+            self.check_paths({}, evaluations, skip_model=True)
+        try:
+            evals = [job_evaluation(e) for e in evaluations]
+            _check_tasks(model, evals, self.settings.offline)
+        except ValidationError as exc:
+            raise SubmitError(f"invalid evaluation: {validation_message(exc)}") from None
+        except (ValueError, FileNotFoundError) as exc:
+            raise SubmitError(f"invalid evaluation: {exc}") from None
+        return evals
 
     def referenced_checkpoint(self, job_id: int, actor: Actor) -> Path:
         """The checkpoint folder ``model: job:N`` names (``ValueError``, one sentence, if there is none

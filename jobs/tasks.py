@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import select
 
 from core.models.manifest import FileEntry
-from jobs import baseline
+from jobs import baseline, reevaluation
 from jobs.access import public_error, public_message, public_text
 from jobs.artifacts import (
     attempt_dir,
@@ -44,7 +44,8 @@ from jobs.fencing import (
     write_progress,
 )
 from jobs.progress import Overall
-from jobs.references import job_reference, owner_and_checkpoint
+from jobs.reevaluation import evaluation_name
+from jobs.references import JobInputError, job_reference, owner_and_checkpoint
 from jobs.settings import Settings
 from jobs.timings import StageClock
 
@@ -112,6 +113,8 @@ def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refus
     result = None
     try:
         progress("starting", 0, 1)  # until "load": reading the job, importing the engine
+        if retry_on_disconnect(partial(reevaluation.source_of, sf, job_id)) is not None:
+            return _reevaluate(sf, job_id, token, worker, progress, clock)
         recipe, evaluations, named = retry_on_disconnect(partial(_load_job, sf, job_id))
         job_log(sf, job_id, token, f"started on {worker}")
         _fresh_dir(out_dir)
@@ -162,6 +165,16 @@ def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refus
         return Status.FAILED.value
     finally:
         del result
+
+
+def _reevaluate(sf, job_id: int, token: int, worker: str, progress: Callable, clock: StageClock) -> str:
+    """Attempt ``token`` at a re-evaluation (``jobs.reevaluation``): the evaluations again on its
+    source job's checkpoint, nothing pruned and no folder written; its failures are :func:`_attempt`'s
+    to end the job with, as a prune's are."""
+    job_log(sf, job_id, token, f"started on {worker}")
+    if not reevaluation.run(sf, job_id, token, progress, clock, _run_evaluations):
+        raise JobCancelled
+    return Status.SUCCEEDED.value
 
 
 def _clear_job_dir(settings: Settings, job_id: int, token: int) -> None:
@@ -233,10 +246,6 @@ def _progress_callback(
             time.sleep(wait)
 
     return progress
-
-
-class JobInputError(ValueError):
-    """What the job names cannot be had any more (another job's checkpoint, deleted since); one sentence."""
 
 
 def _load_job(sf, job_id: int) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
@@ -342,27 +351,30 @@ def _run_evaluations(
     result,
     evaluations: list[dict[str, Any]],
     progress: Callable,
-) -> None:
+) -> list[int]:
     """Run each stored evaluation on the pruned model, adding its numbers to ``result.metrics``
     (stage ``evaluate``, one step per evaluation), and the dense model's perplexity beside them
     (``jobs.baseline``: copied from the job that measured it, else measured in one more step). An
     evaluation that fails costs neither the pruned model nor the job: a WARNING line says which and
-    why (with an error id), ``evaluations_failed`` counts them, and the job goes on to export."""
+    why (with an error id), ``evaluations_failed`` counts them, the job's ``failed_evaluations``
+    says which (what ``jobs.reevaluation`` runs again), and the job goes on to export. Returns
+    their positions in ``evaluations``."""
     last = baseline.last_perplexity(evaluations)
     dense = baseline.known(sf, recipe, last) if last is not None else None
     steps = len(evaluations) + int(last is not None and dense is None)
-    failed = 0
+    failed: list[int] = []
     for i, ev in enumerate(evaluations):
         progress("evaluate", i, steps)
         try:
             result.metrics.update(_evaluate(result, ev))
         except Exception as exc:  # a hub outage, a broken task file, memory: the prune stands
-            failed += 1
-            what = f"evaluation {i + 1} ({ev.get('type')} on {_evaluated_on(ev)})"
+            failed.append(i)
+            what = evaluation_name(i, ev)
             reason = public_error(exc, f"job {job_id}, {what}")
             job_log(sf, job_id, token, f"{what} failed; the checkpoint is kept: {reason}", "WARNING")
     if evaluations:
-        result.metrics["evaluations_failed"] = failed
+        result.metrics["evaluations_failed"] = len(failed)
+        retry_on_disconnect(partial(write_progress, sf, job_id, token, {"failed_evaluations": failed}, []))
     if last is not None and dense is None:
         progress("evaluate", len(evaluations), steps)
         try:
@@ -375,13 +387,7 @@ def _run_evaluations(
         job_log(sf, job_id, token, f"dense model perplexity {dense[0]:.4g} ({source})")
     if evaluations:
         progress("evaluate", steps, steps)
-
-
-def _evaluated_on(ev: dict[str, Any]) -> str:
-    """What an evaluation reads, as its log line names it: the dataset's file name, or the tasks."""
-    if ev.get("type") == "lm_eval":
-        return ", ".join(ev.get("tasks") or [])
-    return Path(str(ev.get("dataset"))).name
+    return failed
 
 
 def _check_export(model: str, forms: list[str]) -> None:
