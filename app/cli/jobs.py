@@ -7,6 +7,7 @@ liar jobs submit --model M --ratio 0.3 --calibration calib.txt [--criterion flap
 liar jobs list [--status RUNNING]
 liar jobs show ID [--json]      (the checkpoint's files with size and sha256; seconds per stage and layer)
 liar jobs cancel|rerun|delete ID
+liar jobs reevaluate ID [--evaluations all|1,3]   (a succeeded job's evaluations again, without pruning)
 
 Against the database (``LIAR_DATABASE_URL``) as its operator, or with ``--server URL`` (or
 ``LIAR_SERVER``) against a running app as one of its accounts, under its rules (``app.cli.remote``).
@@ -170,6 +171,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     for key in SHOWN_FIELDS:
         print(f"{key:>13}: {info[key]}")
+    if info.get("source_job"):  # a re-evaluation (jobs.reevaluation)
+        print(f"{'re-evaluates':>13}: job {info['source_job']} (its evaluations on that job's checkpoint)")
     for name, value in sorted(info["metrics"].items()):
         print(f"{'metric':>13}: {name} = {value:g}")
     _print_artifacts(info["artifacts"])
@@ -231,6 +234,15 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     except _refusals() as exc:
         return _said(exc)
     print(f"job {args.id}: re-submitted as job {new}")
+    return 0
+
+
+def cmd_reevaluate(args: argparse.Namespace) -> int:
+    try:  # the operator reads what the job read; a server confines the data as a web submission's
+        new = _service(args).reevaluate(args.id, evaluations=args.evaluations, confine=False)
+    except _refusals() as exc:
+        return _said(exc)
+    print(f"job {args.id}: evaluations run again on its checkpoint as job {new} (nothing is pruned)")
     return 0
 
 
@@ -306,7 +318,14 @@ def register(sub) -> None:
     r = jsub.add_parser("rerun", help="submit a job's recipe again, as a new job")
     r.add_argument("id", type=int)
     r.set_defaults(func=cmd_rerun)
-    for verb in (s, ls, sh, c, d, r):
+    e = jsub.add_parser("reevaluate", help="run a succeeded job's evaluations again on its checkpoint, without pruning")
+    e.add_argument("id", type=int)
+    e.add_argument(
+        "--evaluations",
+        help="'all', or numbers as the job's log gives them (1,3); default: the ones that failed (all if none did)",
+    )
+    e.set_defaults(func=cmd_reevaluate)
+    for verb in (s, ls, sh, c, d, r, e):
         verb.add_argument(
             "--server",
             default=os.environ.get("LIAR_SERVER"),

@@ -1,7 +1,7 @@
 """``liar jobs … --server URL``: the job commands against a running app, through its API, as an
 account of it. The server applies its rules (``jobs.access``): the account may submit, see every job,
-and cancel, re-run or delete its own (an administrator's, anyone's). Without ``--server`` the commands
-talk to the database directly, as its operator.
+and cancel, re-run, re-evaluate or delete its own (an administrator's, anyone's). Without ``--server``
+the commands talk to the database directly, as its operator.
 
 The account: ``LIAR_SERVER_USER`` (else ``$USER``) and ``LIAR_SERVER_PASSWORD`` (else asked for,
 without echo, when there is a terminal). An app with no login needs neither.
@@ -73,6 +73,9 @@ class RemoteJobs:
 
     def rerun(self, job_id: int, confine: bool = True) -> int:  # the server confines a re-run, whatever is asked
         return self._call("/rerun_job", job_id)["id"]
+
+    def reevaluate(self, job_id: int, evaluations: str | None = None, confine: bool = True) -> int:
+        return self._call("/reevaluate_job", job_id, evaluations or "")["id"]  # confined by the server
 
     def delete(self, job_id: int) -> None:
         self._call("/delete_job", job_id)

@@ -1,7 +1,7 @@
 """The named API endpoints, for ``gradio_client``: ``/submit``, ``/list_jobs``, ``/show_job``,
-``/cancel_job``, ``/rerun_job``, ``/delete_job``, ``/download`` (the list of a job's files and their
-URLs: the files themselves are served by ``app.web.downloads``, not through Gradio, which would copy
-them first).
+``/cancel_job``, ``/rerun_job``, ``/reevaluate_job``, ``/delete_job``, ``/download`` (the list of a
+job's files and their URLs: the files themselves are served by ``app.web.downloads``, not through
+Gradio, which would copy them first).
 
 With login on, each call acts as the logged-in account (``app.web.auth``): the rules of
 ``jobs.access`` apply as in the UI. A refusal or a failure is a ``gradio.Error`` of one sentence,
@@ -98,6 +98,14 @@ def build(service: JobService, login: Login) -> None:
         return {"id": service.rerun(int(job_id), login.actor(request))}
 
     @answered
+    def api_reevaluate(job_id: float, evaluations: str = "", request: gr.Request = None) -> dict:
+        """Run a succeeded job's evaluations again on its checkpoint, without pruning, as a new job of
+        the caller (the job's owner or an admin) whose numbers complete the job's metrics; returns
+        {"id": N}. ``evaluations``: "" the ones that failed (all if none did), "all", or their
+        numbers as the job's log gives them ("1,3")."""
+        return {"id": service.reevaluate(int(job_id), login.actor(request), evaluations or None)}
+
+    @answered
     def api_delete(job_id: float, request: gr.Request = None) -> str:
         """Delete a finished job with its files (its owner or an admin)."""
         service.delete(int(job_id), login.actor(request))
@@ -115,5 +123,6 @@ def build(service: JobService, login: Login) -> None:
     gr.api(api_show, api_name="show_job")
     gr.api(api_cancel, api_name="cancel_job")
     gr.api(api_rerun, api_name="rerun_job")
+    gr.api(api_reevaluate, api_name="reevaluate_job")
     gr.api(api_delete, api_name="delete_job")
     gr.api(api_download, api_name="download")

@@ -1,5 +1,6 @@
 """The "Jobs" tab: a live table of recent jobs; select a row to follow its log and stage timings,
-cancel it, re-run it, delete it (its owner or an admin: ``jobs.access``) or open its model page."""
+cancel it, re-run it, run its failed evaluations again without pruning (``jobs.reevaluation``),
+delete it (its owner or an admin: ``jobs.access``) or open its model page."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
     with gr.Row():
         cancel_btn = gr.Button("Cancel job", variant="stop", interactive=False)  # until a job that can stop is picked
         rerun_btn = gr.Button("Re-run")
+        # usable once a succeeded job whose evaluations failed is picked; not "Re-run …": one button has that name
+        reevaluate_btn = gr.Button("Re-evaluate", interactive=False)
         delete_btn = gr.Button("Delete job", interactive=False)  # until a finished job is picked
         open_btn = gr.Button("Model page ›")
     job_msg = gr.Markdown(elem_id="job-message")
@@ -38,7 +41,7 @@ def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
     panel = [heading, log_tail, timings]
 
     def view(job_id) -> list:
-        """The panel, then Cancel and Delete usable or not (views.job_view: one read of the job)."""
+        """The panel, then Cancel, Delete and Re-evaluate usable or not (views.job_view: one read of the job)."""
         panel_values, buttons = views.job_view(service, job_id)
         return [*panel_values, *(gr.update(interactive=on) for on in buttons)]
 
@@ -49,10 +52,10 @@ def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
     def refresh(status, job_id):
         rows = views.job_rows(service, status)
         if job_id is None:
-            return rows, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return rows, *(gr.skip() for _ in (*panel, *states))
         return rows, *view(job_id)
 
-    states = [cancel_btn, delete_btn]
+    states = [cancel_btn, delete_btn, reevaluate_btn]
     table.select(pick, None, [picked, *panel, *states], api_name=False)
     timer.tick(refresh, [status_filter, picked], [table, *panel, *states], api_name=False)
     status_filter.change(refresh, [status_filter, picked], [table, *panel, *states], api_name=False)
@@ -64,10 +67,14 @@ def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
     def rerun(job_id, request: gr.Request = None):
         return views.rerun_job(service, job_id, login.actor(request))
 
+    def reevaluate(job_id, request: gr.Request = None):
+        return views.reevaluate_job(service, job_id, login.actor(request))
+
     def delete(job_id, request: gr.Request = None):
         return views.delete_job(service, job_id, login.actor(request))
 
-    for button, action in ((cancel_btn, cancel), (rerun_btn, rerun), (delete_btn, delete)):
+    actions = ((cancel_btn, cancel), (rerun_btn, rerun), (reevaluate_btn, reevaluate), (delete_btn, delete))
+    for button, action in actions:
         button.click(action, [picked], [job_msg], api_name=False).then(
             refresh, [status_filter, picked], [table, *panel, *states], api_name=False
         )

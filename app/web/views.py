@@ -123,6 +123,8 @@ def job_heading(info: dict[str, Any]) -> str:
         f"by {info['submitted_by'] or '–'} · `{Path(str(info['model'])).name}` {asked(info)} "
         f"{info['method']} · {info['criterion']}"
     )
+    if info.get("source_job"):
+        line += f"\n\n**Re-evaluation** of job {info['source_job']}: its evaluations on that job's checkpoint."
     if info.get("cancel_requested") and info["status"] == "RUNNING":
         line += f"\n\n**⏳ {CANCELLING}**: the job stops at its next layer or stage boundary."
     if info["error"]:
@@ -130,20 +132,31 @@ def job_heading(info: dict[str, Any]) -> str:
     return line
 
 
-def job_view(service: JobService, job_id, lines: int = 30) -> tuple[tuple[str, str, str], tuple[bool, bool]]:
-    """The picked job's panel (heading, log tail, stage timings per stage) and its buttons (Cancel while
-    it is queued or running and no cancel is pending, Delete once it has finished), from one read of
-    it: the Jobs tab refreshes both every few seconds."""
+class Buttons(NamedTuple):
+    """Which of the Jobs tab's buttons the picked job makes usable (the service still decides who may)."""
+
+    cancel: bool  # queued or running, no cancel pending
+    delete: bool  # finished
+    reevaluate: bool  # a pruning job that succeeded with failed evaluations (jobs.reevaluation)
+
+
+NO_BUTTONS = Buttons(False, False, False)
+
+
+def job_view(service: JobService, job_id, lines: int = 30) -> tuple[tuple[str, str, str], Buttons]:
+    """The picked job's panel (heading, log tail, stage timings per stage) and its :class:`Buttons`,
+    from one read of it: the Jobs tab refreshes both every few seconds."""
     job_id = job_id_of(job_id)
     if job_id is None:
-        return ("Select a job in the table to follow its log.", "", ""), (False, False)
+        return ("Select a job in the table to follow its log.", "", ""), NO_BUTTONS
     try:
         info = service.show(job_id)
     except KeyError as exc:
-        return (shown(exc.args[0]), "", ""), (False, False)
+        return (shown(exc.args[0]), "", ""), NO_BUTTONS
     tail = "\n".join(f"{x['at'][11:19]} {x['level']:7s} {x['message']}" for x in info["log"][-lines:])
     finished = info["status"] in FINISHED
-    buttons = (not finished and not info.get("cancel_requested"), finished)
+    failed = info["status"] == "SUCCEEDED" and info["metrics"].get("evaluations_failed", 0) > 0
+    buttons = Buttons(not finished and not info.get("cancel_requested"), finished, failed and not info["source_job"])
     return (job_heading(info), tail, listings.timings_markdown(info["timings"], steps=False)), buttons
 
 
@@ -152,8 +165,8 @@ def job_panel(service: JobService, job_id, lines: int = 30) -> tuple[str, str, s
     return job_view(service, job_id, lines)[0]
 
 
-def actions_enabled(service: JobService, job_id) -> tuple[bool, bool]:
-    """(Cancel, Delete) usable for the picked job (:func:`job_view`)."""
+def actions_enabled(service: JobService, job_id) -> Buttons:
+    """(Cancel, Delete, Re-evaluate) usable for the picked job (:func:`job_view`)."""
     return job_view(service, job_id)[1]
 
 
@@ -197,6 +210,20 @@ def rerun_job(service: JobService, job_id, actor: Actor = OPEN) -> str:
     except Exception as exc:
         return _refusal(exc, f"re-run job {job_id}")
     return f"re-submitted job {job_id} as job {new}"
+
+
+def reevaluate_job(service: JobService, job_id, actor: Actor = OPEN) -> str:
+    """Run the picked job's failed evaluations again on its checkpoint, without pruning, as a new job
+    of whoever clicked (the job's owner or an admin), its data confined as a web submission's
+    (``JobService.reevaluate``)."""
+    job_id = job_id_of(job_id)
+    if job_id is None:
+        return shown(NOTHING_PICKED)
+    try:
+        new = service.reevaluate(job_id, actor)
+    except Exception as exc:
+        return _refusal(exc, f"re-evaluate job {job_id}")
+    return f"job {job_id}: its evaluations run again on its checkpoint as job {new} (nothing is pruned)"
 
 
 def delete_job(service: JobService, job_id, actor: Actor = OPEN) -> str:

@@ -152,10 +152,10 @@ def test_cancel_rerun_and_delete_say_who_and_what(tmp_path, llama_dir, database,
     stages = {row[0]: row[2] for row in views.job_rows(service)}
     assert stages[new] == "queued" and stages[later] == "queued (1 ahead)"
     assert ("all", "") in views.STATUSES  # the Status filter's "no filter" has a name
-    # Cancel while a job can still stop, Delete once it has finished
-    assert views.actions_enabled(service, later) == (True, False)
-    assert views.actions_enabled(service, queued) == (False, True)
-    assert views.actions_enabled(service, None) == views.actions_enabled(service, 999) == (False, False)
+    # Cancel while a job can still stop, Delete once it has finished (Re-evaluate: test_reevaluate)
+    assert views.actions_enabled(service, later) == (True, False, False)
+    assert views.actions_enabled(service, queued) == (False, True, False)
+    assert views.actions_enabled(service, None) == views.actions_enabled(service, 999) == (False, False, False)
     # without a login nobody can be told apart: the open server lets anyone act (as before)
     assert service.cancel(new, OPEN) == "CANCELLED" and service.show(new)["error"] == "cancelled by request"
 

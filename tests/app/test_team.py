@@ -17,6 +17,7 @@ import yaml
 from jobs.db import Job, JobLog, Status
 from tests.app.conftest import _free_port
 from tests.app.test_access import _finished, _snapshot
+from tests.jobs.test_reevaluation import seed_failed_evaluation
 
 pytestmark = pytest.mark.integration  # a running app
 
@@ -127,7 +128,7 @@ def test_downloads_are_for_owners_and_admins_when_the_server_says_so(team):
                     )
 
 
-ENDPOINTS = ("submit", "list_jobs", "show_job", "cancel_job", "rerun_job", "delete_job", "download")
+ENDPOINTS = ("submit", "list_jobs", "show_job", "cancel_job", "rerun_job", "reevaluate_job", "delete_job", "download")
 
 
 def test_nothing_answers_without_a_login(team):
@@ -270,3 +271,42 @@ def test_the_job_commands_against_the_server_follow_its_rules(team):
     new = liar("bob", "rerun", str(queued))
     assert new.returncode == 0 and new.stdout.startswith(f"job {queued}: re-submitted as job ")
     assert json.loads(_client(url, "bob").predict(queued, api_name="/show_job"))["status"] == "CANCELLED"
+
+
+def test_re_evaluation_through_the_api_and_the_command(team):
+    """``/reevaluate_job`` and ``liar jobs reevaluate --server``: the job's owner or an admin, as a job
+    of that account; another account is refused in one sentence (exit 2 for the command) and nothing
+    changes."""
+    import os
+    import subprocess
+    import sys
+
+    url, service = team["url"], team["service"]
+    held = team["data"] / "texts" / "tiny-demo.txt"  # inside the server's data folders
+    first, second = (seed_failed_evaluation(service, team["model"], held) for _ in range(2))
+    bob, carol = _client(url, "bob"), _client(url, "carol")
+    before = _snapshot(service)
+    with pytest.raises(Exception, match=rf"job {first} is bob's: only its owner or an administrator may re-evaluate"):
+        carol.predict(first, api_name="/reevaluate_job")
+    with pytest.raises(Exception, match="the job has 1 evaluation: there is no evaluation 3"):
+        bob.predict(first, "3", api_name="/reevaluate_job")
+
+    def liar(user: str, *args: str) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LIAR_")}
+        env.update(LIAR_SERVER_USER=user, LIAR_SERVER_PASSWORD=PASSWORDS[user], LIAR_SERVER=url)
+        cmd = [sys.executable, "-m", "app.cli", "jobs", "reevaluate", *args]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+    refused = liar("carol", str(second))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.strip().endswith(
+        f"job {second} is bob's: only its owner or an administrator may re-evaluate it"
+    )
+    assert _snapshot(service) == before
+    new = bob.predict(first, api_name="/reevaluate_job")["id"]
+    info = json.loads(carol.predict(new, api_name="/show_job"))
+    assert info["source_job"] == first and info["submitted_by"] == "bob" and info["status"] == "QUEUED"
+    done = liar("alice", str(second), "--evaluations", "all")  # an administrator, anyone's job
+    assert done.returncode == 0 and done.stdout.startswith(f"job {second}: evaluations run again on its checkpoint")
+    later = int(done.stdout.split("as job ")[1].split()[0])
+    assert json.loads(carol.predict(later, api_name="/show_job"))["submitted_by"] == "alice"
