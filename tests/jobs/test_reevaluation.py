@@ -156,6 +156,44 @@ def test_an_evaluation_that_fails_again_leaves_the_job_as_it_was(service, job_mo
         assert s.get(Job, job_id).failed_evaluations == []
 
 
+def test_by_default_only_the_failed_task_evaluation_runs_again(service, job_models, tmp_path):
+    """The perplexity succeeded, the lm-eval task's data vanished before the job evaluated: the
+    re-evaluation runs the task alone (evaluation 2) and records its numbers beside the perplexity,
+    which stands as it was measured."""
+    from core.evaluation.lmeval import evaluate_lm_eval, write_rt_sentiment_task
+    from core.evaluation.tasks import TASKS_ACC_MEAN
+    from core.models.tiny import tiny_corpus
+
+    held, tasks = _held_out(tmp_path, job_models), tmp_path / "tasks"
+    reviews = [{"text": t, "label": i % 2} for i, t in enumerate(tiny_corpus(6))]
+    write_rt_sentiment_task(tasks, reviews)
+    evaluations = [
+        {"type": "perplexity", "dataset": str(held), "seq_len": 32, "max_windows": 4},
+        {"type": "lm_eval", "tasks": "rt_sentiment", "task_dir": str(tasks), "limit": 5},
+    ]
+    job_id = service.submit(recipe(job_models), "bob", evaluations=evaluations)
+    for data in tasks.glob("*.jsonl"):
+        data.unlink()
+    assert execute(job_id, service.settings) == "SUCCEEDED"
+    before = service.show(job_id)["metrics"]
+    assert before["evaluations_failed"] == 1 and "rt_sentiment.acc" not in before
+    write_rt_sentiment_task(tasks, reviews)
+    new = service.reevaluate(job_id, OWNER, confine=False)  # the operator's: any task folder
+    assert service.show(new)["evaluations"] == [service.show(job_id)["evaluations"][1]]
+    assert execute(new, service.settings) == "SUCCEEDED", service.show(new)["error"]
+    after = service.show(job_id)
+    expected = evaluate_lm_eval(str(service.artifact(job_id)), None, "rt_sentiment", task_dir=tasks, limit=5)
+    acc = expected["summary"]["rt_sentiment"]["acc"]
+    assert after["metrics"]["rt_sentiment.acc"] == pytest.approx(acc) and after["metrics"][
+        TASKS_ACC_MEAN
+    ] == pytest.approx(acc)
+    assert after["metrics"]["perplexity"] == before["perplexity"] and after["metrics"]["evaluations_failed"] == 0
+    assert "perplexity" not in service.show(new)["metrics"]  # not measured again
+    assert after["log"][-1]["message"].endswith(
+        ": evaluation 2 (lm_eval on rt_sentiment) recorded; evaluations_failed 0"
+    )
+
+
 def _seeded(service: JobService, job_models, tmp_path: Path, owner: str = "bob", **row) -> int:
     return seed_failed_evaluation(service, job_models["quick"], _held_out(tmp_path, job_models), owner, **row)
 
