@@ -35,7 +35,11 @@ def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
         open_btn = gr.Button("Model page ›")
     job_msg = gr.Markdown(elem_id="job-message")
     with gr.Row():
-        log_tail = gr.Code(label="Log (live)", language=None, elem_id="job-log")
+        # the last lines only, so no line numbers (they counted from the tail and drifted as lines came in);
+        # each line carries its time
+        log_tail = gr.Code(
+            label="Log (live, newest last)", language=None, show_line_numbers=False, wrap_lines=True, elem_id="job-log"
+        )
         timings = gr.Markdown(elem_id="job-timings")
     timer = gr.Timer(REFRESH_SECONDS)
     panel = [heading, log_tail, timings]
