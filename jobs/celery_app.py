@@ -18,7 +18,7 @@ QUEUE = "liar"
 
 def make_celery(settings: Settings | None = None) -> Celery:
     settings = settings or Settings.from_env()
-    app = Celery("liar", broker=settings.broker_url, include=["jobs.tasks"])
+    app = Celery("liar", broker=settings.broker_url, include=["jobs.tasks", "jobs.workerinfo"])
     options: dict = {}
     if settings.broker_url.startswith("filesystem://"):
         settings.ensure_dirs()
@@ -49,7 +49,10 @@ def make_celery(settings: Settings | None = None) -> Celery:
         result_backend=None,
         task_ignore_result=True,
         worker_hijack_root_logger=False,
-        worker_send_task_events=False,
+        # operators' view: task events for Flower or an exporter (sent/started/succeeded…, a few small
+        # messages per job), and the liar_worker_info remote-control command (jobs.workerinfo, above)
+        worker_send_task_events=True,
+        task_send_sent_event=True,
     )
     app.conf.liar_settings = settings
     return app

@@ -7,6 +7,7 @@
     liar worker | jobs …         the job runner: a worker, and submit/list/show/cancel  (app.cli.jobs)
     liar app                     the web app with an embedded worker                    (app.cli.serve)
     liar users                   the web app's accounts, as password hashes             (app.cli.users)
+    liar health                  database, broker and workers answering? (exit 1 if not) (app.cli.health)
 
 Heavy libraries (torch, transformers, gradio) are imported inside the verbs, so ``liar --help`` is fast.
 """
@@ -17,10 +18,10 @@ import argparse
 import os
 import sys
 
-from app.cli import estimate, export, jobs, prune, serve, sweep, users
+from app.cli import estimate, export, health, jobs, prune, serve, sweep, users
 from app.cli.common import configure_engine, fail, quiet_transformers
 
-VERB_GROUPS = (prune, estimate, export, sweep, jobs, serve, users)  # the order of the verbs in ``liar --help``
+VERB_GROUPS = (prune, estimate, export, sweep, jobs, serve, users, health)  # the order of the verbs in ``liar --help``
 ENGINE_VERBS = ("prune", "eval", "demo", "sweep")  # verbs that load models in this process
 
 

@@ -4,7 +4,8 @@ One module per tab (``new_run``, ``jobs_tab``, ``dashboard``, ``model_page``) pl
 endpoints (``api``: ``/submit``, ``/list_jobs``, ``/show_job``, ``/cancel_job``, ``/download``) and the
 checkpoint download routes served beside them (``downloads``: ``jobs/N/files/NAME``,
 ``jobs/N/checkpoint.tar``); what they do is in ``forms`` (New run), ``views`` (Jobs, Model) and
-``charts`` (the dashboard's Vega-Lite charts), as plain functions without Gradio. ``?job=N`` opens a
+``charts`` (the dashboard's Vega-Lite charts), as plain functions without Gradio; the Workers tab
+(``workers_tab``, content in ``workers``) and the open ``GET /healthz`` (``health``) are the operator's. ``?job=N`` opens a
 job's model page (the charts' points link there). Gradio is imported when the app is built, so those
 modules load without it (and nothing here loads torch).
 """
@@ -40,7 +41,7 @@ def build_app(
     tells who may do what (open when None)."""
     import gradio as gr
 
-    from app.web import api, dashboard, forms, header, jobs_tab, model_page, new_run
+    from app.web import api, dashboard, forms, header, jobs_tab, model_page, new_run, workers_tab
     from app.web.auth import Login
     from jobs.service import JobService
 
@@ -59,6 +60,7 @@ def build_app(
                 runs = dashboard.build(service, demo, dashboard_tab)
             with gr.Tab("Model", id="model"):
                 page_id = model_page.build(service, login)
+            workers_tab.build(service, tabs)
         api.build(service, login)
         model_page.openers(demo, tabs, page_id, picked, open_picked, runs)
     return demo
@@ -69,7 +71,7 @@ def launch(host: str = "127.0.0.1", port: int = 7860, login: Login | None = None
     proxy's header; open when None)."""
     import gradio as gr
 
-    from app.web import downloads
+    from app.web import downloads, health
     from app.web.auth import Login
     from app.web.forms import MAX_UPLOAD_MB
     from jobs.service import JobService
@@ -96,4 +98,5 @@ def launch(host: str = "127.0.0.1", port: int = 7860, login: Login | None = None
         prevent_thread_lock=True,
     )
     downloads.attach(demo.server_app, service, login)  # checkpoints: plain HTTP
+    health.attach(demo.server_app, service)  # GET /healthz, open: a load balancer's probe has no login
     demo.block_thread()
