@@ -68,8 +68,9 @@ def _round(value: float | None, digits: int = 4) -> float | None:
 
 def run_rows(service: JobService, model="", method="", user="", criterion="") -> list[dict[str, Any]]:
     """One row of :data:`RUN_COLUMNS` (plus ``params_before``) per succeeded job that passes the
-    filters (empty: any; ``model``: a part of its name), newest first."""
-    done = service.list(status="SUCCEEDED", limit=1000)
+    filters (empty: any; ``model``: a part of its name), newest first. A re-evaluation is no run of
+    its own: its numbers are on the job it evaluated (``jobs.reevaluation``)."""
+    done = [j for j in service.list(status="SUCCEEDED", limit=1000) if j.get("source_job") is None]
     all_metrics = service.metrics([j["id"] for j in done])
     rows = []
     for j in done:

@@ -245,3 +245,16 @@ def test_a_speed_up_its_spread_swamps_is_left_off_the_chart_and_the_caption_says
     table = json.dumps(charts.table_rows(rows), ensure_ascii=False)
     assert "35.4" not in table and "0.651" not in table
     assert charts.speed_caption(rows[:1]) == ""
+
+
+def test_a_re_evaluation_is_no_run_of_its_own(finished_jobs):
+    """A re-evaluation's numbers land on the job it evaluated (jobs.reevaluation): the dashboard shows
+    that job once, not the re-evaluation beside it as a second point."""
+    with finished_jobs.sessions.begin() as s:
+        recipe = {"model": "/m/llama-7b", "ratio": 0.2, "reconstruction": {"method": "ls"}}
+        recipe["criterion"] = {"name": "magnitude"}
+        job = Job(recipe=recipe, evaluations=[], status=Status.SUCCEEDED.value, submitted_by="ada", source_job_id=3)
+        s.add(job)
+        s.flush()
+        s.add(Metric(job_id=job.id, name="perplexity", value=19.5))
+    assert [r["id"] for r in charts.run_rows(finished_jobs)] == [3, 2, 1]
