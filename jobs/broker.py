@@ -14,15 +14,17 @@ from jobs.settings import Settings
 
 
 def queued_job_ids(settings: Settings) -> set[int] | None:
-    """Job ids of the messages waiting in the broker queue (None if the broker cannot be read)."""
+    """Job ids of the messages waiting in the broker's queues (None if the broker cannot be read)."""
     try:
         if settings.broker_url.startswith("filesystem://"):
             raw = [p.read_text() for p in (settings.broker_dir / "queue").glob("*.msg")]
         elif settings.broker_url.startswith(("redis://", "rediss://")):
             import redis
 
-            client = redis.Redis.from_url(settings.broker_url)
-            raw = client.lrange("liar", 0, -1)
+            from jobs.routing import queue_names
+
+            client = redis.Redis.from_url(settings.broker_url)  # one list per queue (jobs.routing)
+            raw = [item for name in queue_names(settings.queues) for item in client.lrange(name, 0, -1)]
             client.close()
         else:
             return None

@@ -12,6 +12,7 @@ import os
 from celery import Celery
 
 from jobs.settings import Settings
+from jobs.watchdog import hard_time_limit
 
 QUEUE = "liar"
 
@@ -53,6 +54,8 @@ def make_celery(settings: Settings | None = None) -> Celery:
         # messages per job), and the liar_worker_info remote-control command (jobs.workerinfo, above)
         worker_send_task_events=True,
         task_send_sent_event=True,
+        # LIAR_TASK_TIME_LIMIT: the backstop kill, after the reaper has failed the job (jobs.watchdog)
+        task_time_limit=hard_time_limit(settings),
     )
     app.conf.liar_settings = settings
     return app

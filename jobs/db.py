@@ -123,6 +123,11 @@ class Job(Base):
     # ``evaluations`` of its own evaluations (jobs.reevaluation); None for a pruning job
     source_job_id: Mapped[int | None] = mapped_column(Integer, index=True)
     source_evaluations: Mapped[list[int] | None] = mapped_column(JSON)
+    # the worker queue the job was routed to (jobs.routing); None: the one default queue
+    queue: Mapped[str | None] = mapped_column(String(64))
+    # when the attempt's progress last moved (its claim, then each new stage or step): what the
+    # watchdog judges a hung job by, the heartbeat being a thread of its own (jobs.watchdog)
+    progress_at: Mapped[dt.datetime | None] = mapped_column(DateTime)
 
     metrics: Mapped[list[Metric]] = relationship(back_populates="job", cascade="all, delete-orphan")
     artifacts: Mapped[list[Artifact]] = relationship(back_populates="job", cascade="all, delete-orphan")

@@ -59,6 +59,7 @@ def claim(sf: sessionmaker, job_id: int, worker: str) -> int | None:
                 worker=worker,
                 started_at=now,
                 heartbeat_at=now,
+                progress_at=now,  # the watchdog's clock starts at the claim (jobs.watchdog)
                 attempts=seen + 1,
                 stage="starting",
                 error=None,

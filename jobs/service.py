@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from jobs import reevaluation
+from jobs import reevaluation, routing, watchdog
 from jobs.access import OPEN, Actor, NotNow, new_error_id, public_text, require_owner
 from jobs.artifacts import Served, TarStream, check_name, confined, job_dir
 from jobs.broker import queued_job_ids
@@ -93,8 +93,11 @@ class JobService:
         ``note``: said in the job's first log line beside who submitted it (``re-run of job 3``).
         Raises :class:`SubmitError`, or :class:`QueueError` when the broker does not take the job."""
         data, evals = self.validate(recipe, evaluations, confine, check_export, actor)
+        queue, routed = routing.route(self.settings.queues, data)  # may refuse: nothing created yet
+        note = "; ".join(n for n in (note, routed) if n) or None
         queued = Status.QUEUED.value
         job = Job(recipe=data, evaluations=evals, submitted_by=submitted_by, group_id=group_id, status=queued)
+        job.queue = queue
         return self._queue(lambda s: (job, note))
 
     def _queue(self, build: Callable[[Session], tuple[Job, str | None]]) -> int:
@@ -129,7 +132,10 @@ class JobService:
         return job_id
 
     def _send(self, job_id: int) -> None:
-        result = self.celery.send_task("liar.run_job", args=[job_id])
+        """Send the job's message to the queue it was routed to (the default queue where none)."""
+        with self.sessions() as s:
+            queue = s.scalar(select(Job.queue).where(Job.id == job_id))
+        result = self.celery.send_task("liar.run_job", args=[job_id], **routing.send_options(queue))
         with self.sessions.begin() as s:
             s.execute(update(Job).where(Job.id == job_id).values(celery_id=result.id))
 
@@ -252,6 +258,7 @@ class JobService:
             "group_id": job.group_id,
             "source_job": job.source_job_id,  # a re-evaluation's: the job whose checkpoint it evaluates
             "worker": job.worker,
+            "queue": job.queue,
             "attempts": job.attempts,
             "created_at": iso(job.created_at),
             "started_at": iso(job.started_at),
@@ -381,7 +388,9 @@ class JobService:
         refusal is one sentence (:class:`NotNow`, :class:`SubmitError`, ``Forbidden``)."""
 
         def build(s: Session) -> tuple[Job, str]:
-            return reevaluation.request(s, self.validator, job_id, actor, evaluations, confine)
+            job, note = reevaluation.request(s, self.validator, job_id, actor, evaluations, confine)
+            job.queue = s.scalar(select(Job.queue).where(Job.id == job_id))  # where its source ran
+            return job, note
 
         return self._queue(build)
 
@@ -475,6 +484,10 @@ class JobService:
                     job.status, job.finished_at, job.error = Status.FAILED.value, now, reason
                     s.add(JobLog(job_id=job.id, level="ERROR", message=f"{reason}; giving up"))
                     ended.append(job.id)
+            hung = watchdog.stalled(s, now, self.settings, skip=touched)
+        touched += [job_id for job_id, _ in hung]
+        ended += [job_id for job_id, _ in hung]
+        watchdog.stop_processes(self.celery, [celery_id for _, celery_id in hung])
         for job_id in ended:
             shutil.rmtree(job_dir(self.settings.artifacts_dir, job_id), ignore_errors=True)
         for job_id in resend:

@@ -14,6 +14,9 @@
 | ``LIAR_OFFLINE``    | ``0``                                 | ``1``: the workers cannot reach the Hugging Face Hub |
 | ``LIAR_WORKER_CLASS`` | ``cpu``                             | what the workers are (``cpu``, ``a100-80gb``, ``h100-80gb``): the New-run estimate's |
 | ``LIAR_STAGE_PAUSE`` | (none)                               | fault tests: ``reconstruct=2`` pauses each layer 2 s |
+| ``LIAR_QUEUES``     | (none: one queue)                     | ``name:class[:GB],…``: routed queues (jobs.routing) |
+| ``LIAR_STALL_MINUTES`` | ``60``                             | RUNNING, progress still this long = FAILED (0: off) |
+| ``LIAR_TASK_TIME_LIMIT`` | (none)                           | hours a job may run before it is FAILED, killed |
 
 The defaults need no server: SQLite and Celery's filesystem transport (which, unlike the SQLAlchemy
 transport, supports the broadcast commands behind ``revoke`` and ``inspect``).
@@ -22,6 +25,7 @@ transport, supports the broadcast commands behind ``revoke`` and ``inspect``).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -50,6 +54,47 @@ def scrub(text: str, *urls: str) -> str:
 
 DOWNLOAD_POLICIES = ("all", "owners")
 
+GB = 10**9  # queue memory is given in GB, as cards are sold ("a100-40g": 40 GB)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Queue:
+    """One routed queue: its ``name`` (what workers serve), the worker ``klass`` whose rates and
+    device apply, and ``memory`` in bytes a run may use on its workers (None: the class's own)."""
+
+    name: str
+    klass: str
+    memory: int | None = None
+
+
+def parse_queues(value: str) -> tuple[Queue, ...]:
+    """``LIAR_QUEUES`` as queues: comma-separated ``name:class[:GB]`` (GB may be a fraction, ``0.5``);
+    empty → no routing. Raises ``ValueError`` with one sentence naming the entry at fault."""
+    from core.pipeline.estimate import WORKERS  # (torch-free)
+
+    queues: list[Queue] = []
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry:
+            continue
+        parts = [p.strip() for p in entry.split(":")]
+        if len(parts) not in (2, 3) or not _NAME.match(parts[0]):
+            raise ValueError(f"LIAR_QUEUES entry {entry!r} is not name:class[:GB] (e.g. a100-40g:a100-80gb:40)")
+        if parts[1] not in WORKERS:
+            raise ValueError(f"LIAR_QUEUES entry {entry!r}: the class is one of {', '.join(WORKERS)}")
+        memory = None
+        if len(parts) == 3:
+            try:
+                memory = round(float(parts[2]) * GB)
+            except ValueError:
+                memory = 0
+            if memory <= 0:
+                raise ValueError(f"LIAR_QUEUES entry {entry!r}: the memory is a positive number of GB")
+        if any(q.name == parts[0] for q in queues):
+            raise ValueError(f"LIAR_QUEUES names the queue {parts[0]!r} twice")
+        queues.append(Queue(parts[0], parts[1], memory))
+    return tuple(queues)
+
 
 def _paths(value: str) -> tuple[Path, ...]:
     """``a:b:c`` as paths (``~`` expanded), empty parts skipped."""
@@ -77,6 +122,15 @@ class Settings:
     # seconds a worker waits at the start of each step of a stage, once the step is recorded: lets the
     # fault tests (tests/jobs/test_faults.py) land a kill or a cancel inside a layer; empty in production
     stage_pause: tuple[tuple[str, float], ...] = ()
+    # the worker queues jobs are routed to by their estimated memory (jobs.routing); empty: the one
+    # default queue, nothing routed
+    queues: tuple[Queue, ...] = ()
+    # a RUNNING job whose progress has not moved this long is hung (its heartbeat, a thread of its
+    # own, goes on regardless): the reaper fails it (jobs.watchdog). Generous: one step of a stage (a
+    # model's download, one lm-eval task) may take long without a progress call; 0 turns it off
+    stall_minutes: float = 60.0
+    # hours a job may run at all (None: no limit); the reaper fails it then, Celery kills it a little later
+    task_time_limit_hours: float | None = None
 
     @classmethod
     def from_env(cls, **overrides) -> Settings:
@@ -97,6 +151,9 @@ class Settings:
                 for stage, _, seconds in (p.partition("=") for p in os.environ.get("LIAR_STAGE_PAUSE", "").split(","))
                 if stage.strip()
             ),
+            queues=parse_queues(os.environ.get("LIAR_QUEUES", "")),
+            stall_minutes=float(os.environ.get("LIAR_STALL_MINUTES", 60)),
+            task_time_limit_hours=float(os.environ.get("LIAR_TASK_TIME_LIMIT") or 0) or None,
         )
         values.update(overrides)
         from core.pipeline.estimate import WORKERS  # (torch-free)

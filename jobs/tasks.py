@@ -31,7 +31,7 @@ from jobs.artifacts import (
     remove_earlier_attempts,
 )
 from jobs.celery_app import app
-from jobs.db import Artifact, Job, JobLog, Status, connect, retry_on_disconnect
+from jobs.db import Artifact, Job, JobLog, Status, connect, retry_on_disconnect, server_utcnow
 from jobs.disk import DiskFull, check_free_space, no_space_message, short_of_disk
 from jobs.fencing import (
     Heartbeat,
@@ -219,12 +219,13 @@ def _progress_callback(
     :class:`JobCancelled` once the job's cancel flag is set. ``pause``: seconds to wait at the start of
     each step of a stage (``Settings.stage_pause``, for the fault tests). Its writes are attempt
     ``token``'s (fenced); it raises :class:`Superseded` once one is refused, or once ``refused()`` (the
-    heartbeat thread's) says why a beat was."""
-    last, shown = 0.0, None
+    heartbeat thread's) says why a beat was. A write at a new stage or step stamps ``progress_at``, the
+    watchdog's sign of life (``jobs.watchdog``)."""
+    last, shown, at = 0.0, None, None
     overall = Overall()  # the row's progress: the whole job's, only ever forward (jobs.progress)
 
     def progress(stage: str, done: int, total: int) -> None:
-        nonlocal last, shown
+        nonlocal last, shown, at
         why = refused()
         if why is not None:
             raise Superseded(why)
@@ -240,6 +241,8 @@ def _progress_callback(
         wait = pause.get(stage, 0.0) if pause and done < total else 0.0
         if events or stage != shown or stage == "reconstruct" or now - last > 0.5 or wait:
             last, shown = now, stage
+            if (stage, done) != at:
+                at, values["progress_at"] = (stage, done), server_utcnow()
             if retry_on_disconnect(partial(write_progress, sf, job_id, token, values, events)):
                 raise JobCancelled
         if wait:

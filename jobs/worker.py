@@ -38,11 +38,31 @@ def _start_maintenance(sender=None, **_kwargs) -> None:
     threading.Thread(target=_maintain, args=(settings, _stop), daemon=True, name="liar-maintenance").start()
 
 
-def run_worker(gpu: str | None = None, name: str | None = None, loglevel: str = "INFO") -> None:
-    """Run one worker in the foreground: one job at a time, a fresh process per job."""
+def worker_queues(queues: str | None, settings: Settings) -> list[str]:
+    """The broker queues a worker serves: ``queues`` (comma-separated; ``LIAR_WORKER_QUEUES`` where not
+    given), else the default queue. With routed queues (``LIAR_QUEUES``), a name not among them is
+    refused with ``ValueError``: its worker would wait forever, for jobs nothing sends there."""
+    from jobs.celery_app import QUEUE
+
+    names = [q.strip() for q in (queues or os.environ.get("LIAR_WORKER_QUEUES", "")).split(",") if q.strip()]
+    known = [q.name for q in settings.queues]
+    unknown = [q for q in names if known and q not in known]
+    if unknown:
+        raise ValueError(f"no queue {', '.join(unknown)} in LIAR_QUEUES (its queues: {', '.join(known)})")
+    return names or [QUEUE]
+
+
+def run_worker(
+    gpu: str | None = None, name: str | None = None, loglevel: str = "INFO", queues: str | None = None
+) -> None:
+    """Run one worker in the foreground: one job at a time, a fresh process per job, taking jobs from
+    ``queues`` (:func:`worker_queues`). ``gpu`` is set as ``CUDA_VISIBLE_DEVICES`` before anything
+    can import torch, so the worker's jobs see that card alone, as device 0."""
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-    from jobs.celery_app import QUEUE, app
+    from jobs.celery_app import app
+
+    serve = worker_queues(queues, app.conf.liar_settings)
 
     suffix = f"gpu{gpu}" if gpu is not None else "cpu"
     app.worker_main(
@@ -54,7 +74,7 @@ def run_worker(gpu: str | None = None, name: str | None = None, loglevel: str = 
             f"--max-tasks-per-child={os.environ.get('LIAR_WORKER_MAX_TASKS_PER_CHILD', 1)}",
             "--prefetch-multiplier=1",
             "-Q",
-            QUEUE,
+            ",".join(serve),
             "-n",
             name or f"liar-{suffix}-{os.getpid()}@{socket.gethostname()}",
             "--without-gossip",

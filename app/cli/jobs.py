@@ -1,6 +1,6 @@
 """``liar worker`` and ``liar jobs submit|list|show|cancel``: the job runner from the shell.
 
-liar worker [--gpu 0]
+liar worker [--gpu 0] [--queues a100-80g,a100-40g]
 liar jobs submit RECIPE.yaml [--user NAME] [--ppl FILE] [--tasks piqa,arc_easy]
                  [--sweep-ratios 0.2 0.5 --sweep-methods liar ls]
 liar jobs submit --model M --ratio 0.3 --calibration calib.txt [--criterion flap ...]   (the flags of liar prune)
@@ -49,7 +49,10 @@ SHOWN_FIELDS = (
 def cmd_worker(args: argparse.Namespace) -> int:
     from jobs.worker import run_worker
 
-    run_worker(gpu=args.gpu, name=args.name, loglevel=args.loglevel)
+    try:
+        run_worker(gpu=args.gpu, name=args.name, loglevel=args.loglevel, queues=args.queues)
+    except ValueError as exc:
+        return fail(str(exc))
     return 0
 
 
@@ -274,6 +277,10 @@ def register(sub) -> None:
     w = sub.add_parser("worker", help="run a job worker (one job at a time, fresh process per job)")
     w.add_argument("--gpu", help="GPU index for this worker (sets CUDA_VISIBLE_DEVICES)")
     w.add_argument("--name", help="worker name (default liar-gpuN-PID@host)")
+    w.add_argument(
+        "--queues",
+        help="comma-separated queues of LIAR_QUEUES this worker serves (default $LIAR_WORKER_QUEUES, else liar)",
+    )
     w.add_argument("--loglevel", default="INFO")
     w.set_defaults(func=cmd_worker)
 

@@ -122,13 +122,14 @@ def test_upgrade_keeps_a_finished_job_and_its_archive(empty_database, tmp_path):
             ],
         )
     engine.dispose()
-    assert upgrade(url) == "0004"
+    assert upgrade(url) == "0005"
 
     service = JobService(Settings(data_dir=tmp_path, database_url=url, broker_url="memory://"), _FakeCelery())
     info = service.show(1)
     assert [(a["kind"], a["name"]) for a in info["artifacts"]] == [("checkpoint", None), ("archive", None)]
     assert info["timings"] is None and info["status"] == "SUCCEEDED"
     assert info["source_job"] is None  # a pruning job, not a re-evaluation (revision 0004)
+    assert info["queue"] is None  # queued before routing: the default queue (revision 0005)
     assert info["recipe_as_run"] is None and info["ratio"] == 0.3  # ran before it was recorded: as submitted
     assert service.downloads(1) == [{"name": "liar-job-1.tar.gz", "size": 11, "sha256": "ab" * 32, "kind": "archive"}]
     assert service.file(1, "liar-job-1.tar.gz").path.read_bytes() == b"old archive"
