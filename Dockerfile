@@ -16,7 +16,8 @@ COPY pyproject.toml README.md ./
 COPY core core
 COPY jobs jobs
 COPY app app
-RUN pip install .
+# the "monitor" extra: Flower, which the compose file runs from this same image
+RUN pip install ".[monitor]"
 # --build-arg LLAMA_CPP=1: llama.cpp's quantizer for the q8_0 / q4_k_m GGUF forms (a worker without it
 # refuses those forms before pruning); llama-cpp-python built from source, compilers removed afterwards
 ARG LLAMA_CPP=0
@@ -25,6 +26,11 @@ RUN if [ "$LLAMA_CPP" = 1 ]; then \
       CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF" \
         pip install "llama-cpp-python==0.3.36" && \
       apt-get purge -y build-essential cmake && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*; fi
+# not root: a job runs code from the models and lm-eval tasks it is given. A fixed uid that the CUDA
+# base's own user (ubuntu, 1000) does not clash with; /data is created here so a fresh named volume
+# starts owned by it
+RUN useradd --system --uid 10001 --create-home --home-dir /home/liar liar && mkdir -p /data && chown liar:liar /data
+USER liar
 VOLUME /data
-# default: a worker; the compose file also runs the app with a different command
+# default: a worker; the compose file also runs the app, the migration and Flower with other commands
 CMD ["liar", "worker"]

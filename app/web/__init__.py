@@ -5,9 +5,9 @@ endpoints (``api``: ``/submit``, ``/list_jobs``, ``/show_job``, ``/cancel_job``,
 checkpoint download routes served beside them (``downloads``: ``jobs/N/files/NAME``,
 ``jobs/N/checkpoint.tar``); what they do is in ``forms`` (New run), ``views`` (Jobs, Model) and
 ``charts`` (the dashboard's Vega-Lite charts), as plain functions without Gradio; the Workers tab
-(``workers_tab``, content in ``workers``) and the open ``GET /healthz`` (``health``) are the operator's. ``?job=N`` opens a
-job's model page (the charts' points link there). Gradio is imported when the app is built, so those
-modules load without it (and nothing here loads torch).
+(``workers_tab``, content in ``workers``) and the open ``GET /healthz`` (``health``) are the
+operator's. ``?job=N`` opens a job's model page (the charts' points link there). Gradio is imported
+when the app is built, so those modules load without it (and nothing here loads torch).
 """
 
 from __future__ import annotations
