@@ -114,7 +114,7 @@ def _advanced(eval_texts: list[str]) -> dict:
             label="Perplexity on",
             info=INFO["evaluate"],
         )
-        c["tasks"] = gr.Textbox("", label="lm-eval tasks", info=INFO["tasks"])
+        c["tasks"] = gr.Textbox("", label="lm-eval tasks", info=INFO["tasks"], elem_id="tasks")
         c["task_dir"] = gr.Textbox("", label="Task folder", info=INFO["task_dir"])
     c["export"] = gr.CheckboxGroup(
         forms.SERVING_FORMS, value=[], label="Serving files", info=INFO["export"], elem_id="serving-files"

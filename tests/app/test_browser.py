@@ -88,9 +88,14 @@ def _open_advanced(page) -> None:
 
 
 def _fill(page, label: str, value: str) -> None:
-    if label in ADVANCED:
+    """Fill the box of a label (or ``#id``: a text box whose name includes its help line)."""
+    if label in ADVANCED or label in ("#tasks",):
         _open_advanced(page)
-    box = page.get_by_label(label, exact=True)
+    box = (
+        page.locator(f"{label} textarea, {label} input").first
+        if label.startswith("#")
+        else page.get_by_label(label, exact=True)
+    )
     box.fill(value)
     box.press("Tab")
 
@@ -240,6 +245,14 @@ def test_a_bad_box_is_named_in_place_until_it_is_fixed(browser, app_server):
     submit.click()
     message = "ratios 1.5 and -0.1 must each lie strictly between 0 and 1"
     wait_for(lambda: message in _info(pg, "#ratio"), timeout=60, what="both ratios named")
+    _fill_ratio(pg, "0.2")
+
+    # what used to validate and fail on the worker after the prune is refused here, under its box
+    _fill(pg, "#tasks", "no_such_task")
+    submit.click()
+    wait_for(lambda: "no_such_task" in _info(pg, "#tasks"), timeout=60, what="the task named")
+    _fill(pg, "#tasks", "")
+    wait_for(lambda: "⚠" not in _info(pg, "#tasks"), timeout=60, what="the message to go")
     assert len(_jobs(app_server["url"])) == before
     pg.context.close()
 
