@@ -501,4 +501,8 @@ def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_pa
 
     model, tok = load_pruned(tmp_path / "x" / f"liar-job-{a1}")
     assert tok is not None and sum(p.numel() for p in model.parameters()) > 0
+    # the operator's view: the app's own worker answers, listed with its queue
+    bob.get_by_role("tab", name="Workers").click()
+    wait_for(lambda: bob.locator("#workers-table [role=gridcell]").count() > 0, timeout=60, what="a worker row")
+    assert "liar" in bob.locator("#workers-table").inner_text()
     assert alice.external_requests == [] and bob.external_requests == []
