@@ -174,6 +174,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     for key in SHOWN_FIELDS:
         print(f"{key:>13}: {info[key]}")
+    if info.get("queue"):  # routed by memory (LIAR_QUEUES, jobs.routing)
+        print(f"{'queue':>13}: {info['queue']}")
     if info.get("source_job"):  # a re-evaluation (jobs.reevaluation)
         print(f"{'re-evaluates':>13}: job {info['source_job']} (its evaluations on that job's checkpoint)")
     for name, value in sorted(info["metrics"].items()):
