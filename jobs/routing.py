@@ -33,7 +33,7 @@ def queue_names(queues: tuple[Queue, ...]) -> tuple[str, ...]:
     return tuple(q.name for q in queues) or (DEFAULT_QUEUE,)
 
 
-def _worker(queue: Queue):
+def queue_worker(queue: Queue):
     """The estimate's worker class for ``queue``, with the queue's memory."""
     from core.pipeline.estimate import worker_class
 
@@ -50,7 +50,7 @@ def route(queues: tuple[Queue, ...], recipe: dict[str, Any]) -> tuple[str | None
         return None, None
     from core.pipeline.estimate import estimate, size
 
-    sized = sorted(((q, _worker(q)) for q in queues), key=lambda qw: qw[1].memory)
+    sized = sorted(((q, queue_worker(q)) for q in queues), key=lambda qw: qw[1].memory)
     estimates = [(q, w, estimate(recipe, w)) for q, w in sized]
     made = [(q, w, e) for q, w, e in estimates if e.ok]
     if not made:

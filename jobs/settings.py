@@ -12,7 +12,7 @@
 | ``LIAR_TASK_DIRS``  | (none)                                | folders of lm-eval task YAMLs web jobs may use |
 | ``LIAR_DOWNLOADS``  | ``all``                               | ``owners``: only a job's owner and admins download |
 | ``LIAR_OFFLINE``    | ``0``                                 | ``1``: the workers cannot reach the Hugging Face Hub |
-| ``LIAR_WORKER_CLASS`` | ``cpu``                             | what the workers are (``cpu``, ``a100-80gb``, ``h100-80gb``): the New-run estimate's |
+| ``LIAR_WORKER_CLASS`` | ``cpu``                             | the workers' kind: the New-run estimate's |
 | ``LIAR_STAGE_PAUSE`` | (none)                               | fault tests: ``reconstruct=2`` pauses each layer 2 s |
 | ``LIAR_QUEUES``     | (none: one queue)                     | ``name:class[:GB],…``: routed queues (jobs.routing) |
 | ``LIAR_STALL_MINUTES`` | ``60``                             | RUNNING, progress still this long = FAILED (0: off) |

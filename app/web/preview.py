@@ -29,8 +29,9 @@ def advanced_title(values: dict[str, Any]) -> str:
 
 
 def estimate_line(service: JobService, form) -> str:
-    """The engine's estimate of the run the form describes (``core.pipeline.estimate``) on this
-    server's worker class (``LIAR_WORKER_CLASS``), as one line above Submit; empty while the form
+    """The engine's estimate of the run the form describes (``core.pipeline.estimate``) on the queue
+    the job would be routed to (``LIAR_QUEUES``, :mod:`jobs.routing`), or else on this server's worker
+    class (``LIAR_WORKER_CLASS``), as one line above Submit; empty while the form
     cannot make a recipe (Validate says why), or names a job's checkpoint or a folder this server
     may not read. A sweep is estimated at its first ratio."""
     from core.pipeline.estimate import estimate
@@ -48,7 +49,11 @@ def estimate_line(service: JobService, form) -> str:
         return ""
     if methods:
         recipe["reconstruction"]["method"] = methods[0]
-    result = estimate(recipe, service.settings.worker_class)
+    try:
+        worker, queue = _worker_for(service, recipe)
+    except SubmitError as exc:  # no queue has the memory: said before Submit
+        return f"Estimate: ⚠ {exc}"
+    result = estimate(recipe, worker)
     if not result.ok:
         return f"Estimate: {result.error}"
     first = (
@@ -56,5 +61,17 @@ def estimate_line(service: JobService, form) -> str:
         if isinstance(amount, list) and len(amount) > 1
         else ""
     )
-    line = f"Estimate{first}: {result.summary()}"
+    line = f"Estimate{first}: {result.summary()}" + (f" (queue {queue})" if queue else "")
     return line + (f" — ⚠ {result.fit_note}" if result.fits is False and result.fit_note else "")
+
+
+def _worker_for(service: JobService, recipe: dict[str, Any]):
+    """(the worker class to estimate on, the queue's name or None): the queue routing would pick, or
+    the server's one worker class; raises SubmitError when no queue has the memory."""
+    from jobs import routing
+
+    queues = service.settings.queues
+    if not queues:
+        return service.settings.worker_class, None
+    name, _ = routing.route(queues, recipe)
+    return routing.queue_worker(next(q for q in queues if q.name == name)), name

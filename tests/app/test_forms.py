@@ -695,3 +695,19 @@ def test_the_worker_class_is_one_the_estimate_knows(monkeypatch, tmp_path):
     monkeypatch.setenv("LIAR_WORKER_CLASS", "tpu")
     with pytest.raises(ValueError, match="LIAR_WORKER_CLASS is 'tpu'; use one of cpu, a100-80gb, h100-80gb"):
         Settings.from_env()
+
+
+def test_with_routed_queues_the_estimate_names_the_queue_or_says_none_fits(job_service, llama_dir, tmp_path):
+    """With LIAR_QUEUES the line above Submit is the estimate on the queue the job would go to
+    (jobs.routing), or the sentence Submit would refuse it with."""
+    import dataclasses
+
+    from jobs.settings import parse_queues
+
+    settings = job_service.settings
+    job_service.settings = dataclasses.replace(settings, queues=parse_queues("small:cpu:0.2, big:cpu:1"))
+    line = preview.estimate_line(job_service, _form(tmp_path, llama_dir))
+    assert line.startswith("Estimate: ") and line.endswith("on this server's CPU (queue big)"), line
+    job_service.settings = dataclasses.replace(settings, queues=parse_queues("tiny:cpu:0.1"))
+    line = preview.estimate_line(job_service, _form(tmp_path, llama_dir))
+    assert line.startswith("Estimate: ⚠ no queue has the memory for this job"), line

@@ -10,7 +10,7 @@ import pytest
 
 from core.pipeline.estimate import estimate
 from jobs.db import Job
-from jobs.routing import _worker, route
+from jobs.routing import queue_worker, route
 from jobs.service import JobService
 from jobs.settings import Queue, Settings, parse_queues
 from jobs.submission import SubmitError
@@ -30,7 +30,7 @@ class _QueueCelery:
 
 
 def _peak(r: dict) -> int:
-    return estimate(r, _worker(Queue("probe", "cpu"))).peak_bytes
+    return estimate(r, queue_worker(Queue("probe", "cpu"))).peak_bytes
 
 
 @pytest.fixture(scope="module")
