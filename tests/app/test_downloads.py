@@ -115,7 +115,7 @@ def test_the_model_page_and_the_jobs_tab_show_files_and_timings(finished):
         assert f"| [{a['name']}](jobs/{job_id}/files/{a['name']}) | " in links and f"`{a['sha256']}`" in links
     assert "#### Where the time went" in head and "| reconstruct | " in head
     assert "&nbsp;&nbsp;&nbsp;layer 2/2 |" in head and "| **total** |" in head
-    assert head.count("| params_after |") == 1 and "| layer | module |" not in head  # each table once
+    assert head.count("| parameters, pruned |") == 1 and "| layer | module |" not in head  # each table once
     assert len(report) == len(info["report"]) and layers["data"]["values"][0]["projection"] == "0 attn"
     # the folder the downloaded tar unpacks to, never the server's folder
     assert f'from_pretrained("liar-job-{job_id}"' in load and "AutoTokenizer.from_pretrained" in load
