@@ -44,3 +44,15 @@ def owner_and_checkpoint(session, job_id: int) -> tuple[str | None, Path]:
     if path is None or not Path(path, "config.json").is_file():
         raise ValueError(f"model job:{job_id}: that job's checkpoint is no longer on the server")
     return job.submitted_by, Path(path)
+
+
+def queue_of(sessions, model: object) -> str | None:
+    """The queue of the job whose checkpoint ``model`` names (``job:42``), if it was routed: a job that
+    prunes a checkpoint again needs less than the job that made it, so it may go where that one ran
+    (``jobs.routing``); None for a folder or a hub id."""
+    job_id = job_reference(model)
+    if job_id is None:
+        return None
+    with sessions() as s:
+        job = s.get(Job, job_id)
+        return job.queue if job is not None else None

@@ -41,13 +41,19 @@ def queue_worker(queue: Queue):
     return dataclasses.replace(w, memory=queue.memory) if queue.memory is not None else w
 
 
-def route(queues: tuple[Queue, ...], recipe: dict[str, Any]) -> tuple[str | None, str | None]:
+def route(
+    queues: tuple[Queue, ...], recipe: dict[str, Any], source: str | None = None
+) -> tuple[str | None, str | None]:
     """The queue for a validated ``recipe`` and the line its job's log gets about it; ``(None, None)``
     without routed queues (the default queue, nothing said). The smallest queue (by memory) whose
     estimate fits; the largest where no queue's estimate can be made. Raises
-    ``jobs.submission.SubmitError`` when estimates exist and none fits."""
+    ``jobs.submission.SubmitError`` when estimates exist and none fits. ``source``: the queue of the
+    job whose checkpoint the recipe prunes again (``model: job:N``, which no estimate reads), taken
+    while it is still one of ``queues``."""
     if not queues:
         return None, None
+    if source is not None and source in queue_names(queues):
+        return source, f"queue {source}, where the job whose checkpoint it prunes ran"
     from core.pipeline.estimate import estimate, size
 
     sized = sorted(((q, queue_worker(q)) for q in queues), key=lambda qw: qw[1].memory)

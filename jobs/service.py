@@ -31,6 +31,7 @@ from jobs.access import OPEN, Actor, NotNow, new_error_id, public_text, require_
 from jobs.artifacts import Served, TarStream, check_name, confined, job_dir
 from jobs.broker import queued_job_ids
 from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, db_now, server_utcnow, utcnow
+from jobs.references import queue_of
 from jobs.settings import Settings, redact_url, scrub
 from jobs.submission import SubmitError, Validator, target_cells
 
@@ -93,7 +94,8 @@ class JobService:
         ``note``: said in the job's first log line beside who submitted it (``re-run of job 3``).
         Raises :class:`SubmitError`, or :class:`QueueError` when the broker does not take the job."""
         data, evals = self.validate(recipe, evaluations, confine, check_export, actor)
-        queue, routed = routing.route(self.settings.queues, data)  # may refuse: nothing created yet
+        source = queue_of(self.sessions, data.get("model"))  # model: job:N
+        queue, routed = routing.route(self.settings.queues, data, source)  # may refuse: nothing created yet
         note = "; ".join(n for n in (note, routed) if n) or None
         queued = Status.QUEUED.value
         job = Job(recipe=data, evaluations=evals, submitted_by=submitted_by, group_id=group_id, status=queued)

@@ -142,3 +142,19 @@ def test_two_workers_each_run_the_jobs_of_their_queue(faults, sized):  # noqa: F
             task = s.get(Job, job).celery_id
         assert service.show(job)["queue"] == queue
         assert [q for q, log in logs.items() if f"[{task}] received" in log] == [queue], job
+
+
+def test_a_checkpoint_pruned_again_goes_where_its_job_ran(tmp_path, sized):
+    """``model: job:N`` names a checkpoint no estimate reads; pruning it again needs less than the job
+    that made it, so it goes to that job's queue while the queue still exists."""
+    from jobs.references import queue_of
+
+    setting, small_job, _ = sized
+    queues = parse_queues(setting)
+    again = dict(small_job, model="job:1")
+    assert route(queues, again, "small") == ("small", "queue small, where the job whose checkpoint it prunes ran")
+    assert route(queues, dict(small_job), "gone")[0] == "small"  # a queue since removed: routed afresh
+    service = _service(tmp_path, setting)
+    job = service.submit(small_job)
+    assert queue_of(service.sessions, f"job:{job}") == "small"
+    assert queue_of(service.sessions, "job:99") is None and queue_of(service.sessions, small_job["model"]) is None
