@@ -202,28 +202,28 @@ def rerun_job(service: JobService, job_id, actor: Actor = OPEN) -> str:
     """Submit a job's recipe and evaluations again as a new job of whoever clicked (the job's owner or
     an admin; without a login, credited to the original submitter), checked as any web submission is
     (``JobService.rerun``)."""
-    job_id = job_id_of(job_id)
-    if job_id is None:
-        return shown(NOTHING_PICKED)
-    try:
-        new = service.rerun(job_id, actor)
-    except Exception as exc:
-        return _refusal(exc, f"re-run job {job_id}")
-    return f"re-submitted job {job_id} as job {new}"
+    return _new_job_from(job_id, service.rerun, actor, "re-run", "re-submitted job {job} as job {new}")
 
 
 def reevaluate_job(service: JobService, job_id, actor: Actor = OPEN) -> str:
     """Run the picked job's failed evaluations again on its checkpoint, without pruning, as a new job
     of whoever clicked (the job's owner or an admin), its data confined as a web submission's
     (``JobService.reevaluate``)."""
+    done = "job {job}: its evaluations run again on its checkpoint as job {new} (nothing is pruned)"
+    return _new_job_from(job_id, service.reevaluate, actor, "re-evaluate", done)
+
+
+def _new_job_from(job_id, make, actor: Actor, verb: str, done: str) -> str:
+    """The status line of an action that makes a new job from the picked one (``make(job_id, actor)``
+    returns its id): ``done`` formatted with both ids, or the refusal."""
     job_id = job_id_of(job_id)
     if job_id is None:
         return shown(NOTHING_PICKED)
     try:
-        new = service.reevaluate(job_id, actor)
+        new = make(job_id, actor)
     except Exception as exc:
-        return _refusal(exc, f"re-evaluate job {job_id}")
-    return f"job {job_id}: its evaluations run again on its checkpoint as job {new} (nothing is pruned)"
+        return _refusal(exc, f"{verb} job {job_id}")
+    return done.format(job=job_id, new=new)
 
 
 def delete_job(service: JobService, job_id, actor: Actor = OPEN) -> str:
