@@ -77,7 +77,7 @@ def _jobs(url: str, auth: tuple[str, str] | None = None) -> list[dict]:
     return json.loads(Client(url, auth=auth, verbose=False).predict("", api_name="/list_jobs"))
 
 
-ADVANCED = ("Samples", "Sequence length", "Seed", "Damping", "Text field", "Label field", "lm-eval tasks")
+ADVANCED = ("Samples", "Sequence length", "Seed", "Damping", "Text field", "Label field", "#tasks")
 
 
 def _open_advanced(page) -> None:
@@ -89,7 +89,7 @@ def _open_advanced(page) -> None:
 
 def _fill(page, label: str, value: str) -> None:
     """Fill the box of a label (or ``#id``: a text box whose name includes its help line)."""
-    if label in ADVANCED or label in ("#tasks",):
+    if label in ADVANCED:
         _open_advanced(page)
     box = (
         page.locator(f"{label} textarea, {label} input").first
