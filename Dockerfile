@@ -16,8 +16,8 @@ COPY pyproject.toml README.md ./
 COPY core core
 COPY jobs jobs
 COPY app app
-# the "monitor" extra: Flower, which the compose file runs from this same image
-RUN pip install ".[monitor]"
+# the "monitor" extra: Flower, which the compose file runs from this same image; "s3": a store in S3 or MinIO
+RUN pip install ".[monitor,s3]"
 # --build-arg LLAMA_CPP=1: llama.cpp's quantizer for the q8_0 / q4_k_m GGUF forms (a worker without it
 # refuses those forms before pruning); llama-cpp-python built from source, compilers removed afterwards
 ARG LLAMA_CPP=0

@@ -23,7 +23,8 @@ STAGE_SHARES = (
     ("reconstruct", 0.42),
     ("write", 0.05),
     ("evaluate", 0.10),
-    ("export", 0.05),
+    ("export", 0.03),
+    ("upload", 0.02),  # the checkpoint sent to a store other than the data folder (jobs.store)
 )
 LAST_BEFORE_SUCCESS = 0.99  # the bar's end is the job's success, not its last stage's last step
 

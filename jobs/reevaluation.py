@@ -49,9 +49,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobs import baseline
 from jobs.access import Actor, NotNow, require_owner
-from jobs.db import Artifact, Job, JobLog, Metric, Status, retry_on_disconnect
+from jobs.db import Job, JobLog, Metric, Status, retry_on_disconnect
 from jobs.fencing import add_metrics, fenced, job_log, mark_succeeded, numeric
-from jobs.references import JobInputError, job_reference, owner_and_checkpoint
+from jobs.references import JobInputError, job_reference, local_checkpoint, owner_and_checkpoint
+from jobs.store import Store
 from jobs.submission import SubmitError, Validator
 from jobs.timings import StageClock
 
@@ -103,14 +104,6 @@ def failed_before(session: Session, job: Job) -> list[int]:
     return list(range(len(job.evaluations or []))) if count else []
 
 
-def checkpoint_of(session: Session, job_id: int) -> Path | None:
-    """The job's checkpoint folder, if it is still on the server."""
-    path = session.scalars(
-        select(Artifact.path).where(Artifact.job_id == job_id, Artifact.kind == "checkpoint")
-    ).first()
-    return Path(path) if path is not None and Path(path, "config.json").is_file() else None
-
-
 def pending(session: Session, job_id: int) -> int | None:
     """The re-evaluation of the job that is queued or running, if one is."""
     unfinished = (Status.QUEUED.value, Status.RUNNING.value)
@@ -138,7 +131,7 @@ def request(
     evaluations = list(source.evaluations or [])
     if not evaluations:
         raise NotNow(f"job {job_id} was submitted without evaluations: there is nothing to evaluate again")
-    checkpoint = checkpoint_of(session, job_id)
+    checkpoint = local_checkpoint(session, validator.settings.store(), job_id, weights=False)
     if checkpoint is None:
         raise NotNow(f"job {job_id}'s checkpoint is no longer on the server: re-run the job instead")
     busy = pending(session, job_id)
@@ -201,7 +194,7 @@ class Plan:
     baseline_rerun: bool  # the source's perplexity_dense belongs to one of these evaluations
 
 
-def load(sf: sessionmaker, job_id: int) -> Plan:
+def load(sf: sessionmaker, job_id: int, store: Store) -> Plan:
     """The re-evaluation's :class:`Plan`; :class:`JobInputError` (one sentence) when its source job or
     checkpoint is gone."""
     with sf() as s:
@@ -210,7 +203,7 @@ def load(sf: sessionmaker, job_id: int) -> Plan:
         if source is None or source.status != Status.SUCCEEDED.value:
             state = "was deleted" if source is None else f"is {source.status}"
             raise JobInputError(f"job {job.source_job_id} {state}: there is no checkpoint to evaluate")
-        path = checkpoint_of(s, source.id)
+        path = local_checkpoint(s, store, source.id)
         if path is None:
             raise JobInputError(f"job {source.id}'s checkpoint is no longer on the server: nothing to evaluate")
         ran = source.recipe_as_run or source.recipe
@@ -218,7 +211,7 @@ def load(sf: sessionmaker, job_id: int) -> Plan:
         reference = job_reference(model)
         if reference is not None:
             try:
-                model = str(owner_and_checkpoint(s, reference)[1])
+                model = str(owner_and_checkpoint(s, reference, store)[1])
             except ValueError:
                 pass  # only a dense baseline still to measure needs it: that one fails, as a warning
         where = _Where(model, ran.get("device", "auto"), ran.get("dtype", "auto"))
@@ -234,11 +227,13 @@ def load(sf: sessionmaker, job_id: int) -> Plan:
         )
 
 
-def run(sf: sessionmaker, job_id: int, token: int, progress: Callable, clock: StageClock, run_evaluations) -> bool:
+def run(
+    sf: sessionmaker, job_id: int, token: int, progress: Callable, clock: StageClock, run_evaluations, store: Store
+) -> bool:
     """Attempt ``token`` at re-evaluation ``job_id`` (``jobs.tasks``, in place of the prune):
     ``run_evaluations`` (``jobs.tasks._run_evaluations``: stage ``evaluate``, a WARNING line per
     failure) on the source's checkpoint, then :func:`record`; False if a cancel arrived meanwhile."""
-    plan = retry_on_disconnect(lambda: load(sf, job_id))
+    plan = retry_on_disconnect(lambda: load(sf, job_id, store))
     said = f"evaluating job {plan.source}'s checkpoint again (no pruning): evaluation {_numbered(plan.chosen)}"
     job_log(sf, job_id, token, said)
     failed = run_evaluations(sf, job_id, token, plan.recipe, plan.subject, plan.evaluations, progress)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -28,9 +27,9 @@ from sqlalchemy.orm import Session
 
 from jobs import reevaluation, routing, watchdog
 from jobs.access import OPEN, Actor, NotNow, new_error_id, public_text, require_owner
-from jobs.artifacts import Served, TarStream, check_name, confined, job_dir
 from jobs.broker import queued_job_ids
-from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, db_now, server_utcnow, utcnow
+from jobs.db import Job, JobLog, Metric, Status, connect, db_now, server_utcnow, utcnow
+from jobs.downloads import JobFiles
 from jobs.references import queue_of
 from jobs.settings import Settings, redact_url, scrub
 from jobs.submission import SubmitError, Validator, target_cells
@@ -47,7 +46,7 @@ class QueueError(RuntimeError):
     server log has them, under the error id it gives)."""
 
 
-class JobService:
+class JobService(JobFiles):
     def __init__(self, settings: Settings | None = None, celery_app=None):
         self.settings = settings or Settings.from_env()
         self.settings.ensure_dirs()
@@ -218,7 +217,7 @@ class JobService:
                 report=job.report,
                 artifacts=[
                     {"kind": a.kind, "name": a.name, "size": a.size, "sha256": a.sha256}
-                    | ({"path": a.path} if internal else {})
+                    | ({"key": a.path, "path": self._where(a.path)} if internal else {})
                     for a in job.artifacts
                 ],
                 timings=job.timings,
@@ -276,64 +275,6 @@ class JobService:
             for job_id, name, value in rows:  # plain rows: no ORM object per metric
                 out[job_id][name] = value
         return out
-
-    def artifact(self, job_id: int, kind: str = "checkpoint") -> Path:
-        """The path of the job's first artifact of ``kind`` ("checkpoint", or "archive" for old jobs)."""
-        with self.sessions() as s:
-            row = s.scalars(select(Artifact).where(Artifact.job_id == job_id, Artifact.kind == kind)).first()
-        if row is None:
-            raise KeyError(f"job {job_id} has no {kind}")
-        return Path(row.path)
-
-    # --- downloads (see jobs.artifacts) -----------------------------------------------------
-    def served(self, job_id: int, actor: Actor = OPEN) -> list[Served]:
-        """The files a job offers for download, in the order written: each checkpoint file, or the
-        ``.tar.gz`` of a job finished before per-file artifacts (its file name as its name).
-        :class:`Forbidden` when downloads are for owners and admins (``LIAR_DOWNLOADS=owners``) and
-        ``actor`` is neither."""
-        with self.sessions() as s:
-            job = s.get(Job, job_id)
-            if job is None:
-                raise KeyError(f"no job {job_id}")
-            if self.settings.downloads == "owners":
-                require_owner(actor, job_id, job.submitted_by, "download")
-            rows = s.scalars(
-                select(Artifact)
-                .where(Artifact.job_id == job_id, Artifact.kind.in_(("file", "archive")))
-                .order_by(Artifact.id)
-            ).all()
-        return [Served(r.name or Path(r.path).name, Path(r.path), r.size, r.sha256, r.kind) for r in rows]
-
-    def downloads(self, job_id: int, actor: Actor = OPEN) -> list[dict[str, Any]]:
-        """:meth:`served` as plain values: name, size, sha256, kind."""
-        return [
-            {"name": f.name, "size": f.size, "sha256": f.sha256, "kind": f.kind} for f in self.served(job_id, actor)
-        ]
-
-    def file(self, job_id: int, name: str, actor: Actor = OPEN) -> Served:
-        """One file the job offers, by name, its path checked to lie in the job's folder: ``ValueError``
-        for a name that is no plain relative path (``../x``), ``KeyError`` for one the job does not
-        have, ``PermissionError`` for a recorded path outside the folder."""
-        check_name(name)
-        match = next((f for f in self.served(job_id, actor) if f.name == name), None)
-        if match is None:
-            raise KeyError(f"job {job_id} has no file {name!r}")
-        return self._confined(job_id, match)
-
-    def _confined(self, job_id: int, f: Served) -> Served:
-        try:
-            path = confined(f.path, job_dir(self.settings.artifacts_dir, job_id))
-        except FileNotFoundError:
-            raise KeyError(f"the file {f.name!r} of job {job_id} is no longer on the server") from None
-        return Served(f.name, path, f.size, f.sha256, f.kind)
-
-    def checkpoint_tar(self, job_id: int, actor: Actor = OPEN) -> TarStream:
-        """The job's checkpoint files as one uncompressed tar under ``liar-job-N/``, produced while it is
-        read; ``KeyError`` if the job has none (not finished, or an old job: see :meth:`served`)."""
-        files = [self._confined(job_id, f) for f in self.served(job_id, actor) if f.kind == "file"]
-        if not files:
-            raise KeyError(f"job {job_id} has no checkpoint files (is the job finished?)")
-        return TarStream(files, f"liar-job-{job_id}")
 
     # --- control --------------------------------------------------------------------------
     def cancel(self, job_id: int, actor: Actor = OPEN) -> str:
@@ -415,7 +356,7 @@ class JobService:
                 )
             s.delete(job)
         logger.info("job %d deleted by %s", job_id, actor)
-        shutil.rmtree(job_dir(self.settings.artifacts_dir, job_id), ignore_errors=True)
+        self.remove_files(job_id)
 
     def force_cancel(self, job_id: int) -> None:
         """Fallback when a running job does not stop: terminate its worker process, and end the
@@ -434,7 +375,7 @@ class JobService:
                 .values(status=Status.CANCELLED.value, finished_at=server_utcnow(), error="terminated")
             )
         if ended.rowcount == 1:
-            shutil.rmtree(job_dir(self.settings.artifacts_dir, job_id), ignore_errors=True)
+            self.remove_files(job_id)
 
     def queued_in_broker(self) -> set[int] | None:
         """Job ids of the messages waiting in the broker queue (None if the broker cannot be read)."""
@@ -491,7 +432,7 @@ class JobService:
         ended += [job_id for job_id, _ in hung]
         watchdog.stop_processes(self.celery, [celery_id for _, celery_id in hung])
         for job_id in ended:
-            shutil.rmtree(job_dir(self.settings.artifacts_dir, job_id), ignore_errors=True)
+            self.remove_files(job_id)
         for job_id in resend:
             self._send(job_id)
         return touched

@@ -17,6 +17,11 @@
 | ``LIAR_QUEUES``     | (none: one queue)                     | ``name:class[:GB],…``: routed queues (jobs.routing) |
 | ``LIAR_STALL_MINUTES`` | ``60``                             | RUNNING, progress still this long = FAILED (0: off) |
 | ``LIAR_TASK_TIME_LIMIT`` | (none)                           | hours a job may run before it is FAILED, killed |
+| ``LIAR_STORE``      | (the data dir)                        | where checkpoints and uploads live: a folder or |
+|                     |                                       | an fsspec URL, ``s3://bucket/prefix`` (jobs.store) |
+| ``LIAR_STORE_ENDPOINT`` | (the provider's)                  | an S3-compatible server, ``http://minio:9000`` |
+| ``LIAR_STORE_PRESIGN`` | ``1``                              | ``0``: downloads stream through the web app |
+| ``LIAR_RETENTION_DAYS`` | (none: keep)                      | finished jobs' files removed after this many days |
 
 The defaults need no server: SQLite and Celery's filesystem transport (which, unlike the SQLAlchemy
 transport, supports the broadcast commands behind ``revoke`` and ``inspect``).
@@ -27,8 +32,11 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+from jobs.store import Store, store_options
 
 
 def redact_url(url: str) -> str:
@@ -50,6 +58,16 @@ def scrub(text: str, *urls: str) -> str:
         if password:
             text = text.replace(url, redact_url(url)).replace(password, "***")
     return text
+
+
+@lru_cache(maxsize=8)
+def _store(url: str, cache_dir: Path, presign: bool, endpoint: str | None, pid: int) -> Store:
+    """One store per process (``pid``): a client made before a fork (the worker's parent) is not used
+    by its children (s3fs refuses it: "not fork-safe")."""
+    try:
+        return Store(url, cache_dir, presign, **store_options(endpoint))
+    except (ImportError, ValueError) as exc:  # fsspec names the package the protocol needs, or the protocol
+        raise ValueError(f"LIAR_STORE is {redact_url(url)}: {exc}") from None
 
 
 DOWNLOAD_POLICIES = ("all", "owners")
@@ -131,6 +149,13 @@ class Settings:
     stall_minutes: float = 60.0
     # hours a job may run at all (None: no limit); the reaper fails it then, Celery kills it a little later
     task_time_limit_hours: float | None = None
+    # where checkpoints and uploads live (jobs.store): None is the data folder itself; a folder or an
+    # fsspec URL otherwise, the data folder then this host's scratch space and cache
+    store_url: str | None = None
+    store_endpoint: str | None = None  # an S3-compatible server's address (MinIO, Ceph)
+    presign: bool = True  # downloads from a remote store go to users as signed addresses
+    # days after which a finished job's files are removed (its record, metrics and log stay); None: kept
+    retention_days: float | None = None
 
     @classmethod
     def from_env(cls, **overrides) -> Settings:
@@ -154,6 +179,10 @@ class Settings:
             queues=parse_queues(os.environ.get("LIAR_QUEUES", "")),
             stall_minutes=float(os.environ.get("LIAR_STALL_MINUTES", 60)),
             task_time_limit_hours=float(os.environ.get("LIAR_TASK_TIME_LIMIT") or 0) or None,
+            store_url=os.environ.get("LIAR_STORE", "").strip() or None,
+            store_endpoint=os.environ.get("LIAR_STORE_ENDPOINT", "").strip() or None,
+            presign=os.environ.get("LIAR_STORE_PRESIGN", "1").strip().lower() not in ("0", "false", "no"),
+            retention_days=float(os.environ.get("LIAR_RETENTION_DAYS") or 0) or None,
         )
         values.update(overrides)
         from core.pipeline.estimate import WORKERS  # (torch-free)
@@ -162,7 +191,14 @@ class Settings:
             raise ValueError(f"LIAR_WORKER_CLASS is {values['worker_class']!r}; use one of {', '.join(WORKERS)}")
         if values["downloads"] not in DOWNLOAD_POLICIES:
             raise ValueError(f"LIAR_DOWNLOADS is {values['downloads']!r}; use one of {', '.join(DOWNLOAD_POLICIES)}")
-        return cls(**values)
+        settings = cls(**values)
+        settings.store()  # a store that cannot be reached by this URL is said at start, in one sentence
+        return settings
+
+    def store(self) -> Store:
+        """The store these settings name (``jobs.store``), made once per process."""
+        url = self.store_url or str(self.data_dir)
+        return _store(url, self.data_dir / "cache", self.presign, self.store_endpoint, os.getpid())
 
     @property
     def artifacts_dir(self) -> Path:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from jobs.access import OPEN, Actor, Forbidden, require_owner
 from jobs.hub import missing_model
-from jobs.references import job_reference, owner_and_checkpoint
+from jobs.references import job_reference, owner_and_checkpoint, upload_reference, with_local_uploads
 from jobs.settings import Settings
 
 
@@ -100,6 +100,13 @@ def _check_export(model: str, forms: list[str]) -> None:
         raise SubmitError(f"invalid recipe: export: {exc}") from None
 
 
+def _uploaded(recipe: object) -> str | None:
+    """The ``upload:…`` a recipe's calibration set names (``jobs.references``), if it names one."""
+    calibration = recipe.get("calibration") if isinstance(recipe, dict) else None
+    dataset = calibration.get("dataset") if isinstance(calibration, dict) else None
+    return dataset if upload_reference(dataset) is not None else None
+
+
 def _inside(path: Path, roots: list[Path]) -> bool:
     """Whether the resolved ``path`` is one of ``roots`` or lies below one."""
     return any(path == r or r in path.parents for r in roots)
@@ -130,7 +137,7 @@ class Validator:
         from core.spec.errors import validation_message
         from core.spec.recipe import Recipe
 
-        reference = None
+        reference = upload = None
         try:
             if isinstance(recipe, (str, Path)) and Path(recipe).suffix in (".yaml", ".yml", ".json"):
                 if confine:
@@ -143,6 +150,9 @@ class Validator:
                     data = {**data, "model": str(self.referenced_checkpoint(reference, actor))}
                 if confine and isinstance(data, dict):
                     self.check_paths(data, evaluations, skip_model=reference is not None)
+                upload = _uploaded(data)
+                if upload is not None:  # read here from this host's copy, stored as written
+                    data = with_local_uploads(data, self.settings.store())
                 parsed = Recipe.model_validate(data)
         except ValidationError as exc:
             raise SubmitError(f"invalid recipe: {validation_message(exc)}") from None
@@ -159,6 +169,8 @@ class Validator:
         stored = parsed.model_dump(mode="json", exclude_none=True)
         if reference is not None:
             stored["model"] = f"job:{reference}"  # the job page names the job, not the server's folder
+        if upload is not None:
+            stored["calibration"]["dataset"] = upload  # the store's key, for a worker on any host
         return stored, evals
 
     def evaluations(self, model: str, evaluations: list[dict], confine: bool = False) -> list[dict]:
@@ -184,7 +196,7 @@ class Validator:
         """The checkpoint folder ``model: job:N`` names (``ValueError``, one sentence, if there is none
         to use); when downloads are restricted, only for the job's owner or an admin."""
         with self.sessions() as s:
-            owner, path = owner_and_checkpoint(s, job_id)
+            owner, path = owner_and_checkpoint(s, job_id, self.settings.store(), weights=False)
         if self.settings.downloads == "owners":
             try:
                 require_owner(actor, job_id, owner, "use the checkpoint of")
@@ -207,7 +219,7 @@ class Validator:
         named += [("calibration.dataset", calibration.get("dataset"))]
         named += [("evaluation dataset", e.get("dataset")) for e in evaluations or [] if isinstance(e, dict)]
         for field, value in named:
-            if not isinstance(value, str) or value in NAMED_DATASETS:
+            if not isinstance(value, str) or value in NAMED_DATASETS or upload_reference(value) is not None:
                 continue
             local = value.startswith((".", "/", "~")) or value.count("/") > 1 or Path(value).expanduser().exists()
             # a model may be a hub id; a dataset that is not named is a file

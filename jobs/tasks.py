@@ -25,14 +25,17 @@ from jobs import baseline, reevaluation
 from jobs.access import public_error, public_message, public_text
 from jobs.artifacts import (
     attempt_dir,
-    checkpoint_files,
+    attempt_key,
     is_no_space,
     job_dir,
+    publish,
     remove_earlier_attempts,
+    stored_key,
 )
 from jobs.celery_app import app
 from jobs.db import Artifact, Job, JobLog, Status, connect, retry_on_disconnect, server_utcnow
-from jobs.disk import DiskFull, check_free_space, no_space_message, short_of_disk
+from jobs.disk import DiskFull, no_space_message, short_of_disk
+from jobs.exporting import ExportRefused, check_export, export
 from jobs.fencing import (
     Heartbeat,
     Superseded,
@@ -45,7 +48,7 @@ from jobs.fencing import (
 )
 from jobs.progress import Overall
 from jobs.reevaluation import evaluation_name
-from jobs.references import JobInputError, job_reference, owner_and_checkpoint
+from jobs.references import JobInputError, job_reference, owner_and_checkpoint, with_local_uploads
 from jobs.settings import Settings
 from jobs.timings import StageClock
 
@@ -63,19 +66,12 @@ def _settings() -> Settings:
     return app.conf.liar_settings
 
 
-class ExportRefused(Exception):
-    """The worker found, before pruning, that the model cannot be written in the serving forms asked
-    for; the message says why, in one sentence."""
-
-
-def _artifacts(job_id: int, checkpoint: Path, files: list[FileEntry]) -> list[Artifact]:
-    """The rows of an exported checkpoint: the directory, then one per file (sizes and sha256 from
-    its ``SHA256SUMS``; see ``jobs.artifacts``)."""
-    rows = [
-        Artifact(job_id=job_id, kind="checkpoint", path=str(checkpoint), size=sum(f.size for f in files), sha256=None)
-    ]
+def _artifacts(job_id: int, key: str, files: list[FileEntry]) -> list[Artifact]:
+    """The rows of an exported checkpoint, stored under ``key``: the directory, then one per file (sizes
+    and sha256 from its ``SHA256SUMS``; see ``jobs.artifacts``)."""
+    rows = [Artifact(job_id=job_id, kind="checkpoint", path=key, size=sum(f.size for f in files), sha256=None)]
     rows += [
-        Artifact(job_id=job_id, kind="file", name=f.name, path=str(checkpoint / f.name), size=f.size, sha256=f.sha256)
+        Artifact(job_id=job_id, kind="file", name=f.name, path=f"{key}/{f.name}", size=f.size, sha256=f.sha256)
         for f in files
     ]
     return rows
@@ -114,40 +110,43 @@ def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refus
     try:
         progress("starting", 0, 1)  # until "load": reading the job, importing the engine
         if retry_on_disconnect(partial(reevaluation.source_of, sf, job_id)) is not None:
-            return _reevaluate(sf, job_id, token, worker, progress, clock)
-        recipe, evaluations, named = retry_on_disconnect(partial(_load_job, sf, job_id))
+            return _reevaluate(sf, job_id, token, worker, progress, clock, settings.store())
+        recipe, evaluations, named = retry_on_disconnect(partial(_load_job, sf, job_id, settings))
         job_log(sf, job_id, token, f"started on {worker}")
         _fresh_dir(out_dir)
         forms = list(recipe.get("export") or [])
-        _check_export(recipe["model"], forms)  # on this worker (its llama.cpp), a hub model once downloaded
+        check_export(recipe["model"], forms)  # on this worker (its llama.cpp), a hub model once downloaded
         result = _prune(recipe, progress, out_dir / "checkpoint")
         _run_evaluations(sf, job_id, token, recipe, result, evaluations, progress)
         metrics = result.summary()
         progress("export", 0, 1 + len(forms))
-        checkpoint, files = _export(sf, job_id, token, result, out_dir, forms, progress, metrics)
+        checkpoint, files = export(sf, job_id, token, result, out_dir, forms, progress, metrics)
         progress("export", 1 + len(forms), 1 + len(forms))
-        artifacts = _artifacts(job_id, checkpoint, files)
-        success = partial(record_success, sf, job_id, token, result, metrics, artifacts, clock, model=named)
-        if not retry_on_disconnect(success):
+        store = settings.store()
+        key = publish(store, settings.data_dir, checkpoint, files, partial(progress, "upload"))
+        success = partial(record_success, sf, job_id, token, result, metrics, _artifacts(job_id, key, files), clock)
+        if not retry_on_disconnect(partial(success, model=named)):
             raise JobCancelled
-        remove_earlier_attempts(settings.artifacts_dir, job_id, token)
+        if not store.in_place(settings.data_dir):
+            _discard_local(settings, job_id, token)  # this host's copy: the store has the checkpoint
+        remove_earlier_attempts(store, settings.artifacts_dir, job_id, token)
         return Status.SUCCEEDED.value
     except Superseded:
         raise
     except JobCancelled:
-        shutil.rmtree(out_dir, ignore_errors=True)
+        _discard(settings, job_id, token)
         end = partial(finish, sf, job_id, token, Status.CANCELLED, _cancelled_by(sf, job_id), clock=clock)
         retry_on_disconnect(end)
         _clear_job_dir(settings, job_id, token)
         return Status.CANCELLED.value
     except TRANSIENT as exc:
-        shutil.rmtree(out_dir, ignore_errors=True)  # the next attempt starts afresh in a folder of its own
+        _discard(settings, job_id, token)  # the next attempt starts afresh in a folder of its own
         reason = f"transient error: {type(exc).__name__}: {exc}"
         if requeue_or_fail(sf, job_id, token, settings.max_attempts, reason):
             _clear_job_dir(settings, job_id, token)
         raise
     except Exception as exc:
-        shutil.rmtree(out_dir, ignore_errors=True)
+        _discard(settings, job_id, token)
         # what users read: one sentence, no server path or class name (jobs.access); the unexpected
         # ones carry an error id, under which the worker's log has the traceback
         if isinstance(exc, (DiskFull, ExportRefused, JobInputError)):
@@ -167,21 +166,37 @@ def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refus
         del result
 
 
-def _reevaluate(sf, job_id: int, token: int, worker: str, progress: Callable, clock: StageClock) -> str:
+def _reevaluate(sf, job_id: int, token: int, worker: str, progress: Callable, clock: StageClock, store) -> str:
     """Attempt ``token`` at a re-evaluation (``jobs.reevaluation``): the evaluations again on its
     source job's checkpoint, nothing pruned and no folder written; its failures are :func:`_attempt`'s
     to end the job with, as a prune's are."""
     job_log(sf, job_id, token, f"started on {worker}")
-    if not reevaluation.run(sf, job_id, token, progress, clock, _run_evaluations):
+    if not reevaluation.run(sf, job_id, token, progress, clock, _run_evaluations, store):
         raise JobCancelled
     return Status.SUCCEEDED.value
+
+
+def _discard_local(settings: Settings, job_id: int, token: int) -> None:
+    """Attempt ``token``'s folder on this host removed, and the job's folder if that left it empty."""
+    shutil.rmtree(attempt_dir(settings.artifacts_dir, job_id, token), ignore_errors=True)
+    with contextlib.suppress(OSError):
+        job_dir(settings.artifacts_dir, job_id).rmdir()
+
+
+def _discard(settings: Settings, job_id: int, token: int) -> None:
+    """What attempt ``token`` wrote, removed: its folder on this host, and what it sent to the store."""
+    shutil.rmtree(attempt_dir(settings.artifacts_dir, job_id, token), ignore_errors=True)
+    store = settings.store()
+    if not store.in_place(settings.data_dir):
+        with contextlib.suppress(OSError):  # an unreachable store: objects no row lists, removed later
+            store.delete(attempt_key(job_id, token))
 
 
 def _clear_job_dir(settings: Settings, job_id: int, token: int) -> None:
     """Once attempt ``token`` ended the job without success (its own folder already removed): the
     folders earlier attempts left removed too (nothing there is a checkpoint), then the job's folder
     if that left it empty."""
-    remove_earlier_attempts(settings.artifacts_dir, job_id, token)
+    remove_earlier_attempts(settings.store(), settings.artifacts_dir, job_id, token)
     with contextlib.suppress(OSError):
         job_dir(settings.artifacts_dir, job_id).rmdir()
 
@@ -190,16 +205,16 @@ def _stand_down(sf, job_id: int, token: int, settings: Settings, exc: Superseded
     """What a superseded attempt does: nothing more in the database, one line in the worker's log,
     and its own folder removed — unless the job records that folder's checkpoint (a success whose
     commit was acknowledged only after the connection dropped: the retry found the job finished)."""
-    out_dir = attempt_dir(settings.artifacts_dir, job_id, token)
+    own = attempt_key(job_id, token)
     try:
         with sf() as s:
             recorded = s.scalars(select(Artifact.path).where(Artifact.job_id == job_id, Artifact.kind == "checkpoint"))
-            kept = any(Path(path).parent.resolve() == out_dir.resolve() for path in recorded)
+            kept = any(stored_key(key).startswith(f"{own}/") for key in recorded)
     except Exception:  # the database cannot say: keep what may be the job's checkpoint
         kept = True
     if not kept:
-        shutil.rmtree(out_dir, ignore_errors=True)
-    folder = f"{'kept' if kept else 'removed'} its folder {out_dir}"
+        _discard(settings, job_id, token)
+    folder = f"{'kept' if kept else 'removed'} its folder {attempt_dir(settings.artifacts_dir, job_id, token)}"
     logger.warning("job %d: attempt %d superseded (%s); stopped, writing nothing more; %s", job_id, token, exc, folder)
 
 
@@ -251,18 +266,21 @@ def _progress_callback(
     return progress
 
 
-def _load_job(sf, job_id: int) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
-    """The job's stored recipe (a ``model: job:N`` resolved to that job's checkpoint folder), its
+def _load_job(sf, job_id: int, settings: Settings) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
+    """The job's stored recipe (a ``model: job:N`` resolved to that job's checkpoint folder, an
+    ``upload:…`` calibration set to its file, both on this host: ``jobs.references``), its
     evaluations, and the model as the job names it."""
+    store = settings.store()
     with sf() as s:
         job = s.get(Job, job_id)
         recipe, named = dict(job.recipe), job.recipe["model"]
         reference = job_reference(named)
-        if reference is not None:
-            try:
-                recipe["model"] = str(owner_and_checkpoint(s, reference)[1])
-            except ValueError as exc:
-                raise JobInputError(str(exc)) from None
+        try:
+            if reference is not None:
+                recipe["model"] = str(owner_and_checkpoint(s, reference, store)[1])
+            recipe = with_local_uploads(recipe, store)
+        except ValueError as exc:
+            raise JobInputError(str(exc)) from None
         return recipe, list(job.evaluations or []), named
 
 
@@ -391,81 +409,6 @@ def _run_evaluations(
     if evaluations:
         progress("evaluate", steps, steps)
     return failed
-
-
-def _check_export(model: str, forms: list[str]) -> None:
-    """Before any pruning, ``core.serving.preflight`` on this worker: the submission checked a local
-    folder on the machine that took it, but a quantized form needs llama.cpp *here*, and a hub model is
-    first seen here (downloaded now, as the streamed prune would, into the same cache). A model whose
-    files cannot be had (the prune will say why) is left to the prune. Raises :class:`ExportRefused`."""
-    from core.serving import ExportError, preflight_model
-
-    try:
-        preflight_model(model, forms)
-    except ExportError as exc:
-        raise ExportRefused(f"export {', '.join(forms)} refused before pruning: {exc}") from None
-
-
-def _export(
-    sf,
-    job_id: int,
-    token: int,
-    result,
-    out_dir: Path,
-    forms: list[str],
-    progress: Callable,
-    metrics: dict[str, Any],
-) -> tuple[Path, list[FileEntry]]:
-    """Save the checkpoint into ``out_dir`` (the attempt's folder, emptied before pruning), then write
-    the serving ``forms`` into it (:func:`_serving_files`); returns it and its files (from its
-    SHA256SUMS, the serving files included). Running out of disk space or quota while saving raises
-    :class:`DiskFull`, naming the job's folder (the caller removes ``out_dir``)."""
-    folder = out_dir.parent
-    try:
-        check_free_space(result, folder)
-        checkpoint = result.save(out_dir / "checkpoint")
-    except DiskFull:
-        raise
-    except Exception as exc:
-        if not is_no_space(exc):
-            raise
-        raise DiskFull(no_space_message(exc, folder)) from exc
-    if forms:
-        _serving_files(sf, job_id, token, checkpoint, forms, progress, metrics)
-    try:
-        files, hashed = checkpoint_files(checkpoint)
-    except Exception as exc:
-        if not is_no_space(exc):
-            raise
-        raise DiskFull(no_space_message(exc, folder)) from exc
-    if hashed:
-        job_log(sf, job_id, token, f"{checkpoint} had no SHA256SUMS: its files were hashed after writing", "WARNING")
-    return checkpoint, files
-
-
-def _serving_files(
-    sf, job_id: int, token: int, checkpoint: Path, forms: list[str], progress: Callable, metrics: dict[str, Any]
-) -> None:
-    """Write each serving form into the saved checkpoint (``core.serving.export``: inside it, listed in
-    its SHA256SUMS and model card), one step of the ``export`` stage each (step 0 saved the
-    checkpoint). A form that fails costs neither the checkpoint nor the job: a WARNING line names the
-    form and the reason, and the metrics count the forms written (``export_written``) and failed
-    (``export_failed``)."""
-    from core.serving import export
-
-    written = failed = 0
-    for i, form in enumerate(forms, start=1):
-        progress("export", i, 1 + len(forms))
-        try:
-            (path,) = export(checkpoint, [form], threads=len(os.sched_getaffinity(0)))
-        except Exception as exc:  # ExportError, llama.cpp's EngineError, a full disk: the prune stands
-            failed += 1
-            reason = public_message(exc)
-            job_log(sf, job_id, token, f"export {form} failed; the checkpoint is kept: {reason}", "WARNING")
-        else:
-            written += 1
-            job_log(sf, job_id, token, f"export {form}: {path.name} ({path.stat().st_size / 2**20:,.1f} MiB)")
-    metrics.update(export_written=written, export_failed=failed)
 
 
 def _empty_cuda_cache() -> None:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 
 from celery.signals import worker_ready
 
 from jobs.settings import Settings
+
+EXPIRE_EVERY = 600.0  # seconds between two looks for files past the retention period
 
 
 def _maintain(settings: Settings, stop: threading.Event) -> None:
@@ -21,10 +24,14 @@ def _maintain(settings: Settings, stop: threading.Event) -> None:
 
     service = JobService(settings)
     every = max(min(settings.lease_seconds / 2, 10.0), 0.5)
+    expired_at = 0.0
     while not stop.wait(every):
         try:
             service.reap()
             service.resend_lost(older_than=every)
+            if time.monotonic() - expired_at > EXPIRE_EVERY:  # retention (LIAR_RETENTION_DAYS)
+                expired_at = time.monotonic()
+                service.expire()
         except Exception:  # keep maintaining through database / broker hiccups
             pass
 

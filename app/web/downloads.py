@@ -9,9 +9,13 @@
 
 Nothing is compressed or copied first: a 10 GB checkpoint starts downloading at once, and the files
 are the ones the worker wrote, with the sizes and sha256 shown on the model page (``sha256sum -c
-SHA256SUMS`` inside the folder checks them). Names are checked and every path is confined to the job's
-folder by ``jobs.service.JobService.file``; a job from before per-file artifacts offers its
-``.tar.gz`` under its file name, and its ``checkpoint.tar`` redirects there.
+SHA256SUMS`` inside the folder checks them). Where they come from depends on the store
+(``jobs.store``): a file of this host's folder is sent as it is; from a remote store, a file goes to
+the user as a signed address of the store (a 307: the bytes do not pass through this app), or, with
+``LIAR_STORE_PRESIGN=0`` (users cannot reach the store), streamed through the app, a ``Range`` asked
+for honoured there too. The tar always streams through the app. Names are checked and every key is
+confined to the job's folder by ``jobs.service.JobService.file``; a job from before per-file
+artifacts offers its ``.tar.gz`` under its file name, and its ``checkpoint.tar`` redirects there.
 
 Gradio serves files it returns by copying them into its cache first, which is why checkpoints do not
 go through a Gradio component.
@@ -25,12 +29,14 @@ from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException
-from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
 
 from app.web.auth import Login
 from jobs.access import OPEN, Actor, Forbidden
+from jobs.artifacts import Served
 from jobs.service import JobService
+from jobs.store import Store
 
 
 def file_url(job_id: int, name: str) -> str:
@@ -52,6 +58,39 @@ def _refused(exc: Exception) -> HTTPException:
     return HTTPException(404, str(exc.args[0]) if exc.args else "not found")
 
 
+def _byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """The one range ``Range: bytes=a-b`` (or ``a-``, or ``-n``) asks for, as (start, length); None for
+    no header or one this does not serve (several ranges: the whole file is sent instead)."""
+    if not header or not header.startswith("bytes=") or "," in header:
+        return None
+    first, _, last = header[len("bytes=") :].strip().partition("-")
+    try:
+        if first:
+            start, end = int(first), (int(last) if last else size - 1)
+        else:
+            start, end = max(size - int(last), 0), size - 1
+    except ValueError:
+        return None
+    if start >= size or end < start:
+        raise HTTPException(416, f"the file has {size} bytes", headers={"Content-Range": f"bytes */{size}"})
+    end = min(end, size - 1)
+    return start, end - start + 1
+
+
+def _streamed(store: Store, f: Served, asked: str | None) -> StreamingResponse:
+    """A file of a remote store sent through this app (presigning off), a single range honoured."""
+    name = PurePosixPath(f.name).name
+    headers = {"Content-Disposition": f'attachment; filename="{name}"', "Accept-Ranges": "bytes"}
+    span = _byte_range(asked, f.size)
+    if span is None:
+        headers["Content-Length"] = str(f.size)
+        return StreamingResponse(store.chunks(f.key), media_type="application/octet-stream", headers=headers)
+    start, length = span
+    headers.update({"Content-Length": str(length), "Content-Range": f"bytes {start}-{start + length - 1}/{f.size}"})
+    body = store.chunks(f.key, start, length)
+    return StreamingResponse(body, status_code=206, media_type="application/octet-stream", headers=headers)
+
+
 def router(
     service: JobService, dependencies: list[Any] | None = None, actor: Callable[..., Actor] | None = None
 ) -> APIRouter:
@@ -60,13 +99,21 @@ def router(
     routes = APIRouter(dependencies=dependencies or [])
     who = Depends(actor or (lambda: OPEN))
 
-    @routes.get("/jobs/{job_id}/files/{name:path}")
-    def one_file(job_id: int, name: str, user: Actor = who) -> FileResponse:
+    @routes.get("/jobs/{job_id}/files/{name:path}", response_model=None)
+    def one_file(job_id: int, name: str, request: Request, user: Actor = who) -> Response:
         try:
             f = service.file(job_id, name, user)
         except (ValueError, PermissionError, KeyError) as exc:
             raise _refused(exc) from None
-        return FileResponse(f.path, filename=PurePosixPath(f.name).name, media_type="application/octet-stream")
+        filename = PurePosixPath(f.name).name
+        here = service.local_path(f)
+        if here is not None:
+            return FileResponse(here, filename=filename, media_type="application/octet-stream")
+        store = service.settings.store()
+        signed = store.url(f.key, filename)
+        if signed is not None:
+            return RedirectResponse(signed, status_code=307)
+        return _streamed(store, f, request.headers.get("range"))
 
     @routes.get("/jobs/{job_id}/checkpoint.tar", response_model=None)
     def whole_checkpoint(job_id: int, user: Actor = who) -> StreamingResponse | RedirectResponse:

@@ -24,7 +24,7 @@ from core.spec.criteria import CRITERIA as _CRITERIA
 from core.spec.recipe import EXPORT_FORMATS, NAMED_DATASETS, Recipe
 from core.spec.recipe import METHODS as _METHODS
 from jobs.access import OPEN, Actor
-from jobs.references import job_reference
+from jobs.references import UPLOAD, UPLOADS, job_reference, upload_reference
 from jobs.service import JobService, QueueError, SubmitError
 
 METHODS = list(_METHODS)
@@ -329,8 +329,9 @@ def _record_fields(text_field, label_field) -> dict[str, Any]:
 
 
 def store_upload(service: JobService, upload: str | None) -> str | None:
-    """Copy an uploaded calibration file (Gradio's temporary file) into the data dir's uploads folder,
-    named by its content, after checking its size; returns the stored path (or None)."""
+    """Put an uploaded calibration file (Gradio's temporary file) into the store's uploads folder,
+    named by its content, after checking its size (``jobs.store``: a worker on another host reads it
+    from there); returns how a recipe names it, ``upload:<name>`` (or None)."""
     if not upload:
         return None
     src = Path(upload)
@@ -340,12 +341,15 @@ def store_upload(service: JobService, upload: str | None) -> str | None:
     if src.suffix.lower() not in (".txt", ".jsonl", ".json"):
         kind = src.suffix or "a file without extension"
         raise FieldError("upload", f"upload a .txt, .jsonl or .json file, not {kind}")
-    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:20]
-    dest = service.settings.uploads_dir / f"{digest}{src.suffix.lower()}"
+    name = f"{hashlib.sha256(src.read_bytes()).hexdigest()[:20]}{src.suffix.lower()}"
+    store, key = service.settings.store(), f"{UPLOADS}/{name}"
+    dest = store.path(key)  # the store's file, or this host's copy of it
     if not dest.exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dest)
-    return str(dest)
+    if store.local is None and not store.exists(key):
+        store.put(dest, key)
+    return f"{UPLOAD}{name}"
 
 
 class FormRun(NamedTuple):
@@ -390,7 +394,8 @@ def from_form(service: JobService, form, actor: Actor = OPEN) -> FormRun:
     uploaded = values["upload"]
     values["upload"] = store_upload(service, uploaded)  # where submissions may read it
     # a message about the stored copy names the file as it was uploaded, not the server's copy
-    known = {values["upload"]: Path(uploaded).name} if values["upload"] else {}
+    stored = values["upload"] and str(service.settings.store().path(upload_reference(values["upload"])))
+    known = {stored: Path(uploaded).name, values["upload"]: Path(uploaded).name} if stored else {}
     recipe = build_recipe(**values)
     if not methods:
         raise FieldError("methods", "pick at least one reconstruction method")

@@ -292,11 +292,7 @@ def _downloads(listing: dict[str, Any] | None, info: dict[str, Any]) -> str:
 
 def _card(service: JobService, job_id: int) -> str | None:
     """The text of the job's model card (its checkpoint's README.md), or None."""
-    try:
-        card = service.artifact(job_id) / "README.md"
-    except KeyError:
-        return None
-    return card.read_text() if card.is_file() else None
+    return service.text_file(job_id, "README.md")
 
 
 def asked(info: dict[str, Any]) -> str:

@@ -91,8 +91,9 @@ def test_an_older_job_offers_its_archive(job_service, llama_dir):
     archive = folder / f"liar-job-{job_id}.tar.gz"
     archive.write_bytes(b"old")
     with job_service.sessions.begin() as s:
-        s.add(Artifact(job_id=job_id, kind="checkpoint", path=str(folder / "checkpoint"), size=3))
-        s.add(Artifact(job_id=job_id, kind="archive", path=str(archive), size=3, sha256="ab" * 32))
+        s.add(Artifact(job_id=job_id, kind="checkpoint", path=f"artifacts/job-{job_id}/checkpoint", size=3))
+        key = f"artifacts/job-{job_id}/{archive.name}"  # revision 0006: keys in the store
+        s.add(Artifact(job_id=job_id, kind="archive", path=key, size=3, sha256="ab" * 32))
         s.execute(update(Job).where(Job.id == job_id).values(status="SUCCEEDED"))
     app = FastAPI()
     app.include_router(downloads.router(job_service))

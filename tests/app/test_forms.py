@@ -3,6 +3,7 @@ descriptions, the messages the status line shows, the jobs table and the model p
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -502,11 +503,12 @@ def test_web_submissions_read_only_inside_the_data_roots(job_service, llama_dir,
 def test_uploads_are_stored_in_the_data_dir_by_content(job_service, tmp_path):
     upload = tmp_path / "mine.txt"
     upload.write_text("some calibration text")
-    stored = forms.store_upload(job_service, str(upload))
-    assert (
-        Path(stored).parent == job_service.settings.uploads_dir and Path(stored).read_text() == "some calibration text"
-    )
-    assert forms.store_upload(job_service, str(upload)) == stored  # same content, same file
+    named = forms.store_upload(job_service, str(upload))  # how a recipe names it: a key, not a server path
+    digest = hashlib.sha256(b"some calibration text").hexdigest()[:20]
+    assert named == f"upload:{digest}.txt"
+    stored = job_service.settings.uploads_dir / f"{digest}.txt"  # the default store: the data folder
+    assert stored.read_text() == "some calibration text"
+    assert forms.store_upload(job_service, str(upload)) == named  # same content, same file
     big = tmp_path / "big.txt"
     big.write_bytes(b"x" * (forms.MAX_UPLOAD_MB * 2**20 + 1))
     with pytest.raises(forms.SubmitError, match="the limit is"):

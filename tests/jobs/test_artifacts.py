@@ -17,6 +17,7 @@ from jobs.artifacts import Served, TarStream, check_name, confined, is_no_space,
 from jobs.db import Artifact, Job
 from jobs.service import JobService
 from jobs.settings import Settings
+from jobs.store import Store
 from jobs.tasks import execute
 from jobs.timings import StageClock, rows
 from tests.jobs.conftest import recipe
@@ -75,7 +76,7 @@ def test_the_streamed_tar_holds_the_same_bytes(done):
         assert set(members) == {f"liar-job-{finished}/{name}" for name in files}
         for name, f in files.items():
             got = tar.extractfile(members[f"liar-job-{finished}/{name}"]).read()
-            assert got == f.path.read_bytes() and hashlib.sha256(got).hexdigest() == f.sha256
+            assert got == service.file(finished, name).path.read_bytes() and hashlib.sha256(got).hexdigest() == f.sha256
 
 
 def test_stage_timings_are_recorded_and_logged(done):
@@ -174,16 +175,28 @@ def test_file_names_and_paths_stay_inside_the_job_folder(done, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("not yours")
     row = update(Artifact).where(Artifact.job_id == finished, Artifact.name == name)
-    with service.sessions.begin() as s:  # a row pointing outside the job's folder (tampered, or a link)
-        s.execute(row.values(path=str(secret)))
+    key = service.file(finished, name).key
+    # rows pointing outside the job's folder (tampered): a host's path, another job's key, a key that climbs out
+    for outside in (str(secret), f"artifacts/job-{finished + 1}/checkpoint/{name}"):
+        with service.sessions.begin() as s:
+            s.execute(row.values(path=outside))
+        try:
+            with pytest.raises(PermissionError, match="outside the job's folder"):
+                service.file(finished, name)
+            with pytest.raises(PermissionError):
+                service.checkpoint_tar(finished)
+        finally:
+            with service.sessions.begin() as s:
+                s.execute(row.values(path=key))
+    with service.sessions.begin() as s:
+        s.execute(row.values(path=f"artifacts/job-{finished}/../job-{finished + 1}/{name}"))
     try:
-        with pytest.raises(PermissionError, match="outside the job's folder"):
+        with pytest.raises(ValueError, match="not a key inside the store"):
             service.file(finished, name)
-        with pytest.raises(PermissionError):
-            service.checkpoint_tar(finished)
     finally:
         with service.sessions.begin() as s:
-            s.execute(row.values(path=str(service.settings.artifacts_dir / f"job-{finished}" / "checkpoint" / name)))
+            s.execute(row.values(path=key))
+    assert service.file(finished, name).path.is_file()
     with pytest.raises(ValueError):
         check_name("..")
     assert check_name("sub/dir/file.json") == "sub/dir/file.json"
@@ -199,9 +212,10 @@ def test_a_job_from_before_per_file_artifacts_still_offers_its_archive(service, 
     archive = folder / f"liar-job-{job_id}.tar.gz"
     archive.write_bytes(b"old archive")
     digest = hashlib.sha256(b"old archive").hexdigest()
+    key = f"artifacts/job-{job_id}"  # as revision 0006 left them
     with service.sessions.begin() as s:
-        s.add(Artifact(job_id=job_id, kind="checkpoint", path=str(folder / "checkpoint"), size=0))
-        s.add(Artifact(job_id=job_id, kind="archive", path=str(archive), size=11, sha256=digest))
+        s.add(Artifact(job_id=job_id, kind="checkpoint", path=f"{key}/checkpoint", size=0))
+        s.add(Artifact(job_id=job_id, kind="archive", path=f"{key}/{archive.name}", size=11, sha256=digest))
         s.execute(update(Job).where(Job.id == job_id).values(status="SUCCEEDED"))
     assert service.downloads(job_id) == [{"name": archive.name, "size": 11, "sha256": digest, "kind": "archive"}]
     assert service.file(job_id, archive.name).path == archive.resolve()
@@ -216,8 +230,9 @@ def test_tar_stream_of_empty_large_and_nested_files(tmp_path):
         path = tmp_path / "ckpt" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(os.urandom(size))
-        served.append(Served(name, path, size, None, "file"))
-    stream = TarStream(served, "x" * 120)  # a long prefix: names past ustar's 100 characters
+        served.append(Served(name, f"ckpt/{name}", size, None, "file"))
+    store = Store(tmp_path, tmp_path / "cache")
+    stream = TarStream(served, "x" * 120, store)  # a long prefix: names past ustar's 100 characters
     data = b"".join(stream)
     assert len(data) == len(stream)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
@@ -226,7 +241,7 @@ def test_tar_stream_of_empty_large_and_nested_files(tmp_path):
         assert (tmp_path / "out" / ("x" * 120) / name).read_bytes() == (tmp_path / "ckpt" / name).read_bytes()
     (tmp_path / "ckpt" / "odd").write_bytes(b"changed")  # the file changed after it was listed
     with pytest.raises(OSError, match="changed size"):
-        b"".join(TarStream(served, "x"))
+        b"".join(TarStream(served, "x", store))
 
 
 def test_stage_clock_on_made_up_calls():

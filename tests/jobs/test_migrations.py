@@ -122,7 +122,7 @@ def test_upgrade_keeps_a_finished_job_and_its_archive(empty_database, tmp_path):
             ],
         )
     engine.dispose()
-    assert upgrade(url) == "0005"
+    assert upgrade(url) == "0006"
 
     service = JobService(Settings(data_dir=tmp_path, database_url=url, broker_url="memory://"), _FakeCelery())
     info = service.show(1)
@@ -132,7 +132,9 @@ def test_upgrade_keeps_a_finished_job_and_its_archive(empty_database, tmp_path):
     assert info["queue"] is None  # queued before routing: the default queue (revision 0005)
     assert info["recipe_as_run"] is None and info["ratio"] == 0.3  # ran before it was recorded: as submitted
     assert service.downloads(1) == [{"name": "liar-job-1.tar.gz", "size": 11, "sha256": "ab" * 32, "kind": "archive"}]
-    assert service.file(1, "liar-job-1.tar.gz").path.read_bytes() == b"old archive"
+    served = service.file(1, "liar-job-1.tar.gz")
+    assert served.key == "artifacts/job-1/liar-job-1.tar.gz"  # a key in the store (revision 0006)
+    assert service.local_path(served).read_bytes() == b"old archive"
     with service.sessions.begin() as s:  # a 70B checkpoint's size does not fit a 32-bit INTEGER
         s.add(Artifact(job_id=1, kind="file", name="big.safetensors", path=str(folder / "x"), size=140 * 10**9))
     with service.sessions() as s:

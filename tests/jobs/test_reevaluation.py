@@ -212,7 +212,8 @@ def seed_failed_evaluation(service: JobService, model: Path, held: Path, owner: 
         s.flush()
         checkpoint = service.settings.artifacts_dir / f"job-{job.id}" / "attempt-1" / "checkpoint"
         shutil.copytree(model, checkpoint)
-        s.add(Artifact(job_id=job.id, kind="checkpoint", path=str(checkpoint), size=1))
+        key = f"artifacts/job-{job.id}/attempt-1/checkpoint"  # a key in the store (the data folder)
+        s.add(Artifact(job_id=job.id, kind="checkpoint", path=key, size=1))
         s.add(Metric(job_id=job.id, name="evaluations_failed", value=1.0))
         s.add(JobLog(job_id=job.id, message=f"submitted by {owner}"))
         return job.id

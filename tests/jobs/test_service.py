@@ -74,7 +74,7 @@ def test_a_jobs_checkpoint_is_named_by_its_id(service, job_models):
     with service.sessions.begin() as s:  # a job naming it (as one queued before this check would)
         s.add(Job(recipe=recipe(job_models, model=f"job:{first}"), evaluations=[], status=Status.QUEUED.value))
     (child,) = [j["id"] for j in service.list() if j["model"] == f"job:{first}"]
-    loaded, _, named = _load_job(service.sessions, child)
+    loaded, _, named = _load_job(service.sessions, child, service.settings)
     assert loaded["model"] == checkpoint and named == f"job:{first}"
     service.delete(first)  # the parent goes before the child runs: the child says so
     assert execute(child, service.settings) == "FAILED"

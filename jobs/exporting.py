@@ -1,0 +1,96 @@
+"""Writing an attempt's checkpoint on the worker: the serving forms checked before pruning, the
+checkpoint saved into the attempt's folder, then each serving form written into it (``jobs.tasks``
+calls these; the upload to the store follows, ``jobs.artifacts.publish``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from core.models.manifest import FileEntry
+from jobs.access import public_message
+from jobs.artifacts import checkpoint_files, is_no_space
+from jobs.disk import DiskFull, check_free_space, no_space_message
+from jobs.fencing import job_log
+
+
+class ExportRefused(Exception):
+    """The worker found, before pruning, that the model cannot be written in the serving forms asked
+    for; the message says why, in one sentence."""
+
+
+def check_export(model: str, forms: list[str]) -> None:
+    """Before any pruning, ``core.serving.preflight`` on this worker: the submission checked a local
+    folder on the machine that took it, but a quantized form needs llama.cpp *here*, and a hub model is
+    first seen here (downloaded now, as the streamed prune would, into the same cache). A model whose
+    files cannot be had (the prune will say why) is left to the prune. Raises :class:`ExportRefused`."""
+    from core.serving import ExportError, preflight_model
+
+    try:
+        preflight_model(model, forms)
+    except ExportError as exc:
+        raise ExportRefused(f"export {', '.join(forms)} refused before pruning: {exc}") from None
+
+
+def export(
+    sf,
+    job_id: int,
+    token: int,
+    result,
+    out_dir: Path,
+    forms: list[str],
+    progress: Callable,
+    metrics: dict[str, Any],
+) -> tuple[Path, list[FileEntry]]:
+    """Save the checkpoint into ``out_dir`` (the attempt's folder, emptied before pruning), then write
+    the serving ``forms`` into it (:func:`serving_files`); returns it and its files (from its
+    SHA256SUMS, the serving files included). Running out of disk space or quota while saving raises
+    :class:`DiskFull`, naming the job's folder (the caller removes ``out_dir``)."""
+    folder = out_dir.parent
+    try:
+        check_free_space(result, folder)
+        checkpoint = result.save(out_dir / "checkpoint")
+    except DiskFull:
+        raise
+    except Exception as exc:
+        if not is_no_space(exc):
+            raise
+        raise DiskFull(no_space_message(exc, folder)) from exc
+    if forms:
+        serving_files(sf, job_id, token, checkpoint, forms, progress, metrics)
+    try:
+        files, hashed = checkpoint_files(checkpoint)
+    except Exception as exc:
+        if not is_no_space(exc):
+            raise
+        raise DiskFull(no_space_message(exc, folder)) from exc
+    if hashed:
+        job_log(sf, job_id, token, f"{checkpoint} had no SHA256SUMS: its files were hashed after writing", "WARNING")
+    return checkpoint, files
+
+
+def serving_files(
+    sf, job_id: int, token: int, checkpoint: Path, forms: list[str], progress: Callable, metrics: dict[str, Any]
+) -> None:
+    """Write each serving form into the saved checkpoint (``core.serving.export``: inside it, listed in
+    its SHA256SUMS and model card), one step of the ``export`` stage each (step 0 saved the
+    checkpoint). A form that fails costs neither the checkpoint nor the job: a WARNING line names the
+    form and the reason, and the metrics count the forms written (``export_written``) and failed
+    (``export_failed``)."""
+    from core.serving import export
+
+    written = failed = 0
+    for i, form in enumerate(forms, start=1):
+        progress("export", i, 1 + len(forms))
+        try:
+            (path,) = export(checkpoint, [form], threads=len(os.sched_getaffinity(0)))
+        except Exception as exc:  # ExportError, llama.cpp's EngineError, a full disk: the prune stands
+            failed += 1
+            reason = public_message(exc)
+            job_log(sf, job_id, token, f"export {form} failed; the checkpoint is kept: {reason}", "WARNING")
+        else:
+            written += 1
+            job_log(sf, job_id, token, f"export {form}: {path.name} ({path.stat().st_size / 2**20:,.1f} MiB)")
+    metrics.update(export_written=written, export_failed=failed)
