@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip
 
-.PHONY: run demo test test-fast test-avx2 screenshots lint format bench-engine clean
+.PHONY: run demo test test-fast test-deploy test-avx2 screenshots lint format bench-engine clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ test: $(STAMP) $(ENGINES)
 # the slow matrices (every family, criterion or reconstruction; streamed twins), servers or a browser
 test-fast: $(STAMP) $(ENGINES)
 	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser" tests/core tests/app/test_cli.py $(wildcard tests/test_*.py)
+
+# the multi-machine deployment alone (part of `test`): a web process and two workers with private data
+# folders, an S3 store (moto's server), PostgreSQL and Redis, 20 routed jobs (docs/deploy.md)
+test-deploy: $(STAMP)
+	$(BIN)/python -m pytest -q -m deploy tests/jobs/test_deployment.py
 
 # the engine's and the CLI's tests again as on a CPU without AVX-512: torch's and oneDNN's kernels
 # capped at AVX2 (their sums block differently, so every tolerance must hold for both; CI runs this

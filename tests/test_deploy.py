@@ -62,3 +62,40 @@ def test_no_password_is_written_into_the_compose_file():
     example = (ROOT / "deploy.env.example").read_text()
     for key in ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "LIAR_DATABASE_URL", "LIAR_BROKER_URL"):
         assert re.search(rf"^{key}=", example, re.M), key
+
+
+# --- several machines (docs/deploy.md): deploy/web.yml and deploy/gpu-host.yml ----------------------
+
+WEB = yaml.safe_load((ROOT / "deploy" / "web.yml").read_text())["services"]
+GPU_HOST = yaml.safe_load((ROOT / "deploy" / "gpu-host.yml").read_text())
+
+
+def test_gpu_hosts_share_no_disk_one_worker_per_card():
+    workers = GPU_HOST["services"]
+    volumes = [w["volumes"] for w in workers.values()]
+    assert len({v[0].split(":")[0] for v in volumes}) == len(workers)  # a data volume of its own each
+    assert set(GPU_HOST["volumes"]) == {v[0].split(":")[0] for v in volumes}  # named volumes, no host folder
+    for index, (name, worker) in enumerate(sorted(workers.items())):
+        (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+        assert device["device_ids"] == [str(index)], name
+        assert worker["env_file"] == "../.env" and worker["healthcheck"]["test"], name
+        assert worker["environment"]["HF_HOME"].startswith(worker["environment"]["LIAR_DATA_DIR"]), name
+        assert worker["restart"] == "unless-stopped" and re.fullmatch(r"\d+m", worker["stop_grace_period"])
+
+
+def test_the_web_host_runs_the_store_and_waits_for_it():
+    assert {"postgres", "redis", "minio", "bucket", "migrate", "app", "flower"} <= set(WEB)
+    needs = WEB["app"]["depends_on"]
+    assert all(needs[s]["condition"] == "service_healthy" for s in ("postgres", "redis", "minio"))
+    for name, service in WEB.items():
+        assert service.get("healthcheck", {}).get("test"), name
+        assert not [k for k in service.get("environment") or {} if re.search("PASSWORD|SECRET|AUTH", k)], name
+    text = (ROOT / "deploy" / "web.yml").read_text() + (ROOT / "deploy" / "gpu-host.yml").read_text()
+    assert not re.search(r"://[^/\s:@]*:[^@\s$]+@", text), "a URL with a password"
+
+
+def test_the_env_example_names_the_store_and_the_token():
+    example = (ROOT / "deploy.env.example").read_text()
+    for key in ("LIAR_STORE", "LIAR_STORE_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN"):
+        assert re.search(rf"^# {key}=", example, re.M), key
+    assert '".[monitor,s3]"' in (ROOT / "Dockerfile").read_text()  # the image reaches an S3 store
