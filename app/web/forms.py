@@ -329,9 +329,8 @@ def _record_fields(text_field, label_field) -> dict[str, Any]:
 
 
 def store_upload(service: JobService, upload: str | None) -> str | None:
-    """Put an uploaded calibration file (Gradio's temporary file) into the store's uploads folder,
-    named by its content, after checking its size (``jobs.store``: a worker on another host reads it
-    from there); returns how a recipe names it, ``upload:<name>`` (or None)."""
+    """Put an uploaded calibration file (Gradio's temporary file) into the store's uploads folder, named
+    by its content, after checking its size (a worker on another host reads it there); ``upload:<name>``."""
     if not upload:
         return None
     src = Path(upload)
@@ -347,7 +346,7 @@ def store_upload(service: JobService, upload: str | None) -> str | None:
     if not dest.exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dest)
-    if store.local is None and not store.exists(key):
+    if store.local is None and not store.exists(key):  # a remote store: this host's copy goes up
         store.put(dest, key)
     return f"{UPLOAD}{name}"
 
@@ -392,7 +391,7 @@ def from_form(service: JobService, form, actor: Actor = OPEN) -> FormRun:
     amount = parse_amount(values["ratio"])
     ratios: list[float | None] = amount if isinstance(amount, list) else [None]  # None: the speed target
     uploaded = values["upload"]
-    values["upload"] = store_upload(service, uploaded)  # where submissions may read it
+    values["upload"] = store_upload(service, uploaded)  # in the store, named upload:<name>
     # a message about the stored copy names the file as it was uploaded, not the server's copy
     stored = values["upload"] and str(service.settings.store().path(upload_reference(values["upload"])))
     known = {stored: Path(uploaded).name, values["upload"]: Path(uploaded).name} if stored else {}

@@ -272,7 +272,7 @@ def test_an_upload_visibly_replaces_the_calibration_set(browser, app_server, tmp
     _fill(pg, "Sequence length", "16")
     pg.get_by_role("button", name="Validate").click()
     pg.locator("#submit-status").get_by_text("✓ valid").wait_for()
-    assert "uploads/" in pg.locator(".cm-content").first.inner_text()  # the recipe reads the upload
+    assert "upload:" in pg.locator(".cm-content").first.inner_text()  # the recipe reads the upload (from the store)
     pg.locator("#upload button[aria-label='Clear']").first.click()  # removed: the set chosen before is back
     wait_for(lambda: calibration.input_value() == chosen, timeout=60, what="the set to come back")
     assert calibration.is_enabled()
