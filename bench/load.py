@@ -140,19 +140,19 @@ def _job(i: int, rng: random.Random, now: dt.datetime, folder: Path) -> dict:
             ],
             "total": 100.0,
         },
-        "_children": _children(i, status, rng, folder),
+        "_children": _children(i, status, rng),
     }
     return row
 
 
-def _children(i: int, status: str, rng: random.Random, folder: Path) -> dict[str, list[dict]]:
+def _children(i: int, status: str, rng: random.Random) -> dict[str, list[dict]]:
     """The job's metrics, artifacts and log lines."""
     succeeded = status == "SUCCEEDED"
     metrics = [{"job_id": i, "name": n, "value": rng.uniform(0, 100)} for n in METRIC_NAMES] if succeeded else []
-    checkpoint = folder / f"job-{i}" / "checkpoint"
-    artifacts = [{"job_id": i, "kind": "checkpoint", "path": str(checkpoint), "name": None, "size": 10**9}]
+    checkpoint = f"artifacts/job-{i}/attempt-1/checkpoint"  # keys in the store (jobs.store), as workers write them
+    artifacts = [{"job_id": i, "kind": "checkpoint", "path": checkpoint, "name": None, "size": 10**9}]
     artifacts += [
-        {"job_id": i, "kind": "file", "path": str(checkpoint / f), "name": f, "size": 10**7, "sha256": "ab" * 32}
+        {"job_id": i, "kind": "file", "path": f"{checkpoint}/{f}", "name": f, "size": 10**7, "sha256": "ab" * 32}
         for f in FILES
     ]
     lines = ["submitted by someone", f"started on gpu-node-{i % 8}:{1000 + i}", "load 2.0 s", "calibration 1.2 s"]
