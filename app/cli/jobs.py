@@ -7,6 +7,7 @@ liar jobs submit --model M --ratio 0.3 --calibration calib.txt [--criterion flap
 liar jobs list [--status RUNNING]
 liar jobs show ID [--json]      (the checkpoint's files with size and sha256; seconds per stage and layer)
 liar jobs cancel|rerun|delete ID
+liar jobs expire [--days N]     (retention now: old jobs' files removed, their records kept)
 liar jobs reevaluate ID [--evaluations all|1,3]   (a succeeded job's evaluations again, without pruning)
 
 Against the database (``LIAR_DATABASE_URL``) as its operator, or with ``--server URL`` (or
@@ -233,6 +234,21 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_expire(args: argparse.Namespace) -> int:
+    """Retention now, as the workers' maintenance applies it every ten minutes (``LIAR_RETENTION_DAYS``)."""
+    if args.days is not None and not args.days > 0:
+        return fail(f"--days is a positive number of days, not {args.days:g}")
+    service = _service()
+    if args.days is None and not service.settings.retention_days:
+        return fail("no retention is set: give --days N, or set LIAR_RETENTION_DAYS")
+    expired = service.expire(args.days)
+    days = args.days or service.settings.retention_days
+    listed = f": job {', '.join(map(str, expired))}" if expired else ""
+    jobs, unit = ("job" if len(expired) == 1 else "jobs"), ("day" if days == 1 else "days")
+    print(f"files removed of {len(expired)} {jobs} finished more than {days:g} {unit} ago{listed}")
+    return 0
+
+
 def cmd_rerun(args: argparse.Namespace) -> int:
     try:
         new = _service(args).rerun(args.id, confine=False)  # a server confines it anyway; the operator need not
@@ -324,6 +340,9 @@ def register(sub) -> None:
     d = jsub.add_parser("delete", help="delete a finished job and its files")
     d.add_argument("id", type=int)
     d.set_defaults(func=cmd_delete)
+    x = jsub.add_parser("expire", help="remove the files of jobs finished long ago (their records stay)")
+    x.add_argument("--days", type=float, help="older than this many days (default: LIAR_RETENTION_DAYS)")
+    x.set_defaults(func=cmd_expire)
     r = jsub.add_parser("rerun", help="submit a job's recipe again, as a new job")
     r.add_argument("id", type=int)
     r.set_defaults(func=cmd_rerun)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -141,6 +143,8 @@ def test_submit_in_the_flag_form_of_prune(tmp_path, job_models, monkeypatch, cap
 def test_show_lists_the_files_and_the_stage_timings(tmp_path, job_models, monkeypatch, capsys):
     """`liar jobs show ID` of a finished job: each checkpoint file with its size and sha256, then a
     table of seconds per stage and per reconstructed layer."""
+    from jobs.db import Job
+    from jobs.service import JobService
     from jobs.settings import Settings
     from jobs.tasks import execute
 
@@ -170,3 +174,17 @@ def test_show_lists_the_files_and_the_stage_timings(tmp_path, job_models, monkey
     assert any(line.split()[:2] == ["layer", "2/2"] for line in lines)
     total = next(line for line in lines if line.split()[:1] == ["total"])
     assert float(total.split()[1]) == pytest.approx(info["timings"]["total"], abs=0.06)
+
+    # retention by hand: nothing set, a bad number, then a job old enough
+    assert main(["jobs", "expire"]) == 2
+    assert "no retention is set: give --days N, or set LIAR_RETENTION_DAYS" in capsys.readouterr().err
+    assert main(["jobs", "expire", "--days", "0"]) == 2
+    assert "--days is a positive number of days, not 0" in capsys.readouterr().err
+    assert main(["jobs", "expire", "--days", "1"]) == 0
+    assert capsys.readouterr().out.startswith("files removed of 0 jobs finished more than 1 day ago")
+    service = JobService()
+    with service.sessions.begin() as s:
+        s.get(Job, job_id).finished_at -= dt.timedelta(days=2)
+    assert main(["jobs", "expire", "--days", "1"]) == 0
+    assert capsys.readouterr().out.strip() == f"files removed of 1 job finished more than 1 day ago: job {job_id}"
+    assert service.show(job_id)["artifacts"] == [] and not Path(checkpoint["path"]).exists()
