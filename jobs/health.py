@@ -1,5 +1,6 @@
 """Is the deployment up? The checks behind ``liar health``, the app's ``GET /healthz`` and the
-Workers tab: the database answers a query, the broker takes a connection, a worker answers.
+Workers tab: the database answers a query, the broker takes a connection, the store lists its root,
+a worker answers.
 
 Each check gives a :class:`Check` whose ``detail`` is one sentence fit for a terminal or a log: the
 URLs' passwords are masked (``jobs.settings.scrub``) and no traceback is kept. Every check is bounded
@@ -22,7 +23,7 @@ class BrokerDown(Exception):
 
 @dataclass(frozen=True)
 class Check:
-    name: str  # "database", "broker", "workers"
+    name: str  # "database", "broker", "store", "workers"
     ok: bool
     detail: str  # one sentence, passwords masked
 
@@ -60,6 +61,28 @@ def check_database(settings: Settings) -> Check:
             reason = "reachable, but it has no jobs table: run `liar db upgrade`"
         return Check("database", False, f"{where}: {reason}")
     return Check("database", True, where)
+
+
+def check_store(settings: Settings, timeout: float = CONNECT_SECONDS) -> Check:
+    """The store (``jobs.store``) answers within ``timeout`` seconds: its folder exists, or its bucket
+    lists with these credentials (a new deployment's prefix has no object yet)."""
+    import concurrent.futures
+
+    where = redact_url(settings.store_url or str(settings.data_dir))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
+        store = settings.store()
+        top = store.root if store.local is not None else store.root.split("/")[0]
+        pool.submit(lambda: store.fs.ls(top, detail=False, refresh=True)).result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        return Check("store", False, f"{where}: no answer within {timeout:g} s")
+    except FileNotFoundError:
+        return Check("store", False, f"{where}: there is no such folder or bucket")
+    except Exception as exc:
+        return Check("store", False, f"{where}: {_reason(exc, where)}")
+    finally:
+        pool.shutdown(wait=False)
+    return Check("store", True, where)
 
 
 def broker_connection(celery, timeout: float = CONNECT_SECONDS):

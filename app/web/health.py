@@ -14,7 +14,7 @@ import logging
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
 
-from jobs.health import check_broker, check_database
+from jobs.health import check_broker, check_database, check_store
 from jobs.service import JobService
 
 logger = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ PATH = "/healthz"
 
 def status(service: JobService) -> tuple[int, dict[str, str]]:
     """The HTTP status and body of ``/healthz`` (a failed check's reason is logged, not returned)."""
-    checks = [check_database(service.settings), check_broker(service.celery)]
+    checks = [check_database(service.settings), check_broker(service.celery), check_store(service.settings)]
     for check in checks:
         if not check.ok:
             logger.warning("health: %s", check.line())

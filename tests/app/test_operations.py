@@ -45,7 +45,7 @@ def test_a_dead_broker_is_one_sentence_without_its_password(job_service):
 def test_healthz_is_503_with_a_dead_broker_and_names_nothing(job_service):
     settings = job_service.settings.__class__(**{**job_service.settings.__dict__, "broker_url": DEAD_BROKER})
     code, body = health.status(JobService(settings))
-    assert (code, body) == (503, {"database": "ok", "broker": "down"})
+    assert (code, body) == (503, {"database": "ok", "broker": "down", "store": "ok"})
 
 
 @pytest.mark.integration
@@ -53,7 +53,7 @@ def test_healthz_on_the_running_app(app_server):
     with urllib.request.urlopen(app_server["url"] + "healthz", timeout=30) as response:
         assert response.status == 200
         text = response.read().decode()
-    assert json.loads(text) == {"database": "ok", "broker": "ok"}
+    assert json.loads(text) == {"database": "ok", "broker": "ok", "store": "ok"}
     assert str(app_server["data"]) not in text and "://" not in text
 
 
@@ -72,7 +72,11 @@ def test_liar_health_exit_codes(job_service):
     data = job_service.settings.data_dir  # SQLite, migrated by the service; the filesystem broker
     ok = _health(data)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert [line.split()[:2] for line in ok.stdout.splitlines()] == [["database", "ok"], ["broker", "ok"]]
+    assert [line.split()[:2] for line in ok.stdout.splitlines()] == [
+        ["database", "ok"],
+        ["broker", "ok"],
+        ["store", "ok"],
+    ]
     bad = _health(data, LIAR_BROKER_URL=DEAD_BROKER)
     assert bad.returncode == 1 and "broker    FAIL" in bad.stdout and SECRET not in bad.stdout + bad.stderr
     assert "Traceback" not in bad.stderr

@@ -22,6 +22,7 @@ from sqlalchemy import select, update
 from app.web import downloads
 from jobs.artifacts import attempt_key, publish
 from jobs.db import Artifact, Job, JobLog
+from jobs.health import Check
 from jobs.service import JobService
 from jobs.settings import Settings
 from jobs.store import ChecksumMismatch, Store, check_key
@@ -94,6 +95,21 @@ def test_keys_are_plain_relative_paths(key, tmp_path):
         check_key(key)
     with pytest.raises(ValueError):
         Store(tmp_path, tmp_path / "cache").path(key)
+
+
+def test_the_health_check_lists_the_stores_root(tmp_path, s3):
+    from jobs.health import check_store
+
+    def settings(url: str | None, endpoint: str | None = None) -> Settings:
+        return Settings(data_dir=tmp_path, database_url="", broker_url="", store_url=url, store_endpoint=endpoint)
+
+    assert check_store(settings(None)) == Check("store", True, str(tmp_path))
+    bucket = new_bucket(s3)
+    assert check_store(settings(f"s3://{bucket}/liar", s3)).ok
+    missing = check_store(settings("s3://no-such-bucket/liar", s3))
+    assert not missing.ok and missing.detail == "s3://no-such-bucket/liar: there is no such folder or bucket"
+    down = check_store(settings(f"s3://{bucket}", "http://127.0.0.1:9"), timeout=3)  # nothing listens there
+    assert not down.ok and down.detail.startswith(f"s3://{bucket}: ") and "\n" not in down.detail
 
 
 # --- hosts with private data folders around one store -----------------------------------------------
