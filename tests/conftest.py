@@ -24,7 +24,7 @@ torch.set_num_threads(2)
 
 # Fixtures that start servers or worker processes: a test using one is an integration test (marked
 # explicitly in its module; the rule below keeps a new test out of `make test-fast` if it is not).
-INTEGRATION_FIXTURES = {"stack", "faults", "app_server", "login_server"}
+INTEGRATION_FIXTURES = {"stack", "faults", "app_servers", "app_server", "login_server", "team", "broker_down"}
 
 
 def pytest_addoption(parser):

@@ -101,41 +101,36 @@ def test_named_endpoints(app_server, tmp_path):
         client.predict(999, api_name="/show_job")
 
 
-def test_login_records_the_account_as_submitter(tmp_path, app_server):
+def test_login_records_the_account_as_submitter(team, app_server):
+    """On a server with login on (the team's: ``tests.app.conftest``), a submission is the account's,
+    whatever name it gives, and the download routes sit behind the same login."""
     from gradio_client import Client
 
-    from tests.app.conftest import start_app, stop_app
+    from tests.app.conftest import PASSWORDS
 
-    data = tmp_path / "data"
-    from app.web.auth import hash_password
-
-    users = f"alice:{hash_password('s3cret')},bob:{hash_password('pw')}"
-    proc, url = start_app(data, "--no-worker", LIAR_APP_USERS=users)
-    try:
-        with pytest.raises(Exception):  # noqa: B017 - no credentials, no access
-            Client(url, verbose=False).predict("", api_name="/list_jobs")
-        client = Client(url, auth=("alice", "s3cret"), verbose=False)
-        outside = {  # another server's files: outside this one's data folders
-            "model": str(app_server["data"] / "models" / "tiny-llama-demo"),
-            "ratio": 0.3,
-            "calibration": {"dataset": str(app_server["data"] / "texts" / "tiny-demo.txt")},
-        }
-        with pytest.raises(Exception, match="outside the folders this server reads from"):
-            client.predict(yaml.safe_dump(outside), "mallory", api_name="/submit")
-        recipe = {
-            "model": str(data / "models" / "tiny-llama-demo"),
-            "ratio": 0.3,
-            "calibration": {"dataset": str(data / "texts" / "tiny-demo.txt")},
-        }
-        job = client.predict(yaml.safe_dump(recipe), "mallory", api_name="/submit")
-        info = json.loads(client.predict(job["id"], api_name="/show_job"))
-        assert info["submitted_by"] == "alice"
-        # the download routes sit behind the same login
-        tar = f"jobs/{job['id']}/checkpoint.tar"
-        assert httpx.get(url + tar).status_code == 401
-        with httpx.Client(base_url=url) as browser:
-            assert browser.post("login", data={"username": "alice", "password": "s3cret"}).status_code == 200
-            missing = browser.get(tar)  # logged in: the queued job has nothing to download yet
-            assert missing.status_code == 404 and "has no checkpoint files" in missing.text
-    finally:
-        stop_app(proc)
+    url, data = team["url"], team["data"]
+    with pytest.raises(Exception):  # noqa: B017 - no credentials, no access
+        Client(url, verbose=False).predict("", api_name="/list_jobs")
+    client = Client(url, auth=("bob", PASSWORDS["bob"]), verbose=False)
+    outside = {  # another server's files: outside this one's data folders
+        "model": str(app_server["data"] / "models" / "tiny-llama-demo"),
+        "ratio": 0.3,
+        "calibration": {"dataset": str(app_server["data"] / "texts" / "tiny-demo.txt")},
+    }
+    with pytest.raises(Exception, match="outside the folders this server reads from"):
+        client.predict(yaml.safe_dump(outside), "mallory", api_name="/submit")
+    recipe = {
+        "model": str(data / "models" / "tiny-llama-demo"),
+        "ratio": 0.3,
+        "calibration": {"dataset": str(data / "texts" / "tiny-demo.txt")},
+    }
+    job = client.predict(yaml.safe_dump(recipe), "mallory", api_name="/submit")
+    info = json.loads(client.predict(job["id"], api_name="/show_job"))
+    assert info["submitted_by"] == "bob"
+    # the download routes sit behind the same login
+    tar = f"jobs/{job['id']}/checkpoint.tar"
+    assert httpx.get(url + tar).status_code == 401
+    with httpx.Client(base_url=url) as browser:
+        assert browser.post("login", data={"username": "bob", "password": PASSWORDS["bob"]}).status_code == 200
+        missing = browser.get(tar)  # logged in, the job's owner: the queued job has nothing to download yet
+        assert missing.status_code == 404 and "has no checkpoint files" in missing.text

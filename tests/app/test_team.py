@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import httpx
@@ -15,41 +16,14 @@ import pytest
 import yaml
 
 from jobs.db import Job, JobLog, Status
-from tests.app.conftest import _free_port
+from tests.app.conftest import BROKER_SECRET, PASSWORDS
 from tests.app.test_access import _finished, _snapshot
 from tests.jobs.test_reevaluation import seed_failed_evaluation
 
 pytestmark = pytest.mark.integration  # a running app
 
-PASSWORDS = {"alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw"}
-BROKER_SECRET = "s3cret-broker-pw"
-
-
-def _users() -> str:
-    from app.web.auth import hash_password
-
-    return ",".join(f"{u}:{hash_password(p)}{':admin' if u == 'alice' else ''}" for u, p in PASSWORDS.items())
-
-
-def _service(data):
-    from jobs.service import JobService
-    from jobs.settings import Settings
-
-    return JobService(Settings(data_dir=data, database_url=f"sqlite:///{data / 'liar.db'}", broker_url="filesystem://"))
-
-
-@pytest.fixture(scope="module")
-def team(tmp_path_factory):
-    """``liar app`` (no worker) with the three accounts, downloads for owners, and bob's jobs: one
-    queued, two finished with a checkpoint (seeded as a worker would record them)."""
-    from tests.app.conftest import start_app, stop_app
-
-    data = tmp_path_factory.mktemp("team") / "data"
-    proc, url = start_app(data, "--no-worker", LIAR_APP_USERS=_users(), LIAR_DOWNLOADS="owners")
-    service = _service(data)
-    model = data / "models" / "tiny-llama-demo"
-    yield {"url": url, "data": data, "service": service, "model": model}
-    stop_app(proc)
+# ``team`` and ``broker_down``, the servers these tests use, and their accounts (PASSWORDS) are
+# tests.app.conftest's: each started once a session, in parallel with the app tests' other servers
 
 
 def _client(url: str, user: str | None):
@@ -157,18 +131,6 @@ def _clean(message: str, data, typed: str = "") -> None:
     assert str(data) not in (message.replace(typed, "") if typed else message), message
 
 
-@pytest.fixture(scope="module")
-def broker_down(tmp_path_factory):
-    """The same app whose broker (a password in its URL) is down: every submission fails to queue."""
-    from tests.app.conftest import start_app, stop_app
-
-    data = tmp_path_factory.mktemp("down") / "data"
-    broker = f"redis://:{BROKER_SECRET}@127.0.0.1:{_free_port()}/0"
-    proc, url = start_app(data, "--no-worker", LIAR_APP_USERS=_users(), LIAR_BROKER_URL=broker)
-    yield {"url": url, "data": data}
-    stop_app(proc)
-
-
 def test_no_secret_or_server_path_in_any_answer(team, broker_down):
     url, data, service = team["url"], team["data"], team["service"]
     bob, carol = _client(url, "bob"), _client(url, "carol")
@@ -254,18 +216,22 @@ def test_the_job_commands_against_the_server_follow_its_rules(team):
         cmd = [sys.executable, "-m", "app.cli", "jobs", *args]
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
-    listed = liar("carol", "list", "--json")
-    assert listed.returncode == 0 and queued in {j["id"] for j in json.loads(listed.stdout)}
     before = _snapshot(service)
-    for verb in ("cancel", "rerun", "delete"):
-        refused = liar("carol", verb, str(queued))
+    # the commands that change nothing run at once (each is a Python process starting up)
+    with ThreadPoolExecutor(6) as pool:
+        listed = pool.submit(liar, "carol", "list", "--json")
+        refusals = {verb: pool.submit(liar, "carol", verb, str(queued)) for verb in ("cancel", "rerun", "delete")}
+        wrong = pool.submit(liar, "bob", "list", password="not-bobs")
+        shown = pool.submit(liar, "bob", "show", str(queued))
+    listed, wrong, shown = listed.result(), wrong.result(), shown.result()
+    assert listed.returncode == 0 and queued in {j["id"] for j in json.loads(listed.stdout)}
+    for verb, running in refusals.items():
+        refused = running.result()
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
         assert refused.stderr.strip().endswith(f"job {queued} is bob's: only its owner or an administrator may "
                                                f"{verb.replace('rerun', 're-run')} it"), refused.stderr  # fmt: skip
     assert _snapshot(service) == before
-    wrong = liar("bob", "list", password="not-bobs")
     assert wrong.returncode == 2 and "cannot use the server at" in wrong.stderr and "Traceback" not in wrong.stderr
-    shown = liar("bob", "show", str(queued))
     assert shown.returncode == 0 and "submitted_by: bob" in shown.stdout
     assert liar("bob", "cancel", str(queued)).stdout.strip() == f"job {queued}: CANCELLED"
     new = liar("bob", "rerun", str(queued))
