@@ -1,10 +1,11 @@
 """The web app in a real browser: Debian's Chromium driven headless by Playwright (no browser download).
 
-Two servers: the session's ``app_server`` (no login) for the form, and one with login on for the whole
-path — log in, submit, watch the job live, the dashboard, the model page, download — as two users.
-Screenshots of every page go to a temporary folder, or to the folder given by ``--screenshots DIR``
-(or ``LIAR_SCREENSHOTS``): ``make screenshots`` refreshes docs/screenshots/ that way. Waits are
-generous and nothing is timed: the tests share two CPU cores with everything else.
+Two servers (tests.app.conftest): the session's ``app_server`` (no login) for the form, and
+``login_server``, with login on, for the whole path — log in, submit, watch the job live, the
+dashboard, the model page, download — as two users. Screenshots of every page go to a temporary
+folder, or to the folder given by ``--screenshots DIR`` (or ``LIAR_SCREENSHOTS``): ``make screenshots``
+refreshes docs/screenshots/ that way. Waits are generous and nothing is timed: the tests share two CPU
+cores with everything else.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.app.conftest import PASSWORDS
 from tests.jobs.conftest import wait_for
 
 pytestmark = pytest.mark.browser
@@ -33,7 +35,7 @@ ARGS = [
     "--disable-sync",
     "--disable-dev-shm-usage",
 ]
-USERS = {"alice": "alice-pw", "bob": "bob-pw"}
+USERS = {user: PASSWORDS[user] for user in ("alice", "bob")}  # login_server's accounts (tests.app.conftest)
 LONG = 240  # seconds: the longest wait for a job (three tiny jobs, one worker, paused steps)
 
 
@@ -194,33 +196,27 @@ FIRST_SCREEN_JS = """() => {
 }"""
 
 
-def test_the_first_screen_is_the_four_choices_then_advanced(browser, app_server, screenshots_dir):
+def _first_screen_is_the_four_choices_then_advanced(pg, app_server, screenshots_dir, tmp_path):
     """A newcomer's first screen: model, ratio, criterion and calibration set (and its upload, and a
     name without login) — at most 6 inputs before "Advanced", whose title shows its current values."""
-    pg = _new_page(browser, app_server["url"])
-    pg.get_by_role("tab", name="New run").wait_for()
-    pg.wait_for_timeout(1000)
+    pg.locator("#estimate").get_by_text(
+        re.compile("parameters after pruning .* peak ≈ .* on this server's CPU")
+    ).wait_for()  # the page's load events have run: what it shows first is on screen
     boxes = pg.evaluate(FIRST_SCREEN_JS)
     assert len(boxes) <= 6, boxes
     for label in ("Model", "Ratio or speed-up", "Criterion", "Calibration set"):
         assert any(b.startswith(label) for b in boxes), (label, boxes)
-    pg.locator("#estimate").get_by_text(
-        re.compile("parameters after pruning .* peak ≈ .* on this server's CPU")
-    ).wait_for()
     title = pg.locator("#advanced > button").first.inner_text()
     assert "prune both" in title and "128 samples × 128 tokens" in title, title
     assert not pg.get_by_label("Samples", exact=True).is_visible()
     pg.screenshot(path=str(screenshots_dir / "new-run-first-screen.png"), full_page=True)
     _fill(pg, "Samples", "64")  # the title follows the values
     pg.locator("#advanced > button").get_by_text(re.compile("64 samples × 128 tokens")).wait_for()
-    pg.context.close()
 
 
-def test_a_bad_box_is_named_in_place_until_it_is_fixed(browser, app_server):
+def _a_bad_box_is_named_in_place_until_it_is_fixed(pg, app_server, screenshots_dir, tmp_path):
     """The message goes under the box it is about, not in a fading toast or as a bare "Error" badge,
     and stays there until the box is fixed; a list of ratios names every bad one."""
-    pg = _new_page(browser, app_server["url"])
-    pg.get_by_role("tab", name="New run").wait_for()
     before = len(_jobs(app_server["url"]))
     submit = pg.get_by_role("button", name="Submit", exact=True)
     _fill(pg, "Samples", "0")
@@ -254,12 +250,9 @@ def test_a_bad_box_is_named_in_place_until_it_is_fixed(browser, app_server):
     _fill(pg, "#tasks", "")
     wait_for(lambda: "⚠" not in _info(pg, "#tasks"), timeout=60, what="the message to go")
     assert len(_jobs(app_server["url"])) == before
-    pg.context.close()
 
 
-def test_an_upload_visibly_replaces_the_calibration_set(browser, app_server, tmp_path):
-    pg = _new_page(browser, app_server["url"])
-    pg.get_by_role("tab", name="New run").wait_for()
+def _an_upload_visibly_replaces_the_calibration_set(pg, app_server, screenshots_dir, tmp_path):
     calibration = pg.locator("#calibration input").first
     chosen = calibration.input_value()
     records = tmp_path / "my-records.jsonl"
@@ -276,12 +269,9 @@ def test_an_upload_visibly_replaces_the_calibration_set(browser, app_server, tmp
     pg.locator("#upload button[aria-label='Clear']").first.click()  # removed: the set chosen before is back
     wait_for(lambda: calibration.input_value() == chosen, timeout=60, what="the set to come back")
     assert calibration.is_enabled()
-    pg.context.close()
 
 
-def test_a_sweep_in_the_recipe_box_submits_all_its_jobs(browser, app_server):
-    pg = _new_page(browser, app_server["url"])
-    pg.get_by_role("tab", name="New run").wait_for()
+def _a_sweep_in_the_recipe_box_submits_all_its_jobs(pg, app_server, screenshots_dir, tmp_path):
     before = len(_jobs(app_server["url"]))
     _fill(pg, "Samples", "4")
     _fill(pg, "Sequence length", "16")
@@ -292,6 +282,29 @@ def test_a_sweep_in_the_recipe_box_submits_all_its_jobs(browser, app_server):
     pg.get_by_role("button", name="Submit this YAML").click()
     pg.locator("#submit-status").get_by_text(re.compile(r"submitted sweep \w+ of 2 jobs")).wait_for()
     assert len(_jobs(app_server["url"])) == before + 2
+
+
+# each a check of its own (a subtest, reported by name), in this order on one fresh page: a page load
+# for each cost more than they do; each leaves the form valid for the next, and a failed one reloads it
+FRESH_PAGE_CHECKS = (
+    _first_screen_is_the_four_choices_then_advanced,
+    _a_bad_box_is_named_in_place_until_it_is_fixed,
+    _an_upload_visibly_replaces_the_calibration_set,
+    _a_sweep_in_the_recipe_box_submits_all_its_jobs,
+)
+
+
+def test_the_new_run_form_on_a_fresh_page(browser, app_server, screenshots_dir, tmp_path, subtests):
+    pg = _new_page(browser, app_server["url"])
+    pg.get_by_role("tab", name="New run").wait_for()
+    for check in FRESH_PAGE_CHECKS:
+        with subtests.test(check.__name__.strip("_")):
+            try:
+                check(pg, app_server, screenshots_dir, tmp_path)
+            except BaseException:
+                pg.reload()  # the next check starts from the form as a new page shows it
+                pg.get_by_role("tab", name="New run").wait_for()
+                raise
     pg.context.close()
 
 
@@ -329,21 +342,6 @@ def test_encoder_is_detected_and_pasted_recipe_submits(page, app_server):
 # --- the whole path, two users, login on -------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def login_server(tmp_path_factory):
-    """``liar app`` with two accounts and its worker pausing 2 s in each layer and each evaluation
-    (``LIAR_STAGE_PAUSE``), so a running job can be watched on a machine of any speed."""
-    from tests.app.conftest import start_app, stop_app
-
-    data = tmp_path_factory.mktemp("login") / "data"
-    from app.web.auth import hash_password
-
-    users = ",".join(f"{u}:{hash_password(p)}" for u, p in USERS.items())  # stored hashed, never in plain text
-    proc, url = start_app(data, LIAR_APP_USERS=users, LIAR_STAGE_PAUSE="reconstruct=2,evaluate=2")
-    yield {"url": url, "data": data}
-    stop_app(proc)
-
-
 def _log_in(browser, url: str, user: str):
     pg = _new_page(browser, url)
     pg.get_by_label("username").fill(user)
@@ -364,10 +362,15 @@ def _submit(pg, data: Path, ratios: str, methods: tuple[str, ...] = ("liar",)) -
     for method in ("liar", "ls"):
         box = pg.get_by_label(method, exact=True)
         box.check() if method in methods else box.uncheck()
-    before = _status(pg) if pg.locator("#submit-status").is_visible() else ""
+    earlier = getattr(pg, "submissions", [])  # this page's earlier answers (each names its own job ids)
     pg.get_by_role("button", name="Submit", exact=True).click()
-    wait_for(lambda: "submitted" in _status(pg) and _status(pg) != before, timeout=60, what="the submission")
-    return _status(pg)
+
+    def answered() -> str | None:  # a new answer, not an earlier one under Gradio's progress overlay
+        lines = _status(pg).strip().splitlines()  # the overlay ("processing | 0.8s", "0.3s") comes first
+        return bool(lines) and "submitted" in lines[-1] and lines[-1] not in earlier and lines[-1]
+
+    pg.submissions = [*earlier, wait_for(answered, timeout=60, what="the submission")]
+    return pg.submissions[-1]
 
 
 def _ids(status: str) -> list[int]:
