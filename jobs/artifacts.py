@@ -63,7 +63,7 @@ class Served:
     size: int
     sha256: str | None
     kind: str  # "file" | "archive"
-    path: Path | None = None  # the file on this host, when the store is a folder here (once checked)
+    path: Path | None = None  # the file on this host, when the store is a folder here
 
 
 ARTIFACTS = "artifacts"  # the store's folder of jobs' files

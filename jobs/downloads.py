@@ -50,8 +50,17 @@ class JobFiles:
                 .where(Artifact.job_id == job_id, Artifact.kind.in_(("file", "archive")))
                 .order_by(Artifact.id)
             ).all()
-        keys = [stored_key(r.path) for r in rows]
-        return [Served(r.name or k.rpartition("/")[2], k, r.size, r.sha256, r.kind) for r, k in zip(rows, keys)]
+        return [self._listed(r) for r in rows]
+
+    def _listed(self, row: Artifact) -> Served:
+        """A row as served: its key, and, in a folder store, where that is here (not yet checked to lie
+        in the job's folder: :meth:`file` does that before anything is sent)."""
+        store, key = self.settings.store(), stored_key(row.path)
+        try:
+            here = store.path(key) if store.local is not None else None
+        except ValueError:  # no plain key: refused when asked for
+            here = None
+        return Served(row.name or key.rpartition("/")[2], key, row.size, row.sha256, row.kind, here)
 
     def downloads(self, job_id: int, actor: Actor = OPEN) -> list[dict[str, Any]]:
         """:meth:`served` as plain values: name, size, sha256, kind."""
