@@ -17,14 +17,20 @@ from tests.jobs.conftest import recipe, wait_for
 pytestmark = pytest.mark.integration
 
 
-def _liar_health(env: dict[str, str], *args: str, **overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+def _liar_health(env: dict[str, str], *args: str) -> subprocess.Popen:
+    """``liar health`` started (a Python process: seconds to import); :func:`_result` waits for it."""
+    return subprocess.Popen(
         [sys.executable, "-m", "app.cli", "health", *args],
-        env={**env, **overrides},
-        capture_output=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
     )
+
+
+def _result(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.mark.parametrize("stack", ["postgres+redis"], indirect=True)
@@ -36,6 +42,7 @@ def test_workers_are_listed_with_their_job_then_remembered_then_dropped(stack, j
     job_id = service.submit(recipe(job_models))
     celery = service.celery
     wait_for(lambda: service.show(job_id)["status"] == "RUNNING", what="the worker to claim the job")
+    healthy = _liar_health(stack.env, "--workers")  # read below, while the worker still runs
     ((name, info),) = ask_workers(celery, COMMAND, 1.0).items()
     assert info["hostname"] == name and info["queues"] and info["jobs"] == [job_id]
     assert info["pid"] == worker.pid and info["started_at"]
@@ -46,9 +53,6 @@ def test_workers_are_listed_with_their_job_then_remembered_then_dropped(stack, j
     row = dict(zip(["worker", "queues", "device", "memory", "job", "seen"], rows[0]))
     assert row["queues"] == ", ".join(info["queues"]) and row["job"] == f"#{job_id}" and row["seen"] == "now"
 
-    result = _liar_health(stack.env, "--workers")
-    assert result.returncode == 0 and name in result.stdout, result.stdout + result.stderr
-
     # the device is probed once (the first question started it), outside the worker's process: no
     # torch in a prefork parent
     info = wait_for(
@@ -57,6 +61,8 @@ def test_workers_are_listed_with_their_job_then_remembered_then_dropped(stack, j
         what="the device probe",
     )
     assert info["device"]["name"] and info["device"]["memory_bytes"] > 0
+    result = _result(healthy)
+    assert result.returncode == 0 and name in result.stdout, result.stdout + result.stderr
 
     stack.kill_worker(worker)
     now[0] += 40
@@ -65,6 +71,7 @@ def test_workers_are_listed_with_their_job_then_remembered_then_dropped(stack, j
     now[0] += 30
     assert worker_view(celery, roster) == (NO_WORKERS, [])
 
-    result = _liar_health(stack.env, "--workers")  # no worker answers: unhealthy only when asked for one
+    asked, plain = _liar_health(stack.env, "--workers"), _liar_health(stack.env)  # side by side
+    result = _result(asked)  # no worker answers: unhealthy only when asked for one
     assert result.returncode == 1 and "workers   FAIL" in result.stdout, result.stdout
-    assert _liar_health(stack.env).returncode == 0
+    assert _result(plain).returncode == 0
