@@ -7,10 +7,20 @@ least held-aside loss.
    of every remaining block) is refused with the best speed-up it can reach, before any pruning.
 3. For each ``d`` the least ``w`` that reaches the target; up to ``target.candidates`` of these pairs,
    spread from width only to depth only, become concrete recipes (ratio ``d/L + (1 − d/L) w``, with
-   ``depth.blocks: d``), each pruned in full on the same calibration windows.
-4. The pruned model with the least next-token loss on the held-aside windows is kept; its speed and
-   the dense model's are timed again, interleaved, so the result records the predicted and the
-   realised speed-up.
+   ``depth.blocks: d``), each pruned in full on the same calibration windows, its loss taken on the
+   held-aside windows and its speed timed against the dense model's on the target's workload
+   (interleaved rounds): the choice rests on measured speed, not on the table's prediction.
+4. A candidate that realises less than ``speedup × (1 − TOLERANCE)`` is corrected once: the table is
+   aimed at ``speedup × predicted / realised`` for the same ``d`` (the table's error on this structure
+   taken out), and that width is pruned and timed again. The table times skeletons whose blocks share
+   one width, while the default recipe's allocation gives each layer its own, which decodes slower:
+   the table overrates width (``docs/results/speed_target.md``).
+5. Kept: the least held-aside loss among the prunes whose realised speed-up reaches
+   ``speedup × (1 − TOLERANCE)``; when none does, the fastest, with ``target_reached: false`` in the
+   metrics and a warning. Every prune is a row of ``target_candidates`` (predicted, realised with its
+   spread, corrected or not); the kept one's timing is the result's realised speed-up.
+
+Only the best prune so far and the one being measured are held in memory beside the dense model.
 
 ZipLM and ModelOpt's FastNAS pick structures against a latency table too, but search over retrained
 candidates; here every candidate is a retraining-free prune of a few seconds to minutes.
@@ -19,6 +29,7 @@ candidates; here every candidate is a retraining-free prune of a few seconds to 
 from __future__ import annotations
 
 import copy
+import logging
 import statistics
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +42,16 @@ from core.evaluation.latency import LatencyTable, interleaved_seconds, measure_t
 from core.pipeline.depth import split_held
 from core.pipeline.preflight import MIN_WIDTH_RATIO, TARGET_MAX_DEPTH, TARGET_MAX_WIDTH, check_model_fit
 from core.spec.recipe import Recipe
+
+logger = logging.getLogger(__name__)
+
+# How far short of the asked speed-up a measured one may fall and still count as reaching it. The
+# issue's bound is ±10%; 2% is about the spread of a median of a few interleaved rounds on a quiet
+# machine (and the table's error on depth-only candidates, ~1%), so timing noise alone rarely sets off
+# a correction (a whole prune more), while a structure the table overrates by the 5–8% measured for
+# width is corrected.
+TOLERANCE = 0.02
+ROUNDS = 3  # interleaved timing rounds of each prune against the dense model
 
 
 def reach(table: LatencyTable, recipe: Recipe) -> tuple[float, int, float]:
@@ -81,48 +102,118 @@ def concrete(recipe: Recipe, blocks: int, width: float, layers: int) -> Recipe:
     return Recipe.model_validate(recipe.model_copy(update=update).model_dump())
 
 
+def correction(table: LatencyTable, recipe: Recipe, row: dict[str, Any]) -> tuple[float, float] | None:
+    """``(aim, width)`` for a prune that fell short (module docstring, step 4): the least width that
+    reaches ``speedup × predicted / realised`` on the table with the row's blocks removed (the table's
+    widest ratio where none does), or None when that is no wider than the row's or only blocks may go."""
+    if recipe.modules == "blocks":
+        return None
+    aim = recipe.target.speedup * row["predicted"] / row["realised"]
+    width = table.width_for(aim, row["blocks"])
+    if width is None:
+        width = min(table.widths[-1], TARGET_MAX_WIDTH)
+    elif 0 < width < MIN_WIDTH_RATIO:
+        width = MIN_WIDTH_RATIO
+    return (aim, width) if width > row["width"] + 1e-4 else None
+
+
+def timed(dense: Any, pruned: Any, workload: str) -> dict[str, Any]:
+    """A prune's realised speed-up (:func:`realised`, ``ROUNDS`` rounds interleaved with the dense
+    model) and both models' milliseconds per call of ``workload``, as row fields."""
+    times = interleaved_seconds({"dense": dense, "pruned": pruned}, workload, rounds=ROUNDS)
+    speed = realised(times["dense"], times["pruned"])
+    return {
+        "realised": speed["realised_speedup"],
+        "realised_low": speed["realised_speedup_low"],
+        "realised_high": speed["realised_speedup_high"],
+        "realised_repeats": speed["realised_speedup_repeats"],
+        "dense_ms": round(1000 * statistics.median(times["dense"]), 4),
+        "pruned_ms": round(1000 * statistics.median(times["pruned"]), 4),
+    }
+
+
+def reaches(row: dict[str, Any], speedup: float) -> bool:
+    """Whether a prune's realised speed-up counts as reaching ``speedup`` (within ``TOLERANCE``)."""
+    return row["realised"] >= speedup * (1 - TOLERANCE)
+
+
+def better(row: dict[str, Any], best: dict[str, Any] | None, speedup: float) -> bool:
+    """Whether ``row`` is kept over ``best`` (module docstring, step 5): one that reaches the speed-up
+    over one that does not, then the lesser held-aside loss among those that reach it, the greater
+    realised speed-up among those that do not."""
+    if best is None:
+        return True
+    if reaches(row, speedup) != reaches(best, speedup):
+        return reaches(row, speedup)
+    return row["loss"] < best["loss"] if reaches(row, speedup) else row["realised"] > best["realised"]
+
+
 def candidate_results(
     recipe: Recipe, source: Any, table: LatencyTable, run: Any, prune_fn
 ) -> Iterator[tuple[dict[str, Any], Any]]:
-    """Each candidate pruned in full on a copy of ``source.model`` (the same calibration for all):
-    ``(row, result)`` with the row's blocks, width, ratio, predicted speed-up and held-aside loss."""
+    """Each candidate pruned in full on a copy of ``source.model`` (the same calibration for all), and
+    once more if it falls short (steps 3–4): ``(row, result)`` for every prune, a correction right after
+    the prune it corrects. A row holds the blocks, width, ratio, predicted speed-up, held-aside loss,
+    the fields of :func:`timed`, and ``corrected`` (with the ``aim`` the table was given if true)."""
     fit, held = run.calibration or calibration_batches(recipe.calibration, source.tokenizer, source.adapter.kind)
     held_batches = split_held(held, fit, recipe.calibration.batch_size)
     options = {"calibration": (fit, held), "progress": run.progress, "show_progress": run.show_progress}
-    for d, w in candidates(table, recipe):
+    speedup, workload = recipe.target.speedup, recipe.target.workload
+
+    def attempt(d: int, w: float) -> tuple[dict[str, Any], Any]:
         cand = concrete(recipe, d, w, table.layers)
         result = prune_fn(cand, model=copy.deepcopy(source.model), tokenizer=source.tokenizer, **options)
         loss = held_loss(result.model, result.adapter, held_batches)
-        yield (
-            {"blocks": d, "width": round(w, 4), "ratio": cand.ratio, "predicted": table.speedup(d, w), "loss": loss},
-            result,
-        )
+        row = {"blocks": d, "width": round(w, 4), "ratio": cand.ratio, "predicted": table.speedup(d, w), "loss": loss}
+        return row | timed(source.model, result.model, workload), result
+
+    for d, w in candidates(table, recipe):
+        row, result = attempt(d, w)
+        yield row | {"corrected": False}, result
+        del result  # the caller holds it if it is the best so far; the correction is pruned without it here
+        fix = None if reaches(row, speedup) else correction(table, recipe, row)
+        if fix is not None:
+            row, result = attempt(d, fix[1])
+            yield row | {"corrected": True, "aim": round(fix[0], 4)}, result
+            del result
 
 
 def prune_to_speed(recipe: Recipe, source: Any, run: Any, prune_fn) -> Any:
     """Run a speed-target recipe (module docstring) on ``source`` (the whole model in memory, as
     ``sequential.MemorySource`` loads it); ``prune_fn`` is :func:`core.prune` for one concrete
-    candidate. Returns the kept candidate's result, the target, the table and every candidate in its
-    metrics."""
+    candidate. Returns the kept prune's result, the target, the table and every prune in its metrics."""
     model = source.model
     check_model_fit(recipe, model.config)  # the submit-time checks, the bound on the speed-up among them
     report = run.report
     report("latency", 0, 1)
     table = measure_table(model, recipe.target.workload)
     report("latency", 1, 1)
+    speedup = recipe.target.speedup
     best, rows = None, []
     for row, result in candidate_results(recipe, source, table, run, prune_fn):
         rows.append(row)
-        if best is None or row["loss"] < best[0]["loss"]:
+        if better(row, best[0] if best else None, speedup):
             best = (row, result)
         del result
     row, result = best
-    times = interleaved_seconds({"dense": model, "pruned": result.model}, recipe.target.workload, rounds=3)
+    for other in rows:
+        other["kept"] = other is row
+    if not reaches(row, speedup):
+        logger.warning(
+            "the %g× %s speed-up was not reached on %s: the fastest of %d prunes realised %.2f×, and it is kept",
+            speedup,
+            recipe.target.workload,
+            table.device,
+            len(rows),
+            row["realised"],
+        )
     result.metrics.update(
-        target_speedup=recipe.target.speedup,
+        target_speedup=speedup,
         target_workload=recipe.target.workload,
+        target_reached=reaches(row, speedup),
+        target_tolerance=TOLERANCE,
         predicted_speedup=round(row["predicted"], 4),
-        **realised(times["dense"], times["pruned"]),
+        **{f"realised_speedup{s}": row[f"realised{s}"] for s in ("", "_low", "_high", "_repeats")},
         target_device=table.device,
         target_candidates=rows,
         latency_table=table.to_dict(),

@@ -1,7 +1,10 @@
 """The speed target: the latency table's arithmetic, the skeletons it times, the candidates it
-prunes, and a run that keeps the candidate with the least held-aside loss."""
+prunes, the correction of one that falls short when timed, and a run that keeps the candidate with the
+least held-aside loss among those whose measured speed-up reaches the target."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
@@ -114,6 +117,84 @@ def test_target_run_keeps_the_candidate_with_the_least_held_aside_loss(tmp_path,
     assert held_loss(result.model, adapter_for(result.model), split_batches(hold, 5)) == pytest.approx(held, rel=1e-5)
     out = result.save(tmp_path / "out")
     assert Recipe.load(out / "recipe.yaml").ratio == kept["ratio"]
+
+
+def _measured_run(tmp_path, corpus, monkeypatch, prunes, candidates=2):
+    """A target run (1.4× on a 6-block model) whose prunes realise and lose what ``prunes`` says, in
+    order: ``[(realised, loss), ...]``. Returns the result and the ``(blocks, width, ratio)`` of every
+    concrete recipe pruned."""
+    path = tiny_decoder(tmp_path / "m", num_hidden_layers=6, intermediate_size=96)
+    table = LatencyTable("decode_b1", 6, [0.0, 0.3, 0.6], [1.0] * 3, [1.0, 0.8, 0.5], "cpu")
+    monkeypatch.setattr(target_mod, "measure_table", lambda model, workload: table)
+    speeds, losses = iter([s for s, _ in prunes]), iter([x for _, x in prunes])
+    monkeypatch.setattr(
+        target_mod, "interleaved_seconds", lambda models, workload, rounds: {"dense": [next(speeds)], "pruned": [1.0]}
+    )
+    monkeypatch.setattr(target_mod, "held_loss", lambda model, adapter, batches: next(losses))
+    concrete, pruned = target_mod.concrete, []
+
+    def recording(recipe, blocks, width, layers):
+        cand = concrete(recipe, blocks, width, layers)
+        pruned.append((blocks, width, cand.ratio))
+        return cand
+
+    monkeypatch.setattr(target_mod, "concrete", recording)
+    target = {"speedup": 1.4, "candidates": candidates}
+    r = recipe_for(path, corpus, ratio=None, target=target, criterion={"name": "magnitude"})
+    return prune(r), pruned, table
+
+
+def test_a_candidate_that_realises_less_than_predicted_is_corrected_once(tmp_path, corpus, monkeypatch):
+    result, pruned, table = _measured_run(tmp_path, corpus, monkeypatch, [(1.2, 1.0), (1.3, 1.1)], candidates=1)
+    (d, w, _), (d2, w2, ratio2) = pruned  # one candidate (width only), then its correction, and no more
+    predicted = table.speedup(d, w)
+    aim = 1.4 * predicted / 1.2  # the table aimed past its own error on this structure
+    assert d2 == d == 0 and w2 == pytest.approx(table.width_for(aim, 0)) and w2 > w
+    assert ratio2 == round(w2, 6)  # width only: the ratio is the width
+    first, second = result.metrics["target_candidates"]
+    assert (first["corrected"], first["realised"], first["predicted"]) == (False, 1.2, predicted)
+    assert (second["corrected"], second["aim"], second["realised"]) == (True, round(aim, 4), 1.3)
+    assert second["predicted"] == pytest.approx(aim, rel=1e-3)
+    # still short, but the only prunes: the faster is kept and the target is marked as missed
+    assert result.metrics["target_reached"] is False and result.metrics["realised_speedup"] == 1.3
+    assert result.recipe.ratio == ratio2 and second["kept"] and not first["kept"]
+
+
+def test_the_kept_candidate_is_chosen_on_measured_speed(tmp_path, corpus, monkeypatch):
+    # width only: least loss but short of 1.4 × 0.98, and its correction too; depth only: 1.38 ≥ 1.372
+    prunes = [(1.3, 1.0), (1.35, 0.9), (1.38, 2.0)]
+    result, pruned, _ = _measured_run(tmp_path, corpus, monkeypatch, prunes)
+    assert len(pruned) == 3  # the depth-only candidate, within the tolerance, is not corrected
+    rows = result.metrics["target_candidates"]
+    assert [(x["corrected"], x["kept"]) for x in rows] == [(False, False), (True, False), (False, True)]
+    assert result.metrics["target_reached"] is True and result.metrics["target_tolerance"] == target_mod.TOLERANCE
+    assert result.metrics["heldout_loss"] == 2.0 and result.metrics["realised_speedup"] == 1.38
+    assert result.model.config.num_hidden_layers == 6 - rows[-1]["blocks"] and rows[-1]["width"] == 0.0
+
+
+def test_no_candidate_reaching_the_target_keeps_the_fastest_and_says_so(tmp_path, corpus, monkeypatch, caplog):
+    prunes = [(1.2, 1.0), (1.3, 0.9), (1.25, 2.0), (1.33, 2.5)]  # both candidates short, corrected and short
+    with caplog.at_level(logging.WARNING, logger=target_mod.__name__):
+        result, pruned, table = _measured_run(tmp_path, corpus, monkeypatch, prunes)
+    rows = result.metrics["target_candidates"]
+    assert [x["corrected"] for x in rows] == [False, True, False, True] and len(pruned) == 4
+    depth_only, fixed = pruned[2], pruned[3]  # the depth-only candidate is corrected with width
+    assert depth_only[1] == 0.0 and fixed[0] == depth_only[0]
+    assert fixed[1] == pytest.approx(table.width_for(1.4 * table.speedup(depth_only[0], 0.0) / 1.25, fixed[0]))
+    assert result.metrics["target_reached"] is False and rows[3]["kept"]
+    assert (result.metrics["realised_speedup"], result.metrics["heldout_loss"]) == (1.33, 2.5)
+    (record,) = [r for r in caplog.records if r.name == target_mod.__name__]
+    assert record.levelno == logging.WARNING and "not reached" in record.getMessage()
+    assert "realised 1.33×" in record.getMessage()
+
+
+def test_a_correction_takes_the_widest_width_or_none(tmp_path, corpus):
+    table = _table()  # 10 blocks; at most 60% of each block's parameters
+    recipe = Recipe.model_validate(recipe_for(tmp_path, corpus, ratio=None, target={"speedup": 1.4}))
+    row = {"blocks": 0, "width": 0.3, "predicted": 1.5, "realised": 1.0}
+    assert target_mod.correction(table, recipe, row) == (pytest.approx(2.1), 0.6)  # beyond the table: its widest
+    assert target_mod.correction(table, recipe, row | {"width": 0.6}) is None  # nothing wider left
+    assert target_mod.correction(table, recipe.model_copy(update={"modules": "blocks"}), row) is None
 
 
 def test_ratio_and_target_are_exclusive(tmp_path, corpus):
