@@ -280,10 +280,16 @@ def product_ratio(name: str = "time.json") -> str | None:
     ratio = row.get("ratio_to_products", row.get("ratio"))
     if ratio is None or not all(k in row for k in ("gemm_gflops", "product_seconds")):
         return None
-    return (
+    text = (
         f"{times(ratio)} the time of its matrix products ({num(row['product_seconds'])} s at the "
         f"{num(row['gemm_gflops'], 0)} GFLOP/s measured in the same run; prune {num(row['prune_seconds'])} s)"
     )
+    if "forward_ratio_to_products" in row:  # the model's own forward on the same CPU, for scale
+        text += (
+            f"; the model's own forward over the same tokens takes {times(row['forward_ratio_to_products'])} "
+            f"its products, and the prune {times(row['prune_over_forward'])} that forward"
+        )
+    return text
 
 
 # ---------------------------------------------------------------- the results index

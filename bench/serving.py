@@ -49,7 +49,11 @@ OUT = ROOT / "docs" / "results" / "serving.md"
 JSON = OUT.with_suffix(".json")
 WORK = CACHE / "serving"
 RATIOS = (0.2, 0.5)
-MODELS = ("dense", *(f"{r:g}" for r in RATIOS))  # keys of the JSON's models
+# the two levers for batch-1 decode at 50% beside the width-only default: 8 of the 30 blocks removed
+# (least-squares stand-in) and the rest of the ratio in width; FFN widths in multiples of 256, so that
+# llama.cpp's quantizer keeps them on Q4_K instead of falling back to Q5_0/Q8_0
+VARIANTS = {"0.5-depth8": {"depth": {"blocks": 8, "reconstruction": "ls"}}, "0.5-r256": {"round_to": {"neurons": 256}}}
+MODELS = ("dense", *(f"{r:g}" for r in RATIOS), *VARIANTS)  # keys of the JSON's models
 QUANTS = ("f16", "q4_k_m")  # measured for speed and on the page's main rows
 DIAGNOSTIC = ("f32",)  # perplexity only: separates the file's conversion from the f16 rounding
 SEQ_LEN, WINDOWS = 512, 20  # the later pages' protocol (bench/unseen.both_texts)
@@ -58,7 +62,15 @@ TARGETS = {"ppl_f16": 0.01, "q4_over_f16": 0.10, "q4_size": 0.3, "decode_speedup
 
 
 def label(model: str) -> str:
-    return "dense" if model == "dense" else f"{float(model):.0%} removed"
+    if model == "dense":
+        return "dense"
+    ratio, _, variant = model.partition("-")
+    how = {"": "", "depth8": ", 8 blocks + width", "r256": ", FFN widths × 256"}[variant]
+    return f"{float(ratio):.0%} removed{how}"
+
+
+def ratio_of(model: str) -> float:
+    return float(model.partition("-")[0])
 
 
 # ---------------------------------------------------------------- checkpoints and files
@@ -72,11 +84,17 @@ def default_recipe(ratio: float) -> dict:
     return recipe("auto", ratio) | {"allocation": "auto", "criterion": {"name": "auto"}}
 
 
+def model_recipe(model: str) -> dict:
+    """The recipe of a pruned model key: the default recipe at its ratio, with its variant's fields."""
+    return default_recipe(ratio_of(model)) | VARIANTS.get(model, {})
+
+
 def checkpoint(model: str, threads: int) -> Path:
     """The model's checkpoint folder: the dense asset, or the pruned one in the cache (pruned once)."""
     if model == "dense":
         return smollm2_dir()
-    out = WORK / f"smollm2-default-{round(float(model) * 100)}"
+    suffix = model.partition("-")[2]
+    out = WORK / (f"smollm2-default-{round(ratio_of(model) * 100)}" + (f"-{suffix}" if suffix else ""))
     if (out / "config.json").is_file() and (out / "prune.json").is_file():
         return out
     import torch
@@ -85,7 +103,7 @@ def checkpoint(model: str, threads: int) -> Path:
 
     torch.set_num_threads(threads)
     print(f"pruning {label(model)} …", flush=True)
-    result = prune(default_recipe(float(model)))
+    result = prune(model_recipe(model))
     tmp = out.with_name(out.name + ".tmp")
     import shutil
 
@@ -97,6 +115,7 @@ def checkpoint(model: str, threads: int) -> Path:
         "params_after": result.params_after,
         "layers": [[len(lp.heads), len(lp.kv_heads), len(lp.neurons)] for lp in result.plan.layers],
         "resolved": {"criterion": result.recipe.criterion.model_dump(), "allocation": result.recipe.allocation},
+        "removed_blocks": result.metrics.get("depth_blocks_removed", []),
     }
     (tmp / "prune.json").write_text(json.dumps(info, indent=2))
     shutil.rmtree(out, ignore_errors=True)
@@ -295,7 +314,7 @@ def summary(data: dict) -> dict:
     """The targets' numbers (also written into the JSON)."""
     m = data["quality"]["models"]
     out = {
-        "ppl_f16_rel_diff": {k: m[k]["gguf"]["f16"]["perplexity"] / m[k]["ours"] - 1 for k in MODELS},
+        "ppl_f16_rel_diff": {k: m[k]["gguf"]["f16"]["perplexity"] / m[k]["ours"] - 1 for k in MODELS if k in m},
         "q4_over_f16_50": m["0.5"]["gguf"]["q4_k_m"]["perplexity"] / m["0.5"]["gguf"]["f16"]["perplexity"] - 1,
         "q4_size_50_over_dense_f16": m["0.5"]["gguf"]["q4_k_m"]["mib"] / m["dense"]["gguf"]["f16"]["mib"],
         "bytes_ratio": {
@@ -304,14 +323,34 @@ def summary(data: dict) -> dict:
     }
     if data.get("speed"):
         out["decode_speedup_50"] = {q: speedup(data, "0.5", q, "decode_tok_s")[0] for q in QUANTS}
+        out["decode_speedup_levers"] = {  # the 50% variants, where this run measured them
+            k: {q: speedup(data, k, q, "decode_tok_s")[0] for q in QUANTS} for k in VARIANTS if measured(data, k)
+        }
         out["decode_fit"] = {q: decode_fit(data, q) for q in QUANTS}
     return out
 
 
+def measured(data: dict, model: str) -> bool:
+    """Whether the page's data holds ``model`` (a page written before the 50% variants has not)."""
+    return model in data["quality"]["models"] and all(
+        f"{model}|{q}" in r["cells"] for r in data.get("speed", {}).get("rounds", []) for q in QUANTS
+    )
+
+
+def _span(blocks: list[int]) -> str:
+    return f"{blocks[0]}–{blocks[-1]}"
+
+
+def width_models(data: dict) -> list[str]:
+    """The measured models that keep all 30 blocks (the decode fit's points)."""
+    return [k for k in MODELS if "depth" not in k and measured(data, k)]
+
+
 def decode_fit(data: dict, quant: str) -> dict:
-    """Least squares of the models' median ms per decoded token against their weight MiB."""
-    xs = [data["quality"]["models"][k]["gguf"][quant]["tensor_bytes"] / 2**20 for k in MODELS]
-    ys = [1000 / statistics.median(speeds(data, k, quant, "decode_tok_s")) for k in MODELS]
+    """Least squares of the 30-block models' median ms per decoded token against their weight MiB."""
+    keys = width_models(data)
+    xs = [data["quality"]["models"][k]["gguf"][quant]["tensor_bytes"] / 2**20 for k in keys]
+    ys = [1000 / statistics.median(speeds(data, k, quant, "decode_tok_s")) for k in keys]
     slope, fixed = statistics.linear_regression(xs, ys)
     return {"fixed_ms": fixed, "ms_per_mib": slope}
 
@@ -325,6 +364,7 @@ def write(data: dict) -> None:
     m, mq = q["models"], q["machine"]
     data["summary"] = summary(data)
     sm = data["summary"]
+    models = [k for k in MODELS if measured(data, k)]
     lines = [
         "# Serving the pruned model in stock llama.cpp: GGUF export (SmolLM2-135M)",
         "",
@@ -347,7 +387,7 @@ def write(data: dict) -> None:
         "| llama.cpp q4_k_m | q4_k_m vs f16 |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for k in MODELS:
+    for k in models:
         r, g = m[k], m[k]["gguf"]
         lines.append(
             f"| {label(k)} | {r['achieved_ratio']:.2%} | `{g['f16']['arch']}` | {r['ours']:.3f} "
@@ -356,7 +396,11 @@ def write(data: dict) -> None:
         )
     lines += ["", "Kept query heads / key-value heads / FFN width per layer (dense: 9/3/1536):", ""]
     lines += [
-        f"- {label(k)}: " + " ".join(f"{h}/{kv}/{n}" for h, kv, n in m[k]["layers"]) for k in MODELS if k != "dense"
+        f"- {label(k)}: "
+        + (f"blocks {_span(m[k]['removed_blocks'])} removed; " if m[k].get("removed_blocks") else "")
+        + " ".join(f"{h}/{kv}/{n}" for h, kv, n in m[k]["layers"])
+        for k in models
+        if k != "dense"
     ]
     lines += [
         "",
@@ -370,7 +414,7 @@ def write(data: dict) -> None:
         "token | × dense | embedding/head in q4_k_m |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for k in MODELS:
+    for k in models:
         g, d = m[k]["gguf"], m["dense"]["gguf"]
         lines.append(
             f"| {label(k)} | {g['f16']['mib']:.1f} | {g['q4_k_m']['mib']:.1f} | {g['f32']['mib']:.1f} "
@@ -390,7 +434,7 @@ def write(data: dict) -> None:
                 f"{t} {b / 2**20:.1f} MiB"
                 for t, b in sorted(m[k]["gguf"]["q4_k_m"]["block_matrix_types"].items(), key=lambda x: -x[1])
             )
-            for k in MODELS
+            for k in models
         )
         + ".",
     ]
@@ -405,7 +449,8 @@ def write(data: dict) -> None:
             f"{ms['llama_cpp_python']}, {ms['threads']} threads. Batch-1 greedy decode: a {st['decode_prompt']}-token "
             f"prompt, then {st['decode_tokens']} tokens; prefill: a {st['prefill_prompt']}-token prompt. Each cell is "
             f"a fresh llama.cpp process: {st['warmup']} warm-up pass, then the median of {st['inner']}. The models "
-            "run interleaved within each round (dense, 20%, 50%; f16, then q4_k_m); the table gives the median over "
+            "run interleaved within each round (in the table's order; f16, then q4_k_m); the table gives the median "
+            "over "
             f"{st['rounds']} rounds and, in brackets, the spread (min–max). × dense: median over median, then the "
             f"range of the per-round ratios. 1-minute load average after each round: {min(loads):.1f}–{max(loads):.1f} "
             f"(this benchmark's own {ms['threads']} threads count {ms['threads']}).",
@@ -414,7 +459,7 @@ def write(data: dict) -> None:
             "|---|---|---|---|---|---|---|",
         ]
         for quant in QUANTS:
-            for k in MODELS:
+            for k in models:
                 g = m[k]["gguf"][quant]
                 bytes_x = m["dense"]["gguf"][quant]["tensor_bytes"] / g["tensor_bytes"]
                 cols = []
@@ -428,7 +473,7 @@ def write(data: dict) -> None:
         fits = sm["decode_fit"]
         lines += [
             "",
-            "Why the decode speed-up stays below the bytes ratio: a line through the three models' median time "
+            "Why the decode speed-up stays below the bytes ratio: a line through the 30-block models' median time "
             "per decoded token against their weight bytes gives "
             + "; ".join(f"{q} {fits[q]['fixed_ms']:.1f} ms + {fits[q]['ms_per_mib']:.4f} ms per MiB" for q in QUANTS)
             + ". The fixed part is per-token work that removing units does not shorten (all 30 layers stay, "
@@ -464,7 +509,7 @@ def targets(data: dict) -> list[str]:
     worst = max(abs(x) for x in diffs.values())
     out = [
         f"- llama.cpp's perplexity at f16 within {TARGETS['ppl_f16']:.0%} of ours: {met(worst <= TARGETS['ppl_f16'])} "
-        f"(dense / 20% / 50%: " + " / ".join(f"{diffs[k]:+.3%}" for k in MODELS) + ").",
+        "(" + "; ".join(f"{label(k)} {x:+.3%}" for k, x in diffs.items()) + ").",
         f"- the 50% model's q4_k_m perplexity within {TARGETS['q4_over_f16']:.0%} of its f16: "
         f"{met(abs(sm['q4_over_f16_50']) <= TARGETS['q4_over_f16'])} "
         f"({m['0.5']['gguf']['q4_k_m']['perplexity']:.2f} vs {m['0.5']['gguf']['f16']['perplexity']:.2f}, "
@@ -481,6 +526,13 @@ def targets(data: dict) -> list[str]:
                 f"- the 50% model's decode ≥ {TARGETS['decode_speedup']}× the dense one's at {q}: "
                 f"{met(x >= TARGETS['decode_speedup'])} ({x:.2f}×; its weight bytes per token allow "
                 f"{sm['bytes_ratio'][q]:.2f}×)."
+            )
+        for k, by_quant in sm.get("decode_speedup_levers", {}).items():  # what the two levers give at 50%
+            x, ppl = by_quant["q4_k_m"], m[k]["gguf"]["q4_k_m"]["perplexity"]
+            out.append(
+                f"  - {label(k)}: {met(x >= TARGETS['decode_speedup'])} at q4_k_m ({x:.2f}×, f16 "
+                f"{by_quant['f16']:.2f}×), at a q4_k_m perplexity of {ppl:.1f} against the width-only "
+                f"{m['0.5']['gguf']['q4_k_m']['perplexity']:.1f}."
             )
     else:
         out.append("- decode speed-ups: not measured in this run (`python bench/serving.py --only-speed`).")

@@ -229,6 +229,7 @@ def _products(recipe: dict[str, Any], wall: float) -> dict[str, Any]:
 
     rate = gemm_rate(cpu_matmul.linear if cpu_matmul.backend() == "onednn" else F.linear)
     model, tok, _ = load_model(recipe["model"], "float32", "cpu")
+    forward = _forward(model, recipe, rate)  # on the dense copy, before it is pruned
     with ProductCounter() as counter:
         pipeline.prune(recipe, model=model, tokenizer=tok)
     seconds = 2 * counter.macs / (rate * 1e9)
@@ -238,6 +239,40 @@ def _products(recipe: dict[str, Any], wall: float) -> dict[str, Any]:
         "product_tflop_by_op": {op: 2 * m / 1e12 for op, m in counter.by_op.items()},
         "product_seconds": seconds,  # the products alone, each at the measured rate
         "ratio_to_products": wall / seconds,
+        **forward,
+        "prune_over_forward": wall / forward["forward_seconds"],
+    }
+
+
+def _forward(model, recipe: dict[str, Any], rate: float) -> dict[str, Any]:
+    """The model's own forward pass (``transformers``' code, no engine) over as many windows as the
+    prune's calibration set, in its batches: timed once after a one-batch warm-up, and its products
+    counted on a second pass. Its time over its products' is what this CPU gives the model's own
+    mixture of products and memory-bound work (norms, rotary, activations, attention); a prune
+    cannot do better than one such pass."""
+    import torch
+
+    from bench.flops import ProductCounter
+
+    cal = recipe["calibration"]
+    n, size, seq = cal["num_calibration_samples"], cal["batch_size"], cal["max_seq_length"]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (n, seq), generator=g)
+    body = model.get_decoder()
+    with torch.inference_mode():
+        body(ids[:size], use_cache=False)
+        t0 = time.perf_counter()
+        for i in range(0, n, size):
+            body(ids[i : i + size], use_cache=False)
+        seconds = time.perf_counter() - t0
+        with ProductCounter() as counter:
+            for i in range(0, n, size):
+                body(ids[i : i + size], use_cache=False)
+    product_seconds = 2 * counter.macs / (rate * 1e9)
+    return {
+        "forward_seconds": seconds,
+        "forward_product_seconds": product_seconds,
+        "forward_ratio_to_products": seconds / product_seconds,
     }
 
 
@@ -279,9 +314,13 @@ def _library(rows: list[dict[str, Any]]) -> str:
 
 def _products_cells(r: dict[str, Any]) -> str:
     if "gemm_gflops" not in r:  # measured before the products were counted
-        return "– | – | – | –"
+        return "– | – | – | – | – | – | –"
     cells = [f"{r['gemm_gflops']:.0f}", f"{r['product_tflop']:.2f}", f"{r['product_seconds']:.1f}"]
-    return " | ".join([*cells, f"{r['ratio_to_products']:.2f}"])
+    cells.append(f"{r['ratio_to_products']:.2f}")
+    if "forward_seconds" not in r:  # measured before the model's own forward was
+        return " | ".join([*cells, "–", "–", "–"])
+    forward = [f"{r['forward_seconds']:.1f}", f"{r['forward_ratio_to_products']:.2f}", f"{r['prune_over_forward']:.2f}"]
+    return " | ".join(cells + forward)
 
 
 def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[str, Any], date: str = "") -> Path:
@@ -321,10 +360,15 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
         "  in the same process after the prune; `products`: the run's matrix products (TFLOP, counted on a second,",
         "  untimed prune: `bench/flops.py`), and the seconds they need at that rate; `prune / products`: how far",
         "  the prune is from a run that does nothing but its products at the rate of a large square one.",
+        "- `forward`: the model's own `transformers` forward over as many windows, in the same batches, timed in",
+        "  the same process; `forward / products`: its time over its own products' at the same rate — what this",
+        "  CPU gives the model's mix of products and memory-bound work (norms, rotary, activations, attention),",
+        "  which no prune, being at least one such pass, can beat; `prune / forward`: the prune in those passes.",
         "",
         "| samples | tokens | prune s | × 128 | per-layer s | solves s | peak RSS MB | page faults | load "
-        "| GEMM GFLOP/s | products TFLOP | products s | prune / products |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| GEMM GFLOP/s | products TFLOP | products s | prune / products | forward s | forward / products "
+        "| prune / forward |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         rel = f"{r['prune_seconds'] / base['prune_seconds']:.2f}" if base else "–"
