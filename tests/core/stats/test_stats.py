@@ -75,3 +75,33 @@ def test_buffered_products_equal_two_pass_across_flushes(monkeypatch):
     torch.testing.assert_close(stats.gram, real.T @ real, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(stats.mean, real.mean(0), rtol=1e-12, atol=1e-12)
     assert stats.count == len(real)
+
+
+@pytest.mark.parametrize("backend", ["blas", "onednn"])
+def test_float32_gram_across_folds_equals_float64_two_pass(monkeypatch, backend):
+    """CPU float32 products through the BLAS accumulate in float32 block rows (``addmm_``) folded into
+    the float64 totals every FOLD_TOKENS tokens; through oneDNN each flush's product is added at once.
+    Either way, with flushes, folds and reads mid-stream in any order, G equals float64 XᵀX on the raw
+    inputs to float32 rounding, exactly symmetric, and a read releases the float32 rows."""
+    import core.stats.accumulate as acc
+    from core.kernels import cpu_matmul
+
+    monkeypatch.setattr(acc, "FLUSH_TOKENS_CPU", 16)
+    monkeypatch.setattr(acc, "FOLD_TOKENS", 40)
+    monkeypatch.setattr(acc, "MIN_BLOCK", 8)
+    monkeypatch.setattr(cpu_matmul, "takes", lambda x, dtype=torch.float32: backend == "onednn")
+    gen = torch.Generator().manual_seed(3)
+    batches = [torch.randn(int(n), 30, generator=gen) + 0.3 for n in (7, 16, 25, 3, 40, 11)]
+    stats = InputStats(30, dtype=torch.float32)
+    for i, x in enumerate(batches):
+        stats.add_batch(x)
+        if backend == "onednn":
+            assert stats._acc is None and stats._acc_tokens == 0
+        if i in (2, 4):  # reads mid-stream: folded, mirrored, the float32 rows released
+            seen = torch.cat(batches[: i + 1]).double()
+            torch.testing.assert_close(stats.gram, seen.T @ seen, rtol=1e-5, atol=1e-4)
+            assert stats._acc is None and torch.equal(stats.gram, stats.gram.T)
+    real = torch.cat(batches).double()
+    torch.testing.assert_close(stats.gram, real.T @ real, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(stats.sum, real.sum(0), rtol=1e-5, atol=1e-4)
+    assert stats.count == len(real)
