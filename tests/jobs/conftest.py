@@ -86,11 +86,12 @@ class Stack:
 
         return JobService(self.settings())
 
-    def start_worker(self) -> subprocess.Popen:
+    def start_worker(self, **env: str) -> subprocess.Popen:
+        """A ``liar worker`` with ``env`` added to the stack's (e.g. ``LIAR_STAGE_PAUSE``)."""
         log = open(self.data_dir / f"worker-{len(self.workers)}.log", "w")
         proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "worker", "--loglevel", "INFO"],
-            env=self.env,
+            env={**self.env, **env},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -151,7 +152,10 @@ def wait_for(predicate, timeout: float = 120.0, every: float = 0.3, what: str = 
 def job_models(tmp_path_factory):
     base = tmp_path_factory.mktemp("job_models")
     quick = tiny_decoder(base / "quick")
-    # slow enough that a job is still running a few seconds after it starts
+    # the quick model's shape with more layers: a job stopped a layer or two after its cancel has not
+    # run to its end (the tests that stop a job pause each of its layers: LIAR_STAGE_PAUSE)
+    deep = tiny_decoder(base / "deep", num_hidden_layers=8)
+    # big enough that its estimated memory exceeds a small queue's (test_routing)
     slow = tiny_decoder(
         base / "slow",
         hidden_size=256,
@@ -162,7 +166,7 @@ def job_models(tmp_path_factory):
     )
     calib = base / "calib.txt"
     calib.write_text("\n\n".join(tiny_corpus(80)))
-    return {"quick": quick, "slow": slow, "calib": calib}
+    return {"quick": quick, "deep": deep, "slow": slow, "calib": calib}
 
 
 def recipe(job_models, which="quick", **kw):

@@ -78,16 +78,19 @@ def test_invalid_recipe_is_rejected_and_creates_no_job(stack, job_models):
 
 def test_cancel_running_job_stops_within_a_layer(stack, job_models):
     service = stack.service()
-    stack.start_worker()
-    job_id = service.submit(recipe(job_models, "slow"))
+    # each of the 8 layers waits 1 s as it begins (LIAR_STAGE_PAUSE): the job runs on long enough to be
+    # cancelled in a layer on a machine of any speed, without a model big enough to take that long
+    stack.start_worker(LIAR_STAGE_PAUSE="reconstruct=1")
+    job_id = service.submit(recipe(job_models, "deep"))
     running = wait_for(
         lambda: (i := service.show(job_id))["status"] == "RUNNING" and (i["layer"] or 0) >= 1 and i,
-        what="the slow job to reach layer 1",
+        what="the job to reach layer 1",
     )
     assert service.cancel(job_id) == "RUNNING"
     info = wait_for(lambda: (i := service.show(job_id))["status"] != "RUNNING" and i, timeout=60, what="cancel")
     assert info["status"] == "CANCELLED"
     assert info["layer"] <= running["layer"] + 2  # stopped at the next layer boundary or the one after
+    assert info["layer"] < info["n_layers"] == 8  # so before its last layer
     assert info["artifacts"] == []
     assert not (stack.data_dir / "artifacts" / f"job-{job_id}").exists()
 
@@ -104,11 +107,13 @@ def test_cancel_queued_job(stack, job_models):
 
 def test_killed_worker_job_is_requeued_and_finishes(stack, job_models):
     service = stack.service()
-    worker = stack.start_worker()
-    job_id = service.submit(recipe(job_models, "slow"))
+    # the first worker waits 3 s as each layer begins (LIAR_STAGE_PAUSE): it is killed inside layer 1
+    # on a machine of any speed; the second, which reruns the job, does not wait
+    worker = stack.start_worker(LIAR_STAGE_PAUSE="reconstruct=3")
+    job_id = service.submit(recipe(job_models))
     wait_for(
         lambda: (i := service.show(job_id))["status"] == "RUNNING" and (i["layer"] or 0) >= 1,
-        what="the slow job to start",
+        what="the job to reach layer 1",
     )
     stack.kill_worker(worker)  # SIGKILL the whole worker: parent and child
     # after the lease (3 s) the job is no longer RUNNING: re-queued (attempt 1 of 2)
