@@ -11,6 +11,8 @@ An engine missing here fails the test: it is never skipped.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, suppress
 
 import pytest
 import torch
@@ -73,10 +75,22 @@ def _reference(checkpoint) -> list[tuple[list[int], list[float], float]]:
 
 
 def _serve_and_compare(ckpt, form, tmp_path) -> None:
-    refs = _reference(ckpt)
-    # well posed: no step near a tie (float32 rounding moves these logits by ~1e-5)
-    assert min(gap for _, _, gap in refs) > 2e-3
-    with VllmServer(form, *SERVE, log=tmp_path / "vllm.log") as server:
+    """transformers' reference is computed while `vllm serve` starts (its start-up, ~20 s, is mostly
+    imports and waits in other processes), then vLLM's completions are compared with it."""
+    server = VllmServer(form, *SERVE, log=tmp_path / "vllm.log")
+    with ThreadPoolExecutor(1) as pool, ExitStack() as stack:
+        starting = pool.submit(server.__enter__)
+
+        def stop() -> None:  # once it has started or failed to (never left running past the test)
+            with suppress(Exception):
+                starting.result()
+            server.__exit__(None, None, None)
+
+        stack.callback(stop)
+        refs = _reference(ckpt)
+        # well posed: no step near a tie (float32 rounding moves these logits by ~1e-5)
+        assert min(gap for _, _, gap in refs) > 2e-3
+        starting.result()
         for prompt, (tokens, logps, _) in zip(PROMPTS, refs):
             choice = server.complete(prompt, NEW_TOKENS)
             got = [int(t.split(":")[1]) for t in choice["logprobs"]["tokens"]]
