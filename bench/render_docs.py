@@ -434,6 +434,18 @@ def serving_decode_speedup() -> str | None:
     return " / ".join(f"{times(got[q])} (bytes allow {times(allow[q])})" for q in ("q4_k_m", "f16"))
 
 
+def serving_levers() -> str | None:
+    """The 50% variants' llama.cpp q4_k_m decode over dense, with their q4_k_m perplexity beside the
+    width-only default's (``bench/serving.py``'s two levers), where the run measured them."""
+    d = data("serving.json")
+    levers, models = d["summary"].get("decode_speedup_levers"), d["quality"]["models"]
+    if not levers:
+        return None
+    ppl = {k: models[k]["gguf"]["q4_k_m"]["perplexity"] for k in ("0.5", *levers)}
+    cells = [f"{times(levers[k]['q4_k_m'])} at perplexity {num(ppl[k], 1)}" for k in levers]
+    return " / ".join(cells) + f" (width only: {num(ppl['0.5'], 1)})"
+
+
 def serving_ppl_diff() -> str:
     """llama.cpp's perplexity at f16 against ours on the same windows, dense / 20% / 50%."""
     diffs = data("serving.json")["summary"]["ppl_f16_rel_diff"]
@@ -677,6 +689,10 @@ PAGES: dict[str, Page] = {
         (
             _c("GGUF in llama.cpp, 50% removed: batch-1 decode over dense at q4_k_m / f16", serving_decode_speedup),
             _c("GGUF f16 in llama.cpp: perplexity against ours, dense / 20% / 50%", serving_ppl_diff),
+            _c(
+                "GGUF q4_k_m in llama.cpp at 50%: decode over dense with 8 blocks + width / FFN widths × 256",
+                serving_levers,
+            ),
         ),
         data=("serving.json",),
     ),

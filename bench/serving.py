@@ -175,6 +175,16 @@ def llama_cpp_version() -> str:
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
 
 
+def priority() -> str:
+    """This process's scheduling (its llama.cpp processes inherit it): ``chrt -f 10 python bench/...``
+    gives the timings the CPU ahead of other work on a shared machine."""
+    policy = os.sched_getscheduler(0)
+    if policy in (os.SCHED_FIFO, os.SCHED_RR):
+        name = "SCHED_FIFO" if policy == os.SCHED_FIFO else "SCHED_RR"
+        return f"real-time ({name} {os.sched_getparam(0).sched_priority})"
+    return "normal"
+
+
 def machine(threads: int) -> dict:
     from bench.speed import machine as torch_machine
 
@@ -293,6 +303,7 @@ def speed(args) -> dict:
             "prefill_prompt": PREFILL_PROMPT,
         },
         "rounds": rounds,
+        "priority": priority(),
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
@@ -445,7 +456,14 @@ def write(data: dict) -> None:
             "",
             "## Speed in llama.cpp",
             "",
-            f"Measured {s['date']} on {ms['cpu']}, {ms['cores']} cores **shared with other work**, llama-cpp-python "
+            f"Measured {s['date']} on {ms['cpu']}, {ms['cores']} cores **shared with other work**"
+            + (
+                f", this benchmark at {s['priority']} priority (the other work got at most the kernel's 5% "
+                "real-time reserve; the load average below counts it waiting)"
+                if s.get("priority", "normal") != "normal"
+                else ""
+            )
+            + ", llama-cpp-python "
             f"{ms['llama_cpp_python']}, {ms['threads']} threads. Batch-1 greedy decode: a {st['decode_prompt']}-token "
             f"prompt, then {st['decode_tokens']} tokens; prefill: a {st['prefill_prompt']}-token prompt. Each cell is "
             f"a fresh llama.cpp process: {st['warmup']} warm-up pass, then the median of {st['inner']}. The models "
