@@ -1,7 +1,7 @@
 """What a run's matrix products cost, and what they should take on this CPU.
 
 :class:`ProductCounter` counts the multiply-adds of every matrix product torch dispatches while it is
-active (``mm``, ``addmm``, ``bmm``, ``baddbmm``, oneDNN's linear, and the CPU's fused attention), by
+active (``mm``, ``addmm`` and ``addmm_``, ``bmm``, ``baddbmm``, oneDNN's linear, and the CPU's fused attention), by
 operator; :func:`gemm_rate` times a square float32 product through the same route the engine uses for
 its projections (oneDNN or the BLAS, whichever this process chose). A prune's time set against
 ``2 · multiply-adds / rate`` says how far the engine is from the machine: 1.0 would be a run that
@@ -29,7 +29,7 @@ def _macs(func, args) -> int:
     if packet is aten.mm:
         (m, k), (_, n) = args[0].shape, args[1].shape
         return m * k * n
-    if packet is aten.addmm:
+    if packet in (aten.addmm, aten.addmm_):  # addmm_: a product accumulated in place (core/stats)
         (m, k), (_, n) = args[1].shape, args[2].shape
         return m * k * n
     if packet is aten.bmm:
