@@ -78,9 +78,9 @@ def test_invalid_recipe_is_rejected_and_creates_no_job(stack, job_models):
 
 def test_cancel_running_job_stops_within_a_layer(stack, job_models):
     service = stack.service()
-    # each of the 8 layers waits 1 s as it begins (LIAR_STAGE_PAUSE): the job runs on long enough to be
+    # each of the 8 layers waits 2 s as it begins (LIAR_STAGE_PAUSE): the job runs on long enough to be
     # cancelled in a layer on a machine of any speed, without a model big enough to take that long
-    stack.start_worker(LIAR_STAGE_PAUSE="reconstruct=1")
+    stack.start_worker(LIAR_STAGE_PAUSE="reconstruct=2")
     job_id = service.submit(recipe(job_models, "deep"))
     running = wait_for(
         lambda: (i := service.show(job_id))["status"] == "RUNNING" and (i["layer"] or 0) >= 1 and i,
