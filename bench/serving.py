@@ -52,7 +52,10 @@ RATIOS = (0.2, 0.5)
 # the two levers for batch-1 decode at 50% beside the width-only default: 8 of the 30 blocks removed
 # (least-squares stand-in) and the rest of the ratio in width; FFN widths in multiples of 256, so that
 # llama.cpp's quantizer keeps them on Q4_K instead of falling back to Q5_0/Q8_0
-VARIANTS = {"0.5-depth8": {"depth": {"blocks": 8, "reconstruction": "ls"}}, "0.5-r256": {"round_to": {"neurons": 256}}}
+VARIANTS = {  # key: (what the page's label adds, the recipe's fields over the default's)
+    "0.5-depth8": (", 8 blocks + width", {"depth": {"blocks": 8, "reconstruction": "ls"}}),
+    "0.5-r256": (", FFN widths × 256", {"round_to": {"neurons": 256}}),
+}
 MODELS = ("dense", *(f"{r:g}" for r in RATIOS), *VARIANTS)  # keys of the JSON's models
 QUANTS = ("f16", "q4_k_m")  # measured for speed and on the page's main rows
 DIAGNOSTIC = ("f32",)  # perplexity only: separates the file's conversion from the f16 rounding
@@ -64,9 +67,8 @@ TARGETS = {"ppl_f16": 0.01, "q4_over_f16": 0.10, "q4_size": 0.3, "decode_speedup
 def label(model: str) -> str:
     if model == "dense":
         return "dense"
-    ratio, _, variant = model.partition("-")
-    how = {"": "", "depth8": ", 8 blocks + width", "r256": ", FFN widths × 256"}[variant]
-    return f"{float(ratio):.0%} removed{how}"
+    how = VARIANTS[model][0] if model in VARIANTS else ""
+    return f"{ratio_of(model):.0%} removed{how}"
 
 
 def ratio_of(model: str) -> float:
@@ -86,7 +88,7 @@ def default_recipe(ratio: float) -> dict:
 
 def model_recipe(model: str) -> dict:
     """The recipe of a pruned model key: the default recipe at its ratio, with its variant's fields."""
-    return default_recipe(ratio_of(model)) | VARIANTS.get(model, {})
+    return default_recipe(ratio_of(model)) | model_fields(model)
 
 
 def checkpoint(model: str, threads: int) -> Path:
@@ -354,7 +356,12 @@ def _span(blocks: list[int]) -> str:
 
 def width_models(data: dict) -> list[str]:
     """The measured models that keep all 30 blocks (the decode fit's points)."""
-    return [k for k in MODELS if "depth" not in k and measured(data, k)]
+    return [k for k in MODELS if "depth" not in model_fields(k) and measured(data, k)]
+
+
+def model_fields(model: str) -> dict:
+    """The recipe fields a model key's variant sets (none for dense and the default's ratios)."""
+    return VARIANTS[model][1] if model in VARIANTS else {}
 
 
 def decode_fit(data: dict, quant: str) -> dict:

@@ -119,6 +119,7 @@ class InputStats:
         self._gram = torch.zeros(c_in, c_in, dtype=torch.float64, device=device)  # upper blocks are current
         self._mirrored = True  # whether the lower triangle matches the upper one
         self._edges = _edges(c_in)
+        self._rows = list(zip(self._edges[:-1], self._edges[1:]))  # the upper triangle's block rows
         self._sum = torch.zeros(c_in, dtype=torch.float64, device=device)
         self._buffer: list[torch.Tensor] = []
         self._buffered = 0  # tokens in the buffer
@@ -144,10 +145,9 @@ class InputStats:
     def _accumulate(self, x: torch.Tensor) -> None:
         """``x``'s upper block products added into the float32 block rows by the GEMM; folded into the
         float64 Gram every ``FOLD_TOKENS`` tokens (module docstring)."""
-        rows = list(zip(self._edges[:-1], self._edges[1:]))
         if self._acc is None:
-            self._acc = [torch.zeros(b - a, self.c_in - a, dtype=x.dtype) for a, b in rows]
-        for (a, b), acc in zip(rows, self._acc):
+            self._acc = [torch.zeros(b - a, self.c_in - a, dtype=x.dtype) for a, b in self._rows]
+        for (a, b), acc in zip(self._rows, self._acc):
             acc.addmm_(x[:, a:b].T, x[:, a:])
         self._acc_tokens += x.shape[0]
         if self._acc_tokens >= FOLD_TOKENS:
@@ -156,7 +156,7 @@ class InputStats:
     def _fold(self) -> None:
         if self._acc is None or not self._acc_tokens:
             return
-        for (a, b), acc in zip(zip(self._edges[:-1], self._edges[1:]), self._acc):
+        for (a, b), acc in zip(self._rows, self._acc):
             self._gram[a:b, a:] += acc
             acc.zero_()
         self._acc_tokens = 0
