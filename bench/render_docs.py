@@ -289,6 +289,11 @@ def product_ratio(name: str = "time.json") -> str | None:
             f"; the model's own forward over the same tokens takes {times(row['forward_ratio_to_products'])} "
             f"its products, and the prune {times(row['prune_over_forward'])} that forward"
         )
+    if "ratio_to_own_products" in row:  # the products timed at their own shapes on the same CPU
+        text += (
+            f"; timed at their own shapes the products take {num(row['own_product_seconds'])} s, the prune "
+            f"{times(row['ratio_to_own_products'])} that and the forward {times(row['forward_ratio_to_own_products'])}"
+        )
     return text
 
 

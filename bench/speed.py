@@ -230,15 +230,19 @@ def _products(recipe: dict[str, Any], wall: float) -> dict[str, Any]:
     rate = gemm_rate(cpu_matmul.linear if cpu_matmul.backend() == "onednn" else F.linear)
     model, tok, _ = load_model(recipe["model"], "float32", "cpu")
     forward = _forward(model, recipe, rate)  # on the dense copy, before it is pruned
-    with ProductCounter() as counter:
+    with ProductCounter(shapes=True) as counter:
         pipeline.prune(recipe, model=model, tokenizer=tok)
     seconds = 2 * counter.macs / (rate * 1e9)
+    own, distinct = counter.replayed_seconds()
     return {
         "gemm_gflops": rate,
         "product_tflop": 2 * counter.macs / 1e12,
         "product_tflop_by_op": {op: 2 * m / 1e12 for op, m in counter.by_op.items()},
         "product_seconds": seconds,  # the products alone, each at the measured rate
         "ratio_to_products": wall / seconds,
+        "own_product_seconds": own,  # the products alone, each timed at its own shape (bench/flops.py)
+        "distinct_products": distinct,
+        "ratio_to_own_products": wall / own,
         **forward,
         "prune_over_forward": wall / forward["forward_seconds"],
     }
@@ -265,14 +269,17 @@ def _forward(model, recipe: dict[str, Any], rate: float) -> dict[str, Any]:
         for i in range(0, n, size):
             body(ids[i : i + size], use_cache=False)
         seconds = time.perf_counter() - t0
-        with ProductCounter() as counter:
+        with ProductCounter(shapes=True) as counter:
             for i in range(0, n, size):
                 body(ids[i : i + size], use_cache=False)
     product_seconds = 2 * counter.macs / (rate * 1e9)
+    own, _ = counter.replayed_seconds()
     return {
         "forward_seconds": seconds,
         "forward_product_seconds": product_seconds,
         "forward_ratio_to_products": seconds / product_seconds,
+        "forward_own_product_seconds": own,
+        "forward_ratio_to_own_products": seconds / own,
     }
 
 
@@ -313,14 +320,28 @@ def _library(rows: list[dict[str, Any]]) -> str:
 
 
 def _products_cells(r: dict[str, Any]) -> str:
-    if "gemm_gflops" not in r:  # measured before the products were counted
-        return "– | – | – | – | – | – | –"
-    cells = [f"{r['gemm_gflops']:.0f}", f"{r['product_tflop']:.2f}", f"{r['product_seconds']:.1f}"]
-    cells.append(f"{r['ratio_to_products']:.2f}")
-    if "forward_seconds" not in r:  # measured before the model's own forward was
-        return " | ".join([*cells, "–", "–", "–"])
-    forward = [f"{r['forward_seconds']:.1f}", f"{r['forward_ratio_to_products']:.2f}", f"{r['prune_over_forward']:.2f}"]
-    return " | ".join(cells + forward)
+    """The row's cells from ``GEMM`` on; columns measured only by later versions of the bench show –."""
+    cells = ["–"] * 10
+    if "gemm_gflops" in r:  # measured before the products were counted otherwise
+        cells[:4] = [
+            f"{r['gemm_gflops']:.0f}",
+            f"{r['product_tflop']:.2f}",
+            f"{r['product_seconds']:.1f}",
+            f"{r['ratio_to_products']:.2f}",
+        ]
+    if "forward_seconds" in r:
+        cells[4:7] = [
+            f"{r['forward_seconds']:.1f}",
+            f"{r['forward_ratio_to_products']:.2f}",
+            f"{r['prune_over_forward']:.2f}",
+        ]
+    if "own_product_seconds" in r:
+        cells[7:] = [
+            f"{r['own_product_seconds']:.1f}",
+            f"{r['ratio_to_own_products']:.2f}",
+            f"{r['forward_ratio_to_own_products']:.2f}",
+        ]
+    return " | ".join(cells)
 
 
 def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[str, Any], date: str = "") -> Path:
@@ -364,11 +385,15 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
         "  the same process; `forward / products`: its time over its own products' at the same rate — what this",
         "  CPU gives the model's mix of products and memory-bound work (norms, rotary, activations, attention),",
         "  which no prune, being at least one such pass, can beat; `prune / forward`: the prune in those passes.",
+        "- `own shapes`: the same products each timed alone at its own shapes, strides and dtype on random",
+        "  operands (every distinct product, the best of 3 after a warm-up, times how often the run made it), in",
+        "  the same process: what the products need on this CPU, where a product with a short side (576 channels,",
+        "  128-token attention) runs below the square product's rate; `prune / own` and `forward / own` likewise.",
         "",
         "| samples | tokens | prune s | × 128 | per-layer s | solves s | peak RSS MB | page faults | load "
         "| GEMM GFLOP/s | products TFLOP | products s | prune / products | forward s | forward / products "
-        "| prune / forward |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| prune / forward | own shapes s | prune / own | forward / own |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         rel = f"{r['prune_seconds'] / base['prune_seconds']:.2f}" if base else "–"

@@ -68,13 +68,12 @@ def run(args) -> dict:
         "targets": [],
     }
     js = OUT.with_suffix(".json")
-    if args.rounds:
-        tgt.ROUNDS = args.rounds  # each prune's timing against the dense model
+    rounds = args.rounds or tgt.ROUNDS  # each prune's timing against the dense model
     for recipe in recipes:
         # what the target run does (core/pipeline/target.py), every prune evaluated on the held-out text too
         run = RunOptions.of({"calibration": calibration_batches(recipe.calibration, tok, "decoder")})
         speedup, rows, best, pick = recipe.target.speedup, [], None, None
-        for i, (row, result) in enumerate(tgt.candidate_results(recipe, source, table, run, prune)):
+        for i, (row, result) in enumerate(tgt.candidate_results(recipe, source, table, run, prune, rounds)):
             if tgt.better(row, best, speedup):  # the run's own choice
                 best, pick = row, i
             rows.append(

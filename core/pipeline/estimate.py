@@ -76,9 +76,11 @@ LLAMA_7B = dict(
 )  # fmt: skip
 # published dense bf16 tensor-core peaks (NVIDIA's data sheets, without sparsity): A100 312, H100 SXM 989 TFLOP/s
 A100_OVER_H100 = 312 / 989
-# docs/results/time.json (SmolLM2-135M on 2 EPYC cores): the share of a CPU prune spent in its matrix
-# products at the measured GEMM rate (product_seconds / prune_seconds), mean of its four rows
-CPU_PRODUCT_SHARE = (27.56 / 37.36 + 55.79 / 66.47 + 109.8 / 136.76 + 213.9 / 265.4) / 4
+# docs/results/time.json (SmolLM2-135M on 2 Intel Xeon cores with AVX-512, 2026-11-28): the share of a
+# CPU prune spent in its matrix products at the measured GEMM rate (product_seconds / prune_seconds), mean
+# of its four rows. The share depends on the CPU's GEMM rate against its memory: 0.80 on the AMD EPYC
+# measured on 2026-11-27, so there the estimate runs about a quarter long.
+CPU_PRODUCT_SHARE = (13.79 / 26.22 + 28.91 / 46.86 + 58.43 / 93.24 + 101.10 / 177.33) / 4
 # a CPU process's memory before any model: docs/results/streaming.md measured ≈ 387 MB for one that only
 # imports torch, transformers and the engine; an in-memory run also maps the checkpoint's pages (same page)
 CPU_BASELINE = 387 * 2**20

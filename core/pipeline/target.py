@@ -117,10 +117,10 @@ def correction(table: LatencyTable, recipe: Recipe, row: dict[str, Any]) -> tupl
     return (aim, width) if width > row["width"] + 1e-4 else None
 
 
-def timed(dense: Any, pruned: Any, workload: str) -> dict[str, Any]:
-    """A prune's realised speed-up (:func:`realised`, ``ROUNDS`` rounds interleaved with the dense
+def timed(dense: Any, pruned: Any, workload: str, rounds: int = ROUNDS) -> dict[str, Any]:
+    """A prune's realised speed-up (:func:`realised`, ``rounds`` rounds interleaved with the dense
     model) and both models' milliseconds per call of ``workload``, as row fields."""
-    times = interleaved_seconds({"dense": dense, "pruned": pruned}, workload, rounds=ROUNDS)
+    times = interleaved_seconds({"dense": dense, "pruned": pruned}, workload, rounds=rounds)
     speed = realised(times["dense"], times["pruned"])
     return {
         "realised": speed["realised_speedup"],
@@ -149,7 +149,7 @@ def better(row: dict[str, Any], best: dict[str, Any] | None, speedup: float) -> 
 
 
 def candidate_results(
-    recipe: Recipe, source: Any, table: LatencyTable, run: Any, prune_fn
+    recipe: Recipe, source: Any, table: LatencyTable, run: Any, prune_fn, rounds: int = ROUNDS
 ) -> Iterator[tuple[dict[str, Any], Any]]:
     """Each candidate pruned in full on a copy of ``source.model`` (the same calibration for all), and
     once more if it falls short (steps 3–4): ``(row, result)`` for every prune, a correction right after
@@ -165,7 +165,7 @@ def candidate_results(
         result = prune_fn(cand, model=copy.deepcopy(source.model), tokenizer=source.tokenizer, **options)
         loss = held_loss(result.model, result.adapter, held_batches)
         row = {"blocks": d, "width": round(w, 4), "ratio": cand.ratio, "predicted": table.speedup(d, w), "loss": loss}
-        return row | timed(source.model, result.model, workload), result
+        return row | timed(source.model, result.model, workload, rounds), result
 
     for d, w in candidates(table, recipe):
         row, result = attempt(d, w)

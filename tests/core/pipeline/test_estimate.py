@@ -355,7 +355,7 @@ def test_cpu_product_share_is_the_measured_one():
 
 
 def test_cpu_time_reproduces_the_measured_prunes():
-    """SmolLM2 on 2 EPYC cores (time.json), at each row's own GEMM rate: within 15%."""
+    """SmolLM2 on 2 CPU cores (time.json), at each row's own GEMM rate: within 15%."""
     for row in json.loads((RESULTS / "time.json").read_text())["rows"]:
         recipe = bench_recipe(row["samples"], 8, dtype="float32", device="cpu", round_to={"neurons": 1})
         cpu = worker_class("cpu", gemm_rate=row["gemm_gflops"] * 1e9)
