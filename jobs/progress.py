@@ -17,8 +17,8 @@ STAGE_SHARES = (
     ("load", 0.08),
     ("speed", 0.03),  # the dense model timed (a job pruned in memory)
     ("latency", 0.04),  # a speed target's latency table
-    ("depth", 0.05),  # depth pruning: the span chosen and replaced
     ("calibration", 0.08),
+    ("depth", 0.05),  # depth pruning: the span chosen and replaced (after the calibration windows exist)
     ("scoring", 0.08),
     ("reconstruct", 0.42),
     ("write", 0.05),

@@ -93,12 +93,19 @@ def check_foldable(adapter: Adapter, start: int) -> None:
 def fold(model: nn.Module, adapter: Adapter, start: int, t: torch.Tensor) -> None:
     """``W_down ← Tᵀ W_down`` and ``b ← b T`` in block ``start - 1`` (see the module docstring)."""
     check_foldable(adapter, start)
-    down = adapter.layers(model)[start - 1].get_submodule(adapter.family.ffn_out)
+    fold_linear(adapter.layers(model)[start - 1].get_submodule(adapter.family.ffn_out), t)
+
+
+def fold_linear(down: nn.Linear, t: torch.Tensor) -> None:
+    """``W ← Tᵀ W`` and ``b ← b T`` in the projection ``down`` (in float64, stored in its dtype); a
+    parameter still on the meta device (a streamed block read in part) is left as it is."""
     with torch.no_grad():
         w = down.weight
-        down.weight.copy_((t.T.to(torch.float64) @ w.double()).to(w.dtype))
-        if down.bias is not None:
-            down.bias.copy_((down.bias.double() @ t.to(torch.float64)).to(down.bias.dtype))
+        if not w.is_meta:
+            w.copy_((t.T.to(w.device, torch.float64) @ w.double()).to(w.dtype))
+        b = down.bias
+        if b is not None and not b.is_meta:
+            b.copy_((b.double() @ t.to(b.device, torch.float64)).to(b.dtype))
 
 
 def set_layers(model: nn.Module, adapter: Adapter, layers: nn.ModuleList) -> None:
@@ -122,11 +129,23 @@ def remove_blocks(model: nn.Module, adapter: Adapter, drop: list[int]) -> None:
             attn.layer_idx = new_index
     set_layers(model, adapter, nn.ModuleList(kept))
     cfg = model.config
-    for key in ("layer_types", "liar_layout"):
-        values = getattr(cfg, key, None)
-        if isinstance(values, list) and len(values) == len(layers):
-            setattr(cfg, key, [v for i, v in enumerate(values) if i not in drop_set])
+    for key, values in per_layer_lists(cfg, len(layers)).items():
+        setattr(cfg, key, [v for i, v in enumerate(values) if i not in drop_set])
     cfg.num_hidden_layers = len(kept)
+
+
+PER_LAYER_KEYS = ("layer_types", "liar_layout")  # config lists with one entry per block
+
+
+def per_layer_lists(cfg, n: int) -> dict[str, list]:
+    """The config's lists with one entry per block (``layer_types``: the base model gives the block at
+    position i the mask and rotary embeddings of ``layer_types[i]``, so they follow the blocks)."""
+    out = {}
+    for key in PER_LAYER_KEYS:
+        values = getattr(cfg, key, None)
+        if isinstance(values, list) and len(values) == n:
+            out[key] = values
+    return out
 
 
 def angular_distance(h_in: torch.Tensor, h_out: torch.Tensor) -> float:
@@ -155,7 +174,7 @@ def token_scale(y: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class _SpanTotals:
+class SpanTotals:
     """One span's statistics over the calibration tokens: the stand-in's fits (per-token weighted:
     True, plain: False) and the two scores' sums."""
 
@@ -184,7 +203,10 @@ def model_inputs(batch, adapter: Adapter, device) -> dict:
     """A calibration batch (a :class:`CalibrationBatch`, or a dict of ``input_ids`` and
     ``attention_mask``) as the model's keyword arguments on ``device``."""
     if isinstance(batch, dict):
-        return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        if adapter.kind == "decoder":  # as CalibrationBatch.model_inputs: no key/value cache
+            inputs.setdefault("use_cache", False)
+        return inputs
     return batch.model_inputs(adapter.kind, device)
 
 
@@ -217,7 +239,7 @@ def fit_spans_weighted(
         hooks.append(down.register_forward_hook(lambda mod, inp, out, i=i: downs.__setitem__(i, out)))
     device = next(model.parameters()).device
     width = model.config.hidden_size
-    totals = {span: _SpanTotals({w: SpanFit(width, device) for w in weightings}) for span in spans}
+    totals = {span: SpanTotals({w: SpanFit(width, device) for w in weightings}) for span in spans}
     try:
         for batch in batches:
             inputs = model_inputs(batch, adapter, device)

@@ -14,6 +14,10 @@ chosen by one of:
 
 A local score misleads where a span changes the residual stream wholesale: on SmolLM2 the weighted fit's
 own error picks the span 1–8, whose held-out perplexity is 1.7× that of 12–19 (docs/results/depth.md).
+
+:func:`choose_span` runs whole-model passes; ``core/depth/blockwise.py`` computes the same numbers one
+block at a time (a streamed model). Both go through :func:`check_request`, :func:`solved_row`,
+:func:`local_scores`, :func:`loss_stand_ins`, :func:`record_losses` and :func:`pick`.
 """
 
 from __future__ import annotations
@@ -28,10 +32,13 @@ from torch import nn
 
 from core.depth.replace import (
     DepthError,
+    SpanFit,
     check_foldable,
     fit_spans_weighted,
     fold,
+    fold_linear,
     model_inputs,
+    per_layer_lists,
     remove_blocks,
     set_layers,
 )
@@ -66,46 +73,122 @@ def held_loss(model: nn.Module, adapter: Adapter, batches) -> float:
     total, count = 0.0, 0
     for batch in batches:
         inputs = model_inputs(batch, adapter, device)
-        logits = model(**inputs).logits[:, :-1].float()
-        target = inputs["input_ids"][:, 1:]
-        real = inputs["attention_mask"][:, 1:].bool() & inputs["attention_mask"][:, :-1].bool()
-        loss = nn.functional.cross_entropy(logits[real], target[real], reduction="sum")
-        total, count = total + float(loss), count + int(real.sum())
+        loss, n = next_token_loss(model(**inputs).logits, inputs["input_ids"], inputs["attention_mask"])
+        total, count = total + loss, count + n
+    return mean_loss(total, count)
+
+
+def next_token_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
+    """``(summed cross-entropy, tokens)`` of one batch: ``logits`` (batch, length, vocab) predicting
+    ``ids`` (batch, length) one position on, where both positions are real (``mask``)."""
+    logits = logits[:, :-1].float()
+    target = ids[:, 1:]
+    real = mask[:, 1:].bool() & mask[:, :-1].bool()
+    loss = nn.functional.cross_entropy(logits[real], target[real], reduction="sum")
+    return float(loss), int(real.sum())
+
+
+def mean_loss(total: float, count: int) -> float:
     if count == 0:
         raise DepthError("the held-aside windows have no tokens to score the spans on")
     return total / count
 
 
 @contextmanager
-def span_removed(model: nn.Module, adapter: Adapter, start: int, end: int, t: torch.Tensor | None) -> Iterator[None]:
-    """The model with blocks ``[start, end)`` left out of its forward pass (and ``t`` folded into block
-    ``start - 1``), restored on exit: for scoring a candidate without copying the model."""
-    layers = adapter.layers(model)
-    down = layers[start - 1].get_submodule(adapter.family.ffn_out) if t is not None else None
-    saved = None if down is None else (down.weight.detach().clone(), None if down.bias is None else down.bias.clone())
-    if t is not None:
-        fold(model, adapter, start, t)
-    set_layers(model, adapter, nn.ModuleList([layer for i, layer in enumerate(layers) if not start <= i < end]))
+def folded(down: nn.Linear, t: torch.Tensor | None) -> Iterator[None]:
+    """``down`` with the stand-in ``t`` folded in (:func:`~core.depth.replace.fold_linear`; None: as it
+    is), restored bit for bit on exit."""
+    if t is None:
+        yield
+        return
+    saved = (down.weight.detach().clone(), None if down.bias is None else down.bias.detach().clone())
+    fold_linear(down, t)
     try:
         yield
     finally:
-        set_layers(model, adapter, layers)
-        if saved is not None:
-            with torch.no_grad():
-                down.weight.copy_(saved[0])
-                if saved[1] is not None:
-                    down.bias.copy_(saved[1])
+        with torch.no_grad():
+            down.weight.copy_(saved[0])
+            if saved[1] is not None:
+                down.bias.copy_(saved[1])
+
+
+@contextmanager
+def span_removed(model: nn.Module, adapter: Adapter, start: int, end: int, t: torch.Tensor | None) -> Iterator[None]:
+    """The model with blocks ``[start, end)`` left out of its forward pass (and ``t`` folded into block
+    ``start - 1``), restored on exit: for scoring a candidate without copying the model. The config's
+    per-layer lists (``layer_types``) leave the span out meanwhile too, so that every block keeps its
+    own mask and rotary embeddings, as in the model cut for good."""
+    layers = adapter.layers(model)
+    if t is not None:
+        check_foldable(adapter, start)
+    cfg = model.config
+    lists = per_layer_lists(cfg, len(layers))
+    down = layers[start - 1].get_submodule(adapter.family.ffn_out)
+    with folded(down, t):
+        set_layers(model, adapter, nn.ModuleList([layer for i, layer in enumerate(layers) if not start <= i < end]))
+        for key, values in lists.items():
+            setattr(cfg, key, [v for i, v in enumerate(values) if not start <= i < end])
+        try:
+            yield
+        finally:
+            set_layers(model, adapter, layers)
+            for key, values in lists.items():
+                setattr(cfg, key, values)
+
+
+def check_request(adapter: Adapter, n: int, blocks: int, select: str, reconstruction: str) -> bool:
+    """Refuse a span request that cannot be met (:class:`DepthError`); returns whether the candidates
+    need their least-squares stand-ins (``reconstruction: ls`` or ``select: fit``)."""
+    if select not in SELECTIONS:
+        raise DepthError(f"unknown span selection {select!r}; choose one of {', '.join(SELECTIONS)}")
+    if reconstruction not in RECONSTRUCTIONS:
+        raise DepthError(f"unknown depth reconstruction {reconstruction!r}; choose one of {', '.join(RECONSTRUCTIONS)}")
+    if not 1 <= blocks <= n - 2:
+        raise DepthError(
+            f"a model of {n} blocks can lose 1 to {max(n - 2, 0)} of them (the first stays, and one after it); "
+            f"{blocks} asked"
+        )
+    stand_in = reconstruction == "ls" or select == "fit"
+    if stand_in:
+        check_foldable(adapter, 1)
+    return stand_in
+
+
+def solved_row(fits: dict[bool, SpanFit], scores: dict[str, float], damp: float) -> dict:
+    """A span's removal scores and its stand-ins solved: ``{"scores": …, "fits": {weighted: (T, fit
+    error)}}``."""
+    solved = {weighted: fit.solve(damp) for weighted, fit in fits.items()}
+    return {"scores": scores, "fits": {w: (t, fits[w].relative_error(t)) for w, t in solved.items()}}
+
+
+def local_scores(row: dict, stand_in: bool) -> dict[str, float]:
+    """A candidate's scores known from the fit pass alone."""
+    cand = dict(row["scores"])
+    if stand_in:
+        cand.update(fit_error=row["fits"][True][1], fit_error_plain=row["fits"][False][1])
+    return cand
+
+
+def loss_stand_ins(row: dict, reconstruction: str) -> dict[str, torch.Tensor | None]:
+    """The variants of a candidate whose held-aside loss is measured, by the score each fills: with
+    ``ls`` each fit in place (the better one counts), with ``none`` the span removed."""
+    if reconstruction == "ls":
+        return {"loss_weighted": row["fits"][True][0], "loss_plain": row["fits"][False][0]}
+    return {"loss": None}
+
+
+def record_losses(cand: dict[str, float], losses: dict[str, float]) -> None:
+    cand.update(losses)
+    if "loss_weighted" in losses:
+        cand["loss"] = min(cand["loss_weighted"], cand["loss_plain"])
 
 
 def _fit_both(model, adapter, batches, spans, damp, stand_in: bool):
     """Each span's weighted and plain stand-ins with their fit errors (with ``stand_in``), and its
     removal scores."""
-    out: dict[int, dict] = {}
     weightings = (True, False) if stand_in else ()
-    for (s, _), (fits, scores) in fit_spans_weighted(model, adapter, batches, spans, weightings).items():
-        solved = {weighted: fit.solve(damp) for weighted, fit in fits.items()}
-        out[s] = {"scores": scores, "fits": {w: (t, fits[w].relative_error(t)) for w, t in solved.items()}}
-    return out
+    rows = fit_spans_weighted(model, adapter, batches, spans, weightings).items()
+    return {s: solved_row(fits, scores, damp) for (s, _), (fits, scores) in rows}
 
 
 def choose_span(
@@ -120,35 +203,29 @@ def choose_span(
 ) -> SpanChoice:
     """The span of ``blocks`` consecutive blocks to remove (see the module docstring)."""
     n = len(adapter.layers(model))
-    if select not in SELECTIONS:
-        raise DepthError(f"unknown span selection {select!r}; choose one of {', '.join(SELECTIONS)}")
-    if reconstruction not in RECONSTRUCTIONS:
-        raise DepthError(f"unknown depth reconstruction {reconstruction!r}; choose one of {', '.join(RECONSTRUCTIONS)}")
-    if not 1 <= blocks <= n - 2:
-        raise DepthError(
-            f"a model of {n} blocks can lose 1 to {max(n - 2, 0)} of them (the first stays, and one after it); "
-            f"{blocks} asked"
-        )
-    stand_in = reconstruction == "ls" or select == "fit"
-    if stand_in:
-        check_foldable(adapter, 1)
+    stand_in = check_request(adapter, n, blocks, select, reconstruction)
     spans = [(s, s + blocks) for s in range(1, n - blocks + 1)]
     rows = _fit_both(model, adapter, fit_batches, spans, damp, stand_in)
     candidates: dict[int, dict[str, float]] = {}
     for s, row in rows.items():
-        cand = dict(row["scores"])
-        if stand_in:
-            cand.update(fit_error=row["fits"][True][1], fit_error_plain=row["fits"][False][1])
-        if select == "loss" and reconstruction == "ls":  # each fit in place; the better one counts
-            for weighted, key in ((True, "loss_weighted"), (False, "loss_plain")):
-                with span_removed(model, adapter, s, s + blocks, row["fits"][weighted][0]):
-                    cand[key] = held_loss(model, adapter, held_batches)
-            cand["loss"] = min(cand["loss_weighted"], cand["loss_plain"])
-        elif select == "loss":
-            with span_removed(model, adapter, s, s + blocks, None):
-                cand["loss"] = held_loss(model, adapter, held_batches)
+        cand = local_scores(row, stand_in)
+        if select == "loss":
+            losses = {}
+            for key, t in loss_stand_ins(row, reconstruction).items():
+                with span_removed(model, adapter, s, s + blocks, t):
+                    losses[key] = held_loss(model, adapter, held_batches)
+            record_losses(cand, losses)
         candidates[s] = cand
-    key = {"loss": "loss", "fit": "fit_error", "angular": "angular_distance"}[select]
+    return pick(candidates, rows, blocks, select, reconstruction)
+
+
+SCORE_OF = {"loss": "loss", "fit": "fit_error", "angular": "angular_distance"}  # the score each selection reads
+
+
+def pick(candidates: dict[int, dict[str, float]], rows: dict[int, dict], blocks: int, select: str, reconstruction: str):
+    """The candidate with the least score of ``select`` (the first on a tie) as a :class:`SpanChoice`;
+    ``rows[start]`` must still hold its stand-ins."""
+    key = SCORE_OF[select]
     start = min(candidates, key=lambda s: (candidates[s][key], s))
     cand = candidates[start]
     weighted = select != "loss" or reconstruction != "ls" or cand["loss_weighted"] <= cand["loss_plain"]

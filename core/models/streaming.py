@@ -128,6 +128,9 @@ class StreamedModel:
         self._outer_names = {name for name, _ in self._outer}
         module_names = {id(m): name for name, m in self.model.named_modules()}
         self._layer_prefixes = [module_names[id(layer)] + "." for layer in self.layers]
+        self._read_prefixes = list(self._layer_prefixes)  # where each block's tensors are in the checkpoint
+        # block index: applied to the block each time it is materialised (a depth stand-in folded in)
+        self.edits: dict[int, Callable[[nn.Module], None]] = {}
 
     @classmethod
     def open(
@@ -173,6 +176,20 @@ class StreamedModel:
     def layer_prefix(self, i: int) -> str:
         """The layer's parameter-name prefix in the model (``model.layers.3.``)."""
         return self._layer_prefixes[i]
+
+    def keep_blocks(self, kept: list[int]) -> None:
+        """The skeleton now holds only blocks ``kept`` of the checkpoint's (in order: depth pruning put
+        them in its layer list): block i is read from the checkpoint's block ``kept[i]`` and named by its
+        new position. Reads under way are dropped, and so are the edits (their indices changed)."""
+        for _, future in self._pending.values():  # a read in progress finishes; its result is dropped
+            future.cancel()
+        self._pending.clear()
+        self.edits.clear()
+        self.adapter = adapter_for(self.model)
+        self.layers = self.adapter.layers(self.model)
+        module_names = {id(m): name for name, m in self.model.named_modules()}
+        self._layer_prefixes = [module_names[id(layer)] + "." for layer in self.layers]
+        self._read_prefixes = [self._read_prefixes[k] for k in kept]
 
     # loading -----------------------------------------------------------------------------------
     def _source(self, name: str) -> tuple[str, torch.dtype | None]:
@@ -222,7 +239,7 @@ class StreamedModel:
         reading them); on a GPU, start reading block i + 1. ``names``: only these of the block's
         parameters (names within the block), the others stay on the meta device — what a weight
         criterion's scoring pass reads."""
-        layer, prefix = self.layers[i], self.layer_prefix(i)
+        layer, prefix = self.layers[i], self._read_prefixes[i]
         pending = self._pending.pop(i, None)
         with record_function("liar.read_block"):  # a prefetched block: the wait for its read
             if pending is not None and pending[0] == names:
@@ -234,6 +251,8 @@ class StreamedModel:
                 _, dtype = self._source(prefix + name)
                 _set_param(layer, name, nn.Parameter(place(tensor, self.device, dtype), requires_grad=False))
         del host
+        if i in self.edits:
+            self.edits[i](layer)
         if self.prefetch_at_load:
             self.prefetch(i + 1, names)
         return layer
@@ -241,7 +260,7 @@ class StreamedModel:
     def _read_block(self, i: int, names: frozenset[str] | None = None) -> dict[str, torch.Tensor]:
         """Block i's parameters (``names`` of them, or all) as stored, in host memory (pinned for a
         GPU); with several read threads, the largest tensors are started first."""
-        prefix, pinned = self.layer_prefix(i), self.device.type == "cuda"
+        prefix, pinned = self._read_prefixes[i], self.device.type == "cuda"
         sources = {
             name: self._source(prefix + name)[0]
             for name, _ in self.layers[i].named_parameters()
@@ -288,15 +307,26 @@ class StreamedModel:
             for name in names:
                 _set_param(self.model, name, meta)
 
+    def block_tensors(self, i: int) -> list[tuple[str, LazyTensor]]:
+        """Block i's parameters as ``(name in the model, tensor read on demand)`` in the run's dtype —
+        for copying a block as it is to an output shard (its edits are not applied)."""
+        return [
+            (self.layer_prefix(i) + name, self._lazy(self._read_prefixes[i] + name, tuple(p.shape)))
+            for name, p in self.layers[i].named_parameters()
+        ]
+
+    def _lazy(self, name: str, shape: tuple[int, ...]) -> LazyTensor:
+        source, dtype = self._source(name)
+        read = partial(self.reader.read, source, dtype=dtype)
+        return LazyTensor(shape, dtype or self.reader.entries[source].dtype, read)
+
     def outer_tensors(self) -> list[tuple[str, LazyTensor]]:
         """The parameters outside the blocks as ``(name, tensor read on demand)`` in the run's dtype,
         each tied group once — for copying them to an output shard one tensor at a time."""
         out = []
         for name, p in self.model.named_parameters():  # tied parameters once, under the first name
             if name in self._outer_names:
-                source, dtype = self._source(name)
-                read = partial(self.reader.read, source, dtype=dtype)
-                out.append((name, LazyTensor(tuple(p.shape), dtype or self.reader.entries[source].dtype, read)))
+                out.append((name, self._lazy(name, tuple(p.shape))))
         return out
 
 

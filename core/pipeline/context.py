@@ -124,6 +124,17 @@ class ModelSource(Protocol):
     ) -> list[Scores]:
         """Every layer's criterion scores on the dense model."""
 
+    def remove_depth(
+        self,
+        recipe: Recipe,
+        calibration: tuple[CalibrationBatch, CalibrationBatch],
+        report: Progress,
+        speed: BlockSpeed | None = None,
+    ) -> dict[str, Any]:
+        """Remove the recipe's span of whole blocks (chosen on the ``(fit, held-aside)`` windows) before
+        the width pruning; ``adapter`` becomes the shorter model's; ``speed`` gets the dense blocks'
+        times (``BlockSpeed.add_depth``). Returns the run's depth metrics."""
+
     def finish(self, result: PruneResult, report: Progress) -> PruneResult:
         """The result once the pruned model is where it goes (a streamed run writes its checkpoint)."""
 

@@ -325,13 +325,25 @@ def width_peak(shape: Shape, run: Run, mode: str, layers: int, choice: str, devi
     return max(resident + kept + work, first), where
 
 
-def depth_peak(recipe: Recipe, shape: Shape, run: Run, blocks: int) -> int:
-    """Peak bytes of choosing the span to remove (in memory): the model, every candidate span's float64
+def depth_peak(recipe: Recipe, shape: Shape, run: Run, blocks: int, mode: str = "memory", device: str = "cpu") -> int:
+    """Peak bytes of choosing the span to remove. In memory: the model, every candidate span's float64
     sums (d × d, two per fit and two fits with a stand-in), one batch's logits in the model's dtype and
-    in float32 for the held-aside loss, and the hooked blocks' outputs of that batch."""
-    d = shape.hidden
+    in float32 for the held-aside loss, and the hooked blocks' outputs of that batch. Streamed
+    (``core/depth/blockwise.py``): everything outside the blocks and one block, one span's sums, the
+    larger pass's activations (the fit pass's ``2k + 1`` hidden-size rows per fit token, the loss pass's
+    ``1 + v (n − k)`` per held-aside token, ``v`` stand-ins per candidate), the logits, and on a CPU the
+    candidates' stand-ins (float64 d × d, kept on the host for the loss pass)."""
+    d, spans = shape.hidden, shape.layers - blocks
     stand_in = recipe.depth.reconstruction == "ls" or recipe.depth.select == "fit"
-    sums = (shape.layers - blocks) * 4 * stand_in * d * d * 8
     logits = run.batch * shape.vocab * (run.itemsize + 4)
-    hooked = 2 * (shape.layers - blocks) * run.batch * d * run.itemsize
-    return shape.params * run.itemsize + sums + logits + hooked
+    if mode == "memory":
+        sums = spans * 4 * stand_in * d * d * 8
+        hooked = 2 * spans * run.batch * d * run.itemsize
+        return shape.params * run.itemsize + sums + logits + hooked
+    held = run.held or run.batch  # no held-aside windows: the fit's last batch
+    variants = 2 if recipe.depth.reconstruction == "ls" else 1
+    rows = max((2 * blocks + 1) * run.fit, (1 + variants * spans) * held * (recipe.depth.select == "loss"))
+    loss = recipe.depth.select == "loss" and recipe.depth.reconstruction == "ls"
+    stand_ins = spans * 2 * d * d * 8 * loss * (device == "cpu")
+    weights = (shape.outer_params + shape.block_params) * run.itemsize
+    return weights + 4 * stand_in * d * d * 8 + rows * d * run.itemsize + logits + stand_ins

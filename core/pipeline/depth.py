@@ -1,6 +1,7 @@
 """Depth pruning inside a run: a span of whole blocks chosen on the calibration windows and removed
 (stood in for by its least-squares map, ``core/depth``) before the width pruning, which then removes
-what is left of the ratio from the blocks that stay."""
+what is left of the ratio from the blocks that stay. This module prunes a model in memory; a streamed
+one goes through ``core/pipeline/streamed_depth.py``."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from core.allocation import Plan
 from core.allocation.plan import LayerPlan
 from core.data.calibration import CalibrationBatch
 from core.depth.replace import DepthError
-from core.depth.select import apply_span, choose_span
+from core.depth.select import SpanChoice, apply_span, choose_span
 from core.models.adapter import Adapter, block_parameters
+from core.models.streaming import block_inputs
 from core.pipeline.context import Progress
+from core.pipeline.measure import BlockSpeed
 from core.pipeline.scoring import split_batches
 from core.spec.recipe import Recipe
 
@@ -35,15 +38,19 @@ def remove_depth(
     recipe: Recipe,
     calibration: tuple[CalibrationBatch, CalibrationBatch],
     report: Progress,
+    speed: BlockSpeed | None = None,
 ) -> dict[str, Any]:
     """Choose the span on the ``(fit, held-aside)`` windows and remove it from ``model`` (in place);
-    returns the run's depth metrics. ``adapter``: the dense model's (its layer count changes)."""
+    returns the run's depth metrics. ``adapter``: the dense model's (its layer count changes);
+    ``speed``: every block is timed first on the first fit batch (:meth:`BlockSpeed.add_depth`)."""
     t0 = time.perf_counter()
     fit, held = calibration
     n = adapter.n_layers
     blocks = recipe.depth_blocks(n)
     report("depth", 0, 1)
     size = recipe.calibration.batch_size
+    device = next(model.parameters()).device
+    times = time_blocks(model, adapter, split_batches(fit, size)[0], speed, device) if speed is not None else []
     d = recipe.depth
     try:
         choice = choose_span(
@@ -59,7 +66,28 @@ def remove_depth(
     except DepthError as exc:
         raise ValueError(str(exc)) from None
     apply_span(model, adapter, choice)
+    if speed is not None:
+        speed.add_depth(times, set(choice.blocks), recipe.modules == "blocks")
     report("depth", 1, 1)
+    return depth_metrics(choice, recipe, n, time.perf_counter() - t0)
+
+
+@torch.no_grad()
+def time_blocks(model: nn.Module, adapter: Adapter, batch: CalibrationBatch, speed: BlockSpeed, device) -> list:
+    """Every block's dense forward time on ``batch`` (:meth:`BlockSpeed.time_alone`), each block on
+    its own inputs (the previous block's output)."""
+    hidden, extra = block_inputs(model, adapter, [batch.model_inputs(adapter.kind, device)])
+    x, times = hidden[0], []
+    for layer, (args, kwargs) in zip(adapter.layers(model), extra[0], strict=True):
+        times.append(speed.time_alone(layer, lambda block, x=x, a=args, k=kwargs: block(x, *a, **k), device))
+        out = layer(x, *args, **kwargs)
+        x = out[0] if isinstance(out, tuple) else out
+    return times
+
+
+def depth_metrics(choice: SpanChoice, recipe: Recipe, n: int, seconds: float) -> dict[str, Any]:
+    """The run's depth metrics: the span removed from the model's ``n`` blocks and its scores."""
+    d = recipe.depth
     chosen = choice.candidates[choice.start]
     return {
         "depth_blocks_removed": choice.blocks,
@@ -68,7 +96,7 @@ def remove_depth(
         "depth_reconstruction": d.reconstruction,
         "depth_weighting": None if choice.t is None else ("per-token" if choice.weighted else "plain"),
         **{f"depth_{k}": round(v, 6) for k, v in chosen.items()},
-        "depth_seconds": round(time.perf_counter() - t0, 3),
+        "depth_seconds": round(seconds, 3),
     }
 
 

@@ -163,16 +163,11 @@ def worker_class(name: str, gemm_rate: float | None = None) -> Worker:
 
 def execution_of(recipe: Recipe) -> str:
     """``stream`` or ``memory``, as :func:`core.pipeline.sequential.execution_mode` decides for a job
-    (the result saved): memory for gradient criteria, depth pruning and speed targets, and for a model
-    without safetensors weights; a hub id whose weights are not cached is downloaded as safetensors."""
+    (the result saved): memory for gradient criteria and speed targets, and for a model without
+    safetensors weights; a hub id whose weights are not cached is downloaded as safetensors."""
     if recipe.execution != "auto":
         return recipe.execution
-    if (
-        streaming_refusal(recipe.criterion.name)
-        or recipe.auto_may_use_gradients
-        or recipe.removes_blocks
-        or recipe.target is not None
-    ):
+    if streaming_refusal(recipe.criterion.name) or recipe.auto_may_use_gradients or recipe.target is not None:
         return "memory"
     local = Path(recipe.model).expanduser()
     if local.is_dir():
@@ -302,13 +297,13 @@ def _device(recipe: Recipe, worker: Worker) -> str:
 
 
 def _ratio_estimate(recipe: Recipe, shape: Shape, worker: Worker, device: str) -> Estimate:
-    """A recipe with a ratio: the depth phase's peak (blocks removed first, in memory) against the width
-    phase's on the blocks that remain, and the work of both."""
+    """A recipe with a ratio: the depth phase's peak (blocks removed first) against the width phase's on
+    the blocks that remain, and the work of both."""
     mode, run = execution_of(recipe), run_of(recipe, shape, device)
     layers, peaks, where, width = shape.layers, [], None, recipe.modules != "blocks"
     if recipe.removes_blocks:
         blocks = recipe.depth_blocks(shape.layers)
-        peaks.append(depth_peak(recipe, shape, run, blocks))
+        peaks.append(depth_peak(recipe, shape, run, blocks, mode, device))
         layers -= blocks
     if width:
         wrun = run_of(recipe, shape, device, _width_ratio(recipe, shape))

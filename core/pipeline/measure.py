@@ -93,6 +93,27 @@ class BlockSpeed:
             torch.cuda.synchronize(device)
         return self.clock() - t0
 
+    def time_alone(self, block: nn.Module, forward: Callable[[nn.Module], Any], device: torch.device) -> list[float]:
+        """``repeats`` timings of ``forward(block)`` after one untimed warm-up: a block timed without a
+        pruned counterpart (before depth pruning chooses what goes; :meth:`add_depth`)."""
+        with lifted(block):
+            forward(block)
+            return [self._timed(forward, block, device) for _ in range(self.repeats)]
+
+    def add_depth(self, seconds: list[list[float]], removed: set[int], depth_only: bool) -> None:
+        """Depth pruning's share of the totals, from every block timed dense before the span went
+        (``seconds[i]``: block i's :meth:`time_alone`): a removed block counts on the dense side only
+        (the pruned model does not run it); a kept block is timed again beside its pruned self by the
+        width pruning, but in a ``depth_only`` run it counts here on both sides (it runs unchanged:
+        the one the stand-in folds into keeps its shapes)."""
+        for i, times in enumerate(seconds):
+            if i not in removed and not depth_only:  # timed again beside its pruned self
+                continue
+            for r, t in enumerate(times):
+                self.seconds["dense"][r] += t
+                if i not in removed:
+                    self.seconds["pruned"][r] += t
+
     def samples(self) -> list[float]:
         """The speed-up of each repeat over all blocks timed: ``T_dense[r] / T_pruned[r]``."""
         return [d / p for d, p in zip(self.seconds["dense"], self.seconds["pruned"]) if p > 0]

@@ -73,6 +73,17 @@ class MemorySource:
         blocks = BlockPass(offload=offload, progress=progress)
         return score_layers(self.model, self.adapter, recipe, batches, self.device, blocks)
 
+    def remove_depth(
+        self,
+        recipe: Recipe,
+        calibration: tuple[CalibrationBatch, CalibrationBatch],
+        report: Progress,
+        speed: BlockSpeed | None = None,
+    ) -> dict[str, Any]:
+        metrics = remove_depth(self.model, self.adapter, recipe, calibration, report, speed)
+        self.adapter = adapter_for(self.model)
+        return metrics
+
     def finish(self, result: PruneResult, report: Progress) -> PruneResult:
         return result  # the pruned model is the result's
 
@@ -96,7 +107,6 @@ def execution_mode(recipe: Recipe, model: nn.Module | None, output_dir) -> tuple
         or output_dir is None
         or streaming_refusal(recipe.criterion.name)
         or recipe.auto_may_use_gradients  # auto may pick Kwon et al.'s Fisher: whole-model gradients
-        or recipe.removes_blocks  # the span is chosen on the whole model's outputs
         or recipe.target is not None  # whole candidates are compared
     ):
         return "memory", None
@@ -221,15 +231,15 @@ def _run(recipe: Recipe, source: ModelSource, options: RunOptions) -> PruneResul
         torch.cuda.reset_peak_memory_stats(source.device)
     depth: dict[str, Any] = {}
     width = recipe
+    speed = BlockSpeed() if options.measure_speed else None  # the removed blocks' times, then the kept ones'
     if recipe.removes_blocks:
-        depth = remove_depth(model, source.adapter, recipe, (fit, held), report)
-        source.adapter = adapter_for(model)
+        depth = source.remove_depth(recipe, (fit, held), report, speed)
         if recipe.modules == "blocks":
-            return _depth_only(recipe, source, before, depth)
+            return _depth_only(recipe, source, before, depth | (speed.metrics() if speed else {}))
         share = 1.0 - block_parameters(model, source.adapter) / before[1]
         width = recipe.model_copy(update={"ratio": width_ratio(recipe.ratio, share)})
         depth["width_ratio"] = round(width.ratio, 6)
-    result = _prune_width(width, source, options, (fit, held), before)
+    result = _prune_width(width, source, options, (fit, held), before, speed)
     # the result records the recipe as asked (ratio: depth and width together), auto settings resolved
     result.recipe = result.recipe.model_copy(update={"ratio": recipe.ratio})
     result.metrics.update(depth)
@@ -248,8 +258,10 @@ def _prune_width(
     options: RunOptions,
     calibration: tuple[CalibrationBatch, CalibrationBatch],
     before: tuple[int, int],
+    speed: BlockSpeed | None = None,
 ) -> PruneResult:
-    """Heads and neurons: score, plan, and the block loop (on a model that may have lost blocks)."""
+    """Heads and neurons: score, plan, and the block loop (on a model that may have lost blocks);
+    ``speed``: times every block dense and pruned (with ``measure_speed``), beside the removed ones'."""
     model, adapter, device, report = source.model, source.adapter, source.device, options.report
     # what runs is what the result (and the checkpoint's recipe.yaml) records: criterion, allocation
     # and select's auto resolved
@@ -271,7 +283,6 @@ def _prune_width(
     split = obs_split(model, adapter, recipe, scores, rounding, groups)
     report("scoring", n_layers, n_layers)
 
-    speed = BlockSpeed() if options.measure_speed else None
     ctx = RunContext(
         model=model,
         adapter=adapter,

@@ -12,7 +12,9 @@ loads (and can be evaluated) before :meth:`PruneResult.save` finishes it with th
 card and ``SHA256SUMS``.
 
 Criteria that need gradients of the whole model (SNIP, Taylor, Kwon et al.) cannot be computed one
-block at a time; ``execution: auto`` runs them in memory and ``execution: stream`` refuses them.
+block at a time; ``execution: auto`` runs them in memory and ``execution: stream`` refuses them. Depth
+pruning streams (``core/pipeline/streamed_depth.py``): the removed span is never written, the blocks
+after it are written under their new positions, and the shard count is the shorter model's.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,6 +36,7 @@ from torch.profiler import record_function
 
 from core import criteria
 from core.data.calibration import CalibrationBatch
+from core.depth.replace import DepthError
 from core.models.adapter import Adapter
 from core.models.export import check_output_dir, write_config
 from core.models.loading import ensure_pad_token
@@ -39,9 +44,12 @@ from core.models.offload import Offload
 from core.models.safetensors_io import INDEX, LazyTensor, write_shard
 from core.models.streaming import StreamedModel, host_io_threads
 from core.pipeline.context import BlockIO, Progress
+from core.pipeline.depth import depth_metrics
+from core.pipeline.measure import BlockSpeed
 from core.pipeline.result import PruneResult
 from core.pipeline.runner import BlockRunner
 from core.pipeline.scoring import BlockPass, score_by_blocks
+from core.pipeline.streamed_depth import choose_span_streamed, drop_span
 from core.spec.criteria import parse_options, streaming_refusal
 from core.spec.recipe import Recipe
 
@@ -124,6 +132,14 @@ class ShardWriter:
         job = partial(_write_when_ready, write_shard, self.directory / file, tensors, ready)
         self._pending.append((file, self._threads.submit(job)))
 
+    def rename(self, old: str, new: str) -> None:
+        """Give the written shard ``old`` the name ``new`` (its tensors and digest follow), once the
+        writes in flight are done."""
+        self.wait()
+        (self.directory / old).rename(self.directory / new)
+        self.weight_map = {name: new if file == old else file for name, file in self.weight_map.items()}
+        self.digests[new] = self.digests.pop(old)
+
     def _finish_oldest(self) -> None:
         file, future = self._pending.popleft()
         self.digests[file] = future.result()
@@ -194,6 +210,42 @@ class StreamSource:
         scores = score_by_blocks(recipe, self.adapter, layers, runner, blocks)
         self.sm.prefetch(0)  # beside the plan and the calibration's pass through the embeddings
         return criterion.finalize(scores, opts)
+
+    def remove_depth(
+        self,
+        recipe: Recipe,
+        calibration: tuple[CalibrationBatch, CalibrationBatch],
+        report: Progress,
+        speed: BlockSpeed | None = None,
+    ) -> dict[str, Any]:
+        """Choose the span and take it out of the skeleton (``core/pipeline/streamed_depth.py``); the shard
+        written first is renamed for the shorter model. A depth-only run then copies the kept blocks
+        to their shards; otherwise the embeddings are brought back for the width pruning. Returns the
+        run's depth metrics."""
+        t0, n = time.perf_counter(), self.adapter.n_layers
+        try:
+            choice = choose_span_streamed(self.sm, recipe, calibration, report, speed)
+        except DepthError as exc:
+            raise ValueError(str(exc)) from None
+        drop_span(self.sm, choice)
+        self.adapter = self.sm.adapter
+        old, self.n_shards = self.n_shards, self.adapter.n_layers + 1
+        self.writer.rename(shard_name(1, old), shard_name(1, self.n_shards))
+        self.sm.release_outer()
+        if recipe.modules == "blocks":
+            self._copy_blocks()
+        else:
+            self.sm.load_outer(inputs_only=True)
+        return depth_metrics(choice, recipe, n, time.perf_counter() - t0)
+
+    def _copy_blocks(self) -> None:
+        """Write every block as it is in the checkpoint (read as its shard is written), but the one a
+        stand-in folds into: that one is read, folded and written from the device."""
+        for i in range(len(self.sm.layers)):
+            if i in self.sm.edits:
+                WriteBlocks(self).done(i, self.sm.load_block(i))
+            else:
+                self.writer.submit(shard_name(i + 2, self.n_shards), self.sm.block_tensors(i))
 
     @property
     def reuses_memory(self) -> bool:

@@ -320,11 +320,6 @@ class Recipe(_Strict):
                 "modules: blocks removes round(ratio × layers) whole blocks; depth.blocks is the depth share of a "
                 "width recipe (heads, neurons or both): give one or the other"
             )
-        if self.removes_blocks and self.execution == "stream":
-            raise ValueError(
-                "depth pruning (modules: blocks or depth.blocks) runs with the model in memory for now: use "
-                "execution: memory or auto"
-            )
         return self
 
     @property

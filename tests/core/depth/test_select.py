@@ -78,6 +78,32 @@ def test_span_removed_is_the_surgery_and_is_undone(deep_dir):
     assert inside == pytest.approx(_reference_loss(cut, held), rel=1e-5)
 
 
+def test_span_removed_keeps_each_blocks_own_layer_type(tmp_path):
+    """Qwen2 with sliding-window and full-attention blocks alternating: with one block left out, the
+    blocks after it sit at positions of the other type, yet each keeps its own mask, as in the model
+    cut for good (whose config's layer types are trimmed)."""
+    types = ["sliding_attention", "full_attention"] * 3
+    path = tiny_decoder(
+        tmp_path / "qwen2", "qwen2", num_hidden_layers=6, use_sliding_window=True, sliding_window=8,
+        max_window_layers=0, layer_types=types,
+    )  # fmt: skip
+    model = _load(path)
+    adapter = adapter_for(model)
+    held = _batches(model.config.vocab_size, 2, seed=8)
+    with span_removed(model, adapter, 2, 3, None):
+        inside = held_loss(model, adapter, held)
+    assert model.config.layer_types == types
+    cut = copy.deepcopy(model)
+    from core.depth.replace import remove_blocks
+
+    remove_blocks(cut, adapter, [2])
+    assert cut.config.layer_types == types[:2] + types[3:]
+    assert inside == pytest.approx(_reference_loss(cut, held), rel=1e-5)
+    # and the type really matters here: the cut model with its types left untrimmed scores otherwise
+    cut.config.layer_types = types[:5]
+    assert held_loss(cut, adapter, held) != pytest.approx(inside, rel=1e-4)
+
+
 @pytest.mark.parametrize("reconstruction", ["ls", "none"])
 def test_loss_selection_picks_the_span_whose_cut_model_scores_best(deep_dir, reconstruction):
     model = _load(deep_dir)
@@ -181,8 +207,13 @@ def test_depth_that_cannot_fit_the_model_is_refused_before_any_work(deep_dir, co
 def test_depth_refusals_in_the_recipe(deep_dir, corpus):
     with pytest.raises(ValueError, match="give one or the other"):
         Recipe.model_validate(_depth_recipe(deep_dir, corpus, modules="blocks", depth={"blocks": 2}))
-    with pytest.raises(ValueError, match="runs with the model in memory"):
-        Recipe.model_validate(_depth_recipe(deep_dir, corpus, depth={"blocks": 1}, execution="stream"))
+    # depth streams (tests/core/pipeline/test_streamed_depth.py); a speed target still compares in memory
+    streamed = Recipe.model_validate(_depth_recipe(deep_dir, corpus, depth={"blocks": 1}, execution="stream"))
+    assert streamed.execution == "stream" and streamed.removes_blocks
+    with pytest.raises(ValueError, match="compares whole pruned models in memory"):
+        Recipe.model_validate(
+            {**_depth_recipe(deep_dir, corpus, execution="stream"), "ratio": None, "target": {"speedup": 1.5}}
+        )
 
 
 def test_gemma_refuses_the_folded_stand_in_but_takes_plain_removal(tmp_path, corpus):

@@ -135,3 +135,27 @@ def test_two_identical_runs_agree_within_the_spread_they_report(llama_dir, corpu
     )
     assert lo1 <= s1 <= hi1 and lo2 <= s2 <= hi2
     assert abs(s1 - s2) <= (hi1 - lo1) + (hi2 - lo2), runs
+
+
+@pytest.mark.parametrize("depth_only", [True, False])
+def test_blocks_removed_by_depth_pruning_count_on_the_dense_side_only(depth_only):
+    """Three blocks timed alone before the span went (block 1 removed). The totals are the reference's
+    blocks: a removed block as (its times, zeros); a kept block of a depth-only run as (its times, its
+    times); with width pruning after, the kept blocks only as the width pruning times them side by side
+    (one here)."""
+    durations = {"b0": [9.0, 1.0, 1.2, 1.1], "b1": [9.0, 2.0, 2.5, 2.2], "b2": [9.0, 3.0, 3.3, 3.1]}
+    fake = _Scripted({**durations, "dense": [9.0, 3.0, 3.0, 3.0], "pruned": [9.0, 1.5, 1.0, 2.0]})
+    speed = BlockSpeed(repeats=3, clock=fake.clock)
+    times = [speed.time_alone(_block(name), fake.forward, CPU) for name in ("b0", "b1", "b2")]
+    for got, name in zip(times, ("b0", "b1", "b2"), strict=True):  # the warm-up is not timed
+        assert got == pytest.approx(durations[name][1:], abs=1e-12), name
+    speed.add_depth(times, {1}, depth_only)
+    blocks = [(times[1], [0.0] * 3)]
+    if depth_only:
+        blocks += [(times[0], times[0]), (times[2], times[2])]
+    else:
+        speed.time(_block("dense"), _block("pruned"), fake.forward, CPU)
+        blocks += [([3.0] * 3, [1.5, 1.0, 2.0])]  # the kept blocks count as the width pruning times them
+    metrics = speed.metrics()
+    for key, value in _reference(blocks).items():
+        assert metrics[key] == pytest.approx(value, abs=1e-4), key
