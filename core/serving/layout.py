@@ -1,4 +1,4 @@
-"""What both engine forms share: the families and rotary scalings they can state, the kept heads of a
+"""What both engine forms share: the families and rotary scalings they can state (GGUF a few more), the kept heads of a
 pruned layer as an engine's stock grouped-query attention, and tensor reading.
 
 An engine's attention has one group size per layer: query head ``i`` reads key/value head
@@ -36,6 +36,25 @@ def served_family(config: dict) -> str:
     label = next((f.label or f.name for f in FAMILIES.values() if model_type in f.model_types), model_type)
     raise ExportError(
         f"GGUF export writes the LLaMA, Mistral and Qwen2 families; this checkpoint is {label} "
+        f"(model_type {model_type!r}); it still loads in transformers"
+    )
+
+
+# the families GGUF export writes: those both engine forms state, and four it writes in their own llama.cpp
+# architecture (phi3 also as `llama`/`deci`)
+GGUF_FAMILIES = (*SERVED_FAMILIES, "qwen3", "gemma2", "gemma3", "phi3")
+
+
+def gguf_family(config: dict) -> str:
+    """The checkpoint's family when GGUF export can state it, else ``ExportError`` naming those that work."""
+    model_type = config.get("model_type")
+    for name in GGUF_FAMILIES:
+        if model_type in FAMILIES[name].model_types:
+            return name
+    label = next((f.label or f.name for f in FAMILIES.values() if model_type in f.model_types), model_type)
+    names = [FAMILIES[n].label for n in GGUF_FAMILIES]
+    raise ExportError(
+        f"GGUF export writes the {', '.join(names[:-1])} and {names[-1]} families; this checkpoint is {label} "
         f"(model_type {model_type!r}); it still loads in transformers"
     )
 
