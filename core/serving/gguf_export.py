@@ -14,6 +14,8 @@ states one width for all layers and no bias on the attention output or the FFN: 
 layers of different widths, or with the biases a reconstruction adds, is refused with the recipe that
 gives one it states. Phi-3 goes into ``phi3`` while it keeps every query head and has no added bias,
 otherwise into ``llama``/``deci`` (its fused ``qkv_proj``/``gate_up_proj`` split: LLaMA's computation).
+Which one is decided by ``core.models.serving_forms.gguf_architecture``, which the check of a recipe
+before pruning (``core.serving.preflight``) and the model card use too.
 
 What the conversion does, all of it exact:
 
@@ -49,10 +51,10 @@ from core.models.config_file import read_config
 from core.models.liar_families import FAMILIES
 from core.models.manifest import MANIFEST, file_sha256, read_manifest
 from core.models.safetensors_io import CheckpointError, CheckpointReader
+from core.models.serving_forms import SERVED_FAMILIES, SHARED, Form, checkpoint_form, gguf_architecture
 from core.serving.card import list_forms
 from core.serving.gguf_vocab import Vocab, VocabError, read_vocab, write_vocab
 from core.serving.layout import (
-    SERVED_FAMILIES,
     ExportError,
     LayerShape,
     Tensors,
@@ -64,13 +66,9 @@ from core.serving.layout import (
 )
 
 DTYPES = ("f16", "f32")
-# written only as their own llama.cpp architecture: per-head q/k norms (Qwen3, Gemma 3), Gemma's norms around
-# both sub-layers, soft-capping and sliding windows have no place in ``llama``/``deci``
-OWN_ARCH = ("qwen3", "gemma2", "gemma3")
 GEMMA = ("gemma2", "gemma3")
 _ACTIVATION = {"qwen3": "silu", "phi3": "silu", "gemma2": "gelu_pytorch_tanh", "gemma3": "gelu_pytorch_tanh"}
 _LARGE = {"gemma2": 46, "gemma3": 62}  # block counts llama.cpp takes for the 27B models (its attention scale)
-_NO_BIAS = "reconstruction.method none or mask_tuning (which add no bias)"
 
 
 @dataclass(frozen=True)
@@ -81,12 +79,8 @@ class GgufPlan:
     head_dim: int
     config: dict
     extras: dict = field(default_factory=dict)  # own architectures: rotary, sliding windows, caps, query scale
-
-
-def _added_bias(config: dict) -> bool:
-    """Whether the attention output or the FFN has a bias (a reconstruction adds them to both)."""
-    layout = config.get("liar_layout") or []
-    return bool(config.get("attention_bias") or config.get("mlp_bias") or any(e.get("bias") for e in layout))
+    form: Form | None = None  # what decided ``arch`` (``core.models.serving_forms``)
+    n_rot: int = 0  # channels of a head rotated
 
 
 def _refuse(family: str, what: str, fix: str) -> ExportError:
@@ -147,34 +141,14 @@ def plan(directory: str | Path) -> GgufPlan:
     config = read_config(directory)
     family = gguf_family(config)
     layers, head_dim = layers_of(config)
-    first = layers[0]
-    uniform = all((x.n_head, x.n_kv, x.n_ff) == (first.n_head, first.n_kv, first.n_ff) for x in layers)
-    regrouped = any(x.q_heads != sorted(x.q_heads) or len(set(x.kv_rows)) != x.n_kv for x in layers)
-    shared = "llama" if family != "qwen2" and uniform and not regrouped else "deci"
-    if family in SERVED_FAMILIES:
+    form = checkpoint_form(config, layers, head_dim)
+    extras = {} if family in SERVED_FAMILIES else _own_settings(config, family, layers, head_dim)
+    n_rot = extras.get("n_rot", head_dim)
+    arch = gguf_architecture(family, form, n_rot, head_dim)
+    if arch in SHARED:  # LLaMA's computation: a pruned Phi-3 too, its own settings unused
         check_rope(config)
-        return GgufPlan(arch=shared, family=family, layers=layers, head_dim=head_dim, config=config)
-    extras = _own_settings(config, family, layers, head_dim)
-    biased = _added_bias(config)
-    if family in OWN_ARCH and (biased or not uniform):
-        wrong = ["layers of different widths"] * (not uniform) + ["the biases its reconstruction added"] * biased
-        fix = ["allocation: uniform and round_to.kv_groups: whole"] * (not uniform) + [_NO_BIAS] * biased
-        raise _refuse(family, "has one number of query heads, key/value heads and FFN width for all layers and no "
-                      f"bias on the attention output or the FFN; this checkpoint has {' and '.join(wrong)}",
-                      f"re-prune with {' and '.join(fix)}")  # fmt: skip
-    arch = family
-    # llama.cpp's phi3 needs every query head and no added bias; otherwise LLaMA's computation is Phi-3's
-    phi3_fits = uniform and not biased and first.n_head * head_dim == config["hidden_size"]
-    if family == "phi3" and not phi3_fits:
-        if extras["n_rot"] != head_dim:
-            raise ExportError(
-                "a pruned Phi-3 goes into llama.cpp's llama/deci architectures (its phi3 one needs every query "
-                f"head kept and no added bias), which rotate every channel of a head; this checkpoint rotates "
-                f"{extras['n_rot']} of {head_dim}"
-            )
-        check_rope(config)
-        arch, extras = shared if uniform and not regrouped else "deci", {}
-    return GgufPlan(arch=arch, family=family, layers=layers, head_dim=head_dim, config=config, extras=extras)
+        extras = {}
+    return GgufPlan(arch, family, layers, head_dim, config, extras, form=form, n_rot=n_rot)
 
 
 def _rope_factors(config: dict, family: str, head_dim: int) -> np.ndarray | None:
@@ -264,7 +238,7 @@ def _attention_in(src: Tensors, p: GgufPlan, i: int):
             name = f"{pre}self_attn.{proj}_proj.{kind}"
             if src.has(name):
                 t = head_rows(src.get(name), heads, hd)
-                t = _pairwise(t, n) if p.arch in ("llama", "deci") and proj != "v" else t
+                t = _pairwise(t, n) if p.arch in SHARED and proj != "v" else t
                 t = t * q_scale if proj == "q" and p.arch == "gemma2" and q_scale != 1.0 else t
                 fused.setdefault(kind, []).append(t)
                 if p.arch != "phi3":
@@ -400,7 +374,7 @@ def write_gguf(checkpoint: str | Path | Prepared, out: str | Path, dtype: str = 
         raise ExportError(f"GGUF precision {dtype!r} is not one of {', '.join(DTYPES)}")
     ready = checkpoint if isinstance(checkpoint, Prepared) else check_exportable(checkpoint)
     p, reader, out = ready.plan, ready.reader, Path(out).expanduser()
-    factors = _rope_factors(p.config, p.family, p.head_dim) if p.arch in ("llama", "deci") else None
+    factors = _rope_factors(p.config, p.family, p.head_dim) if p.arch in SHARED else None
     if not out.parent.is_dir():
         raise ExportError(f"the folder of the output {str(out)!r} does not exist")
     matrix = np.dtype(np.float16 if dtype == "f16" else np.float32)

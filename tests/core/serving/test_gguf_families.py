@@ -98,7 +98,8 @@ def test_what_the_architecture_cannot_state_is_refused(models, family, tmp_path)
     ]
     biased = [{"heads": [0, 1, 4, 5], "kv_heads": [0, 2], "neurons": 20, "bias": ["mlp.down_proj"]}] * 2
     ckpt = crafted_checkpoint(src, tmp_path / "uneven", uneven, family=family)
-    widths = "layers of different widths: re-prune with allocation: uniform and round_to.kv_groups: whole$"
+    widths = "layers of different widths: re-prune with allocation: uniform, round_to.kv_groups: whole, "
+    widths += "round_to.neurons: 1$"
     _refused(ckpt, f"llama.cpp's {family} architecture has one number of query heads, .*; this checkpoint has {widths}")
     ckpt = crafted_checkpoint(src, tmp_path / "biased", biased, family=family)
     bias = "the biases its reconstruction added: re-prune with reconstruction.method none or mask_tuning"
