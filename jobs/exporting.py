@@ -21,15 +21,21 @@ class ExportRefused(Exception):
     for; the message says why, in one sentence."""
 
 
-def check_export(model: str, forms: list[str]) -> None:
+def check_export(model: str, forms: list[str], recipe: dict | None = None) -> None:
     """Before any pruning, ``core.serving.preflight`` on this worker: the submission checked a local
     folder on the machine that took it, but a quantized form needs llama.cpp *here*, and a hub model is
-    first seen here (downloaded now, as the streamed prune would, into the same cache). A model whose
-    files cannot be had (the prune will say why) is left to the prune. Raises :class:`ExportRefused`."""
+    first seen here (downloaded now, as the streamed prune would, into the same cache). Given the job's
+    ``recipe``, also that the checkpoint it prunes can be written in the forms. A model whose files cannot
+    be had (the prune will say why) is left to the prune. Raises :class:`ExportRefused`."""
     from core.serving import ExportError, preflight_model
+    from core.spec.recipe import Recipe
 
     try:
-        preflight_model(model, forms)
+        parsed = None if recipe is None else Recipe.model_validate(recipe)
+    except ValueError:  # (a pydantic ValidationError) the prune says what is wrong with the recipe
+        parsed = None
+    try:
+        preflight_model(model, forms, recipe=parsed)
     except ExportError as exc:
         raise ExportRefused(f"export {', '.join(forms)} refused before pruning: {exc}") from None
 

@@ -68,7 +68,7 @@ class JobService(JobFiles):
         recipe: dict | str | Path,
         evaluations: list[dict] | None = None,
         confine: bool = False,
-        check_export: bool = True,
+        check_export: bool | None = True,
         actor: Actor = OPEN,
     ) -> tuple[dict, list[dict]]:
         """The recipe and evaluations as stored, validated: :meth:`jobs.submission.Validator.validate`."""
@@ -156,12 +156,14 @@ class JobService(JobFiles):
         All cells are validated before any job is created."""
         from core.spec.sweep import GridError, expand_grid
 
-        base, evals = self.validate(recipe, evaluations, confine, actor=actor)
+        # the serving forms are checked on the cells, not on the base (a sweep of reconstruction methods
+        # may leave out the base's): the model once, with the first cell, and each cell's own recipe
+        base, evals = self.validate(recipe, evaluations, confine, check_export=None, actor=actor)
         if base.get("target") is not None:  # a speed target: no ratio axis, one job per method × criterion
             if ratios:
                 raise SubmitError("a speed-target recipe has no ratio to sweep: sweep methods or criteria")
             cells = target_cells(base, methods, criteria)
-            recipes = [self.validate(r, evals, check_export=False, actor=actor)[0] for r in cells]
+            recipes = [self.validate(r, evals, check_export=i == 0, actor=actor)[0] for i, r in enumerate(cells)]
             group = uuid.uuid4().hex[:12]
             return group, [self.submit(r, submitted_by, group, evals, check_export=False, actor=actor) for r in recipes]
         axes: dict[str, Any] = {}
@@ -175,8 +177,9 @@ class JobService(JobFiles):
             cells = expand_grid(base, axes)
         except GridError as exc:
             raise SubmitError(f"invalid recipe: {'; '.join(exc.problems)}") from None
-        # every cell has the base's model and serving forms, checked above
-        recipes = [self.validate(cell.recipe, evals, check_export=False, actor=actor)[0] for cell in cells]
+        recipes = [
+            self.validate(cell.recipe, evals, check_export=i == 0, actor=actor)[0] for i, cell in enumerate(cells)
+        ]
         group = uuid.uuid4().hex[:12]
         return group, [self.submit(r, submitted_by, group, evals, check_export=False, actor=actor) for r in recipes]
 

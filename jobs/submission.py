@@ -84,18 +84,23 @@ def check_sources(recipe, evaluations: list[dict], offline: bool) -> None:
             raise ValueError(f"evaluation dataset {dataset!r} comes from the Hugging Face Hub, {OFFLINE}")
 
 
-def _check_export(model: str, forms: list[str]) -> None:
+def _check_export(recipe, model_too: bool) -> None:
     """The serving forms a recipe asks for can be written from its model (``core.serving.preflight``:
-    family, rotary scaling, tokenizer, and the engine a quantized form needs): a model that cannot is
-    refused here rather than after hours of pruning. A local folder is checked now; a hub id by the
-    worker, once downloaded and before pruning."""
-    if not forms or not Path(model).expanduser().is_dir():  # (core.serving imports torch: only when needed)
+    family, rotary scaling, tokenizer, and the engine a quantized form needs) and from the checkpoint the
+    recipe prunes from it (``core.serving.check_recipe``: llama.cpp's Qwen3 and Gemma architectures state
+    one width and no added bias, which the recipe must give): a recipe that cannot is refused here rather
+    than after hours of pruning. ``model_too`` False: the recipe's part only, for the cells of a grid whose
+    model was checked once. A local folder is checked now; a hub id by the worker, once downloaded and
+    before pruning."""
+    if not recipe.export or not Path(recipe.model).expanduser().is_dir():  # (core.serving imports torch)
         return
-    from core.serving import ExportError, preflight_model
+    from core.serving import ExportError, check_recipe, preflight_model
 
     try:
-        # the engines are the worker's business (it checks again before pruning): this host may lack them
-        preflight_model(model, forms, engines=False, download=False)
+        if model_too:  # the engines are the worker's business (it checks again before pruning)
+            preflight_model(recipe.model, recipe.export, engines=False, download=False, recipe=recipe)
+        else:
+            check_recipe(recipe)
     except ExportError as exc:
         raise SubmitError(f"invalid recipe: export: {exc}") from None
 
@@ -123,16 +128,18 @@ class Validator:
         recipe: dict | str | Path,
         evaluations: list[dict] | None = None,
         confine: bool = False,
-        check_export: bool = True,
+        check_export: bool | None = True,
         actor: Actor = OPEN,
     ) -> tuple[dict, list[dict]]:
         """The recipe and evaluations as stored, validated (and preflighted against the model's config,
         and against the serving forms its ``export`` asks for); raises :class:`SubmitError`. ``confine``:
         a web or API submission, whose server-side paths must lie in :meth:`Settings.readable_roots`
-        (checked before anything reads them). ``check_export=False`` skips the serving forms' check
-        (about half a second: it reads the tokenizer) for the cells of a grid whose model and forms
-        were checked once. ``model: job:N`` names job N's checkpoint (:mod:`jobs.references`): checked
-        as that folder, stored as written; with downloads restricted, only for who may download it."""
+        (checked before anything reads them). ``check_export=False`` skips the model's part of the
+        serving forms' check (about half a second: it reads the tokenizer) for the cells of a grid whose
+        model and forms were checked once, and checks only what the cell's recipe prunes; ``None`` skips
+        both (a grid's base recipe, whose cells are checked). ``model: job:N`` names job N's checkpoint
+        (:mod:`jobs.references`): checked as that folder, stored as written; with downloads restricted,
+        only for who may download it."""
         from core.pipeline.preflight import preflight
         from core.spec.errors import validation_message
         from core.spec.recipe import Recipe
@@ -164,8 +171,8 @@ class Validator:
             check_sources(parsed, evals, self.settings.offline)  # what the worker would read, read now
         except (ValueError, FileNotFoundError) as exc:
             raise SubmitError(f"invalid recipe: {exc}") from None
-        if check_export:
-            _check_export(parsed.model, parsed.export)
+        if check_export is not None:
+            _check_export(parsed, model_too=check_export)
         stored = parsed.model_dump(mode="json", exclude_none=True)
         if reference is not None:
             stored["model"] = f"job:{reference}"  # the job page names the job, not the server's folder

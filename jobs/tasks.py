@@ -115,7 +115,7 @@ def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refus
         job_log(sf, job_id, token, f"started on {worker}")
         _fresh_dir(out_dir)
         forms = list(recipe.get("export") or [])
-        check_export(recipe["model"], forms)  # on this worker (its llama.cpp), a hub model once downloaded
+        check_export(recipe["model"], forms, recipe)  # on this worker (its llama.cpp), a hub model once downloaded
         result = _prune(recipe, progress, out_dir / "checkpoint")
         _run_evaluations(sf, job_id, token, recipe, result, evaluations, progress)
         metrics = result.summary()

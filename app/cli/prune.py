@@ -153,11 +153,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def _check_export(recipe, download: bool) -> None:
-    """The serving forms the recipe asks for, checked against its model before pruning (``ExportError``,
-    a ``ValueError``, with the sentence); a dry run does not download a hub model."""
+    """The serving forms the recipe asks for, checked against its model and against what the recipe will
+    prune from it before pruning (``ExportError``, a ``ValueError``, with the sentence); a dry run does not
+    download a hub model."""
     from core.serving import preflight_model
 
-    preflight_model(recipe.model, recipe.export, download=download)
+    preflight_model(recipe.model, recipe.export, download=download, recipe=recipe)
 
 
 def _serving_files(checkpoint: Path, forms: list[str]) -> tuple[dict[str, str], dict[str, str]]:

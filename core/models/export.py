@@ -31,6 +31,14 @@ from core.models.config_file import read_config
 from core.models.liar_families import FAMILIES
 from core.models.manifest import write_manifest
 from core.models.modeling_liar import CLASSES, ensure_bias, get_layers
+from core.models.serving_forms import (
+    GGUF_FAMILIES,
+    SERVED_FAMILIES,
+    ExportError,
+    checkpoint_form,
+    gguf_architecture,
+    layers_of,
+)
 
 MODELING_FILE = Path(modeling_liar.__file__)
 FAMILIES_FILE = MODELING_FILE.with_name("liar_families.py")  # imported by the modeling file
@@ -136,7 +144,8 @@ def _config_dict(model: nn.Module, family_name: str, layout: list[dict]) -> tupl
     return cfg, False
 
 
-def model_card(result, stock: bool, architecture: str) -> str:
+def model_card(result, stock: bool, architecture: str, config: dict) -> str:
+    """The README of a checkpoint whose ``config.json`` holds ``config``."""
     r = result.recipe
     load = (
         "from transformers import {auto}, AutoTokenizer\n"
@@ -174,7 +183,7 @@ calibrated on {r.calibration.num_calibration_samples} × {r.calibration.max_seq_
 
 ## Serving
 {_serving(stock, architecture)}
-{_serving_forms(result.adapter.name)}
+{_serving_forms(result.adapter.name, config)}
 
 ## Metrics
 | metric | value |
@@ -211,23 +220,48 @@ a stock grouped-query attention), with FFN widths that come out equal in every l
 {neurons: 1}` does; a coarser multiple may leave neighbouring multiples in different layers)."""
 
 
-SERVED_FAMILIES = ("llama", "mistral", "qwen2")  # the families core.serving writes GGUF and vLLM forms of
+# what llama.cpp's architecture of each kind states, said on the card of a checkpoint written as it
+_GGUF_ARCHITECTURE = {
+    "llama": "llama.cpp's `llama` architecture (the same widths in every layer)",
+    "deci": "llama.cpp's `deci` architecture (per-layer arrays state every layer's widths)",
+    "phi3": "llama.cpp's own `phi3` architecture",
+}
 
 
-def _serving_forms(family_name: str) -> str:
-    """How to get the checkpoint's engine forms (the families ``core.serving`` writes), and the list of
-    those already written (filled in by ``core.serving.card``)."""
-    if family_name not in SERVED_FAMILIES:
-        return ""
-    return """
-**llama.cpp / ollama:** `liar export PATH --format gguf --quant q4_k_m` (or `f16`, `q8_0`) writes
-`PATH/NAME-q4_k_m.gguf`, one file with the tokenizer inside, in a form stock llama.cpp runs whatever
-the layers' widths (per-layer widths go in llama.cpp's `deci` architecture): `llama-cli -m FILE`.
+def _gguf_form(family_name: str, config: dict) -> str:
+    """The card's GGUF paragraph: the llama.cpp architecture the checkpoint is written as, or why none."""
+    layers, head_dim = layers_of(config)
+    params = config.get("rope_parameters") or {}
+    factor = float(params.get("partial_rotary_factor", config.get("partial_rotary_factor")) or 1.0)
+    form = checkpoint_form(config, layers, head_dim)
+    try:
+        arch = gguf_architecture(family_name, form, int(head_dim * factor), head_dim)
+    except ExportError as exc:
+        return f"**llama.cpp / ollama:** this checkpoint has no GGUF form: {exc}.\n"
+    own = f"llama.cpp's own `{arch}` architecture (one width for every layer, no bias added)"
+    what = _GGUF_ARCHITECTURE.get(arch, own)
+    return f"""**llama.cpp / ollama:** `liar export PATH --format gguf --quant q4_k_m` (or `f16`, `q8_0`) writes
+`PATH/NAME-q4_k_m.gguf`, one file with the tokenizer inside, as {what}, which stock llama.cpp runs:
+`llama-cli -m FILE`.
+"""
 
+
+_VLLM_FORM = """
 **vLLM:** `liar export PATH --format vllm` writes `PATH/vllm/` in vLLM's DeciLM form (per-layer
 key/value heads and FFN widths; every layer must keep the same number of query heads, which a
 recipe with `query_heads: uniform` guarantees): `vllm serve PATH/vllm --trust-remote-code`.
+"""
 
+
+def _serving_forms(family_name: str, config: dict) -> str:
+    """How to get the checkpoint's engine forms (``core.serving`` writes GGUF for ``GGUF_FAMILIES``, as the
+    architecture ``gguf_architecture`` decides, and vLLM's DeciLM form for ``SERVED_FAMILIES`` only), and
+    the list of those already written (filled in by ``core.serving.card``)."""
+    if family_name not in GGUF_FAMILIES:
+        return ""
+    vllm = _VLLM_FORM if family_name in SERVED_FAMILIES else ""
+    return f"""
+{_gguf_form(family_name, config)}{vllm}
 The serving files written so far (a recipe's `export` writes them with the checkpoint):
 <!-- gguf-files -->
 <!-- /gguf-files -->
@@ -257,8 +291,9 @@ def finish_checkpoint(result, directory: Path, out: Path, stock: bool, digests: 
     and move it to ``out`` (replacing what is there)."""
     metrics = {**result.summary(), "stock_architecture": stock, "layers": result.layer_rows()}
     (directory / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    architecture = (read_config(directory).get("architectures") or [""])[0]
-    (directory / "README.md").write_text(model_card(result, stock, architecture))
+    config = read_config(directory)
+    architecture = (config.get("architectures") or [""])[0]
+    (directory / "README.md").write_text(model_card(result, stock, architecture, config))
     write_manifest(directory, digests)
     if out.exists():
         shutil.rmtree(out)

@@ -2,8 +2,9 @@
 
 ``FORMATS`` names every form ``export`` writes; recipes, jobs, the CLI and the web form offer these
 names. ``preflight`` checks, before any pruning, that a model can be written in the asked forms (its
-family, rotary scaling and tokenizer; the engine a quantized form needs), so a late failure never
-costs a finished prune.
+family, rotary scaling and tokenizer; the engine a quantized form needs; given the recipe, that the
+checkpoint it prunes has a GGUF architecture: ``gguf_recipe``), so a late failure never costs a
+finished prune. ``check_recipe`` is that last part alone, for the cells of a grid.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.serving.card import VLLM_DIR, list_forms
-from core.serving.gguf_export import ExportError, check_exportable, export_gguf, verify_checkpoint
-from core.spec.recipe import EXPORT_FORMATS
+from core.serving.gguf_export import ExportError, check_exportable, export_gguf, plan, verify_checkpoint
+from core.serving.gguf_recipe import check_recipe_gguf
+from core.spec.recipe import EXPORT_FORMATS, Recipe
 
 # form name → GGUF weight type; "vllm": vLLM's DeciLM form in the checkpoint's ``vllm/`` folder
 GGUF_FORMATS = {"gguf-f16": "f16", "gguf-q8_0": "q8_0", "gguf-q4_k_m": "q4_k_m"}
@@ -25,9 +27,10 @@ def _unknown(names: list[str]) -> None:
         raise ExportError(f"unknown export form {', '.join(map(repr, bad))}: the forms are {', '.join(FORMATS)}")
 
 
-def preflight(model_dir: str | Path, formats: list[str], engines: bool = True) -> None:
+def preflight(model_dir: str | Path, formats: list[str], engines: bool = True, recipe: Recipe | None = None) -> None:
     """``ExportError`` when the model in ``model_dir`` (pruned or not) cannot be written in ``formats``;
-    ``engines``: also that the engines a form needs are here (off where the run happens elsewhere)."""
+    ``engines``: also that the engines a form needs are here (off where the run happens elsewhere);
+    ``recipe``: also that the checkpoint it prunes from the model can be (:func:`check_recipe`)."""
     from core.models.config_file import read_config
     from core.serving.engines import INSTALL_HINT, llama_cpp_python
     from core.serving.vllm_form import check_vllm_family
@@ -35,7 +38,9 @@ def preflight(model_dir: str | Path, formats: list[str], engines: bool = True) -
     _unknown(formats)
     directory = Path(model_dir).expanduser()
     if any(f in GGUF_FORMATS for f in formats):
-        check_exportable(directory)
+        ready = check_exportable(directory)
+        if recipe is not None:
+            check_recipe_gguf(ready.plan, recipe)
     if "vllm" in formats:
         check_vllm_family(read_config(directory))
     quantized = [f for f in formats if GGUF_FORMATS.get(f) in ("q8_0", "q4_k_m")]
@@ -43,7 +48,9 @@ def preflight(model_dir: str | Path, formats: list[str], engines: bool = True) -
         raise ExportError(f"{quantized[0]} needs llama.cpp's quantizer, which this machine lacks: {INSTALL_HINT}")
 
 
-def preflight_model(model: str, formats: list[str], engines: bool = True, download: bool = True) -> None:
+def preflight_model(
+    model: str, formats: list[str], engines: bool = True, download: bool = True, recipe: Recipe | None = None
+) -> None:
     """:func:`preflight` for a recipe's model: a local folder, or (``download``) a hub model fetched as
     the streamed prune fetches it, into the same cache. A model whose files cannot be had is left to the
     prune, which says why."""
@@ -53,7 +60,18 @@ def preflight_model(model: str, formats: list[str], engines: bool = True, downlo
         return
     directory = checkpoint_directory(model)
     if directory is not None:
-        preflight(directory, formats, engines=engines)
+        preflight(directory, formats, engines=engines, recipe=recipe)
+
+
+def check_recipe(recipe: Recipe) -> None:
+    """``ExportError`` when the GGUF forms ``recipe`` asks for cannot be written from the checkpoint it
+    prunes (``gguf_recipe``: a family whose llama.cpp architecture states one width for every layer and no
+    added bias, pruned by a recipe that gives either). Reads the model's config only, not its tokenizer or
+    weights: for the cells of a grid whose model :func:`preflight` checked once. A local folder only (a hub
+    model is checked by the worker, with the whole of :func:`preflight`)."""
+    directory = Path(recipe.model).expanduser()
+    if any(f in GGUF_FORMATS for f in recipe.export) and (directory / "config.json").is_file():
+        check_recipe_gguf(plan(directory), recipe)
 
 
 def export(checkpoint: str | Path, formats: list[str], threads: int = 2) -> list[Path]:
@@ -75,4 +93,4 @@ def export(checkpoint: str | Path, formats: list[str], threads: int = 2) -> list
     return written
 
 
-__all__ = ["FORMATS", "ExportError", "export", "preflight", "preflight_model"]
+__all__ = ["FORMATS", "ExportError", "check_recipe", "export", "preflight", "preflight_model"]

@@ -82,10 +82,14 @@ def _adds(tokenizer, token_id: int | None, first: bool) -> bool:
 
 def _space_prefix(spec: dict) -> bool:
     """Whether a SentencePiece-style tokenizer puts "▁" before the text (LLaMA 2's normalizer prepends
-    it; a Metaspace pre-tokenizer does with prepend_scheme first or always); other layouts are refused."""
+    it, Gemma's does not; a Metaspace pre-tokenizer does with prepend_scheme first or always); other layouts
+    are refused."""
     norm, pre = spec.get("normalizer") or {}, spec.get("pre_tokenizer") or {}
     steps = norm.get("normalizers", [norm] if norm else [])
     kinds = [x.get("type") for x in steps]
+    spaces_gone = kinds[-1:] == ["Replace"] and _split_regex(steps[-1]) == " " and steps[-1].get("content") == "▁"
+    if pre.get("type") == "Split" and _split_regex(pre) == " " and spaces_gone:
+        pre = {}  # Gemma's split at spaces, which the normalizer has already replaced by "▁": it splits nothing
     if not pre and kinds in (["Prepend", "Replace"], ["Replace"]):
         return kinds[0] == "Prepend" and steps[0].get("prepend") == "▁"
     if not norm and pre.get("type") == "Metaspace" and pre.get("replacement", "▁") == "▁":

@@ -1,33 +1,35 @@
-"""What both engine forms share: the families and rotary scalings they can state, the kept heads of a
-pruned layer as an engine's stock grouped-query attention, and tensor reading.
+"""What both engine forms share: the families and rotary scalings they can state (GGUF a few more
+families than vLLM's DeciLM form), the kept heads of a pruned layer as an engine's stock grouped-query
+attention, and tensor reading.
 
 An engine's attention has one group size per layer: query head ``i`` reads key/value head
 ``i // group``. A pruned layer's kept query heads may sit in unequal groups over its kept key/value
-heads (3 heads on one, 1 on the next). :func:`layer_shape` orders the query heads by the key/value
-head they read and repeats each key/value head so that every group has the groups' greatest common
-size: the same attention, exactly, in the form both GGUF (llama.cpp) and vLLM's DeciLM state.
+heads (3 heads on one, 1 on the next). :func:`layer_shape` (``core.models.serving_forms``, torch-free,
+which also decides each family's GGUF architecture) orders the query heads by the key/value head they
+read and repeats each key/value head so that every group has the groups' greatest common size: the same
+attention, exactly, in the form both GGUF (llama.cpp) and vLLM's DeciLM state.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 
-from core.models.export import SERVED_FAMILIES
 from core.models.liar_families import FAMILIES
 from core.models.safetensors_io import CheckpointReader
+from core.models.serving_forms import (
+    GGUF_FAMILIES,
+    SERVED_FAMILIES,
+    ExportError,
+    LayerShape,
+    layer_shape,
+    layers_of,
+)
 
 SCALING_BY_FACTOR = ("default", "linear", "llama3")  # rotary types that divide each frequency by a constant
 
 
-class ExportError(ValueError):
-    """The checkpoint cannot be written in a serving form (the message says why and what would work)."""
-
-
 def served_family(config: dict) -> str:
-    """The checkpoint's family when the engine forms can state it (LLaMA, Mistral, Qwen2), else
+    """The checkpoint's family when vLLM's DeciLM form can state it (LLaMA, Mistral, Qwen2), else
     ``ExportError`` naming the families that work."""
     model_type = config.get("model_type")
     for name in SERVED_FAMILIES:
@@ -35,7 +37,21 @@ def served_family(config: dict) -> str:
             return name
     label = next((f.label or f.name for f in FAMILIES.values() if model_type in f.model_types), model_type)
     raise ExportError(
-        f"GGUF export writes the LLaMA, Mistral and Qwen2 families; this checkpoint is {label} "
+        f"vLLM's DeciLM form writes the LLaMA, Mistral and Qwen2 families; this checkpoint is {label} "
+        f"(model_type {model_type!r}); it still loads in transformers"
+    )
+
+
+def gguf_family(config: dict) -> str:
+    """The checkpoint's family when GGUF export can state it, else ``ExportError`` naming those that work."""
+    model_type = config.get("model_type")
+    for name in GGUF_FAMILIES:
+        if model_type in FAMILIES[name].model_types:
+            return name
+    label = next((f.label or f.name for f in FAMILIES.values() if model_type in f.model_types), model_type)
+    names = [FAMILIES[n].label for n in GGUF_FAMILIES]
+    raise ExportError(
+        f"GGUF export writes the {', '.join(names[:-1])} and {names[-1]} families; this checkpoint is {label} "
         f"(model_type {model_type!r}); it still loads in transformers"
     )
 
@@ -54,49 +70,6 @@ def check_rope(config: dict) -> None:
         raise ExportError(
             f"rotary scaling {kind!r} has no exact GGUF form here; GGUF export writes {', '.join(SCALING_BY_FACTOR)}"
         )
-
-
-@dataclass(frozen=True)
-class LayerShape:
-    """One block as an engine's attention sees it."""
-
-    q_heads: list[int]  # the checkpoint's query heads (positions in q_proj), in the engine's order
-    kv_rows: list[int]  # for each of the engine's key/value heads, its position in the checkpoint's k/v
-    n_ff: int
-
-    @property
-    def n_head(self) -> int:
-        return len(self.q_heads)
-
-    @property
-    def n_kv(self) -> int:
-        return len(self.kv_rows)
-
-
-def layer_shape(entry: dict, n_heads: int, n_kv: int) -> LayerShape:
-    """The engine's view of a layer keeping query heads ``entry['heads']`` over key/value heads
-    ``entry['kv_heads']`` (original indices; ``n_heads`` over ``n_kv`` in the unpruned model)."""
-    heads, kv_heads, rep = list(entry["heads"]), list(entry["kv_heads"]), n_heads // n_kv
-    position = {kv: i for i, kv in enumerate(kv_heads)}
-    reads = [position[h // rep] for h in heads]  # each kept query head's key/value head (checkpoint position)
-    order = sorted(range(len(heads)), key=lambda i: reads[i])  # stable: groups become contiguous
-    sizes = [reads.count(j) for j in range(len(kv_heads)) if reads.count(j)]
-    group = math.gcd(*sizes)
-    kv_rows = [j for j in range(len(kv_heads)) for _ in range(reads.count(j) // group)]
-    return LayerShape(q_heads=order, kv_rows=kv_rows, n_ff=int(entry["neurons"]))
-
-
-def layers_of(config: dict) -> tuple[list[LayerShape], int]:
-    """Every block of a checkpoint (``liar_layout`` or, for a stock one, the config's widths) and the
-    head size."""
-    n_heads = config["num_attention_heads"]
-    n_kv = config.get("num_key_value_heads") or n_heads
-    head_dim = config.get("head_dim") or config["hidden_size"] // n_heads
-    layout = config.get("liar_layout")
-    if layout is None:
-        full = {"heads": list(range(n_heads)), "kv_heads": list(range(n_kv)), "neurons": config["intermediate_size"]}
-        layout = [full] * config["num_hidden_layers"]
-    return [layer_shape(e, n_heads, n_kv) for e in layout], head_dim
 
 
 def head_rows(w: torch.Tensor, heads: list[int], head_dim: int) -> torch.Tensor:
@@ -120,3 +93,19 @@ class Tensors:
         if self.meta:
             return torch.empty(self.reader.entries[name].shape, device="meta")
         return self.reader.read(name, dtype=torch.float32)
+
+
+__all__ = [
+    "GGUF_FAMILIES",
+    "SERVED_FAMILIES",
+    "ExportError",
+    "LayerShape",
+    "Tensors",
+    "check_rope",
+    "gguf_family",
+    "head_rows",
+    "layer_shape",
+    "layers_of",
+    "rope",
+    "served_family",
+]

@@ -364,12 +364,14 @@ def test_default_recipe_and_the_paper_flag(llama_dir, calib_file, tmp_path, caps
 
 @pytest.fixture(scope="module")
 def bpe_models(tmp_path_factory):
-    """A tiny LLaMA GGUF export can write (byte-level BPE tokenizer) and a Gemma 3 it cannot."""
+    """A tiny LLaMA GGUF export can write (byte-level BPE tokenizer), an OPT it cannot, and a Gemma 3 it can
+    write only when the prune keeps one width in every layer and adds no bias."""
     from core.models.tiny import tiny_decoder
 
     base = tmp_path_factory.mktemp("bpe_models")
     return {
         "llama": tiny_decoder(base / "llama", tokenizer="bpe"),
+        "opt": tiny_decoder(base / "opt", family="opt", tokenizer="bpe"),
         "gemma3": tiny_decoder(base / "gemma3", family="gemma3", tokenizer="bpe"),
     }
 
@@ -410,12 +412,35 @@ def test_prune_writes_the_serving_forms_after_saving(bpe_models, calib_file, tmp
 def test_prune_refuses_a_model_it_cannot_export_before_pruning(bpe_models, calib_file, tmp_path, capsys):
     out = tmp_path / "never"
     for dry_run in ((), ("--dry-run",)):
-        code = main(_prune_args(bpe_models["gemma3"], calib_file, out, "--export", "gguf-f16", *dry_run))
+        code = main(_prune_args(bpe_models["opt"], calib_file, out, "--export", "gguf-f16", *dry_run))
         err = capsys.readouterr().err
-        assert code == 2 and "GGUF export writes the LLaMA, Mistral and Qwen2 families" in err
+        families = "GGUF export writes the LLaMA, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 (text) and Phi-3 families"
+        assert code == 2 and f"{families}; this checkpoint is OPT" in err
         assert "Traceback" not in err and not out.exists()
     code = main(_prune_args(bpe_models["llama"], calib_file, out, "--export", "gguf-f5"))
     assert code == 2 and "'gguf-f5' is not a serving form; choose from gguf-f16" in capsys.readouterr().err
+
+
+def test_prune_refuses_a_recipe_whose_checkpoint_llama_cpp_cannot_hold_before_pruning(
+    bpe_models, calib_file, tmp_path, capsys
+):
+    """Gemma 3's llama.cpp architecture states one width for every layer and no bias on the attention output
+    or the FFN: the default recipe (global allocation, a refit that adds biases) is refused before pruning,
+    naming the settings that would work; with them the prune runs and writes the GGUF."""
+    out = tmp_path / "never"
+    for dry_run in ((), ("--dry-run",)):
+        code = main(_prune_args(bpe_models["gemma3"], calib_file, out, "--export", "gguf-f16", *dry_run))
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err and not out.exists()
+        (line,) = [x for x in err.splitlines() if "llama.cpp's gemma3 architecture has one number of query heads" in x]
+        assert line.endswith(
+            "prune with allocation: uniform, round_to.kv_groups: whole and reconstruction.method none or mask_tuning"
+        )
+    out = tmp_path / "uniform"
+    fits = ("--allocation", "uniform", "--kv-groups", "whole", "--reconstruction", "mask_tuning", "--json")
+    code = main(_prune_args(bpe_models["gemma3"], calib_file, out, "--export", "gguf-f16", *fits))
+    assert code == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["export"] == {"gguf-f16": str(out / "uniform-f16.gguf")}
 
 
 def test_prune_keeps_the_checkpoint_when_an_export_fails(bpe_models, calib_file, tmp_path, capsys, monkeypatch):

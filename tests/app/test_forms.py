@@ -536,14 +536,15 @@ def test_serving_files_land_in_the_recipe_and_its_yaml(job_service, tmp_path_fac
     assert forms.submit_form(job_service, form, "ada").endswith("jobs 1, 2, 3, 4")
     assert all(job_service.show(i)["recipe"]["export"] == ["gguf-f16"] for i in (1, 2, 3, 4))
     # a model the forms cannot be written from is refused in one line, before anything is queued
-    gemma = tiny_decoder(base / "gemma3", family="gemma3", tokenizer="bpe")
-    message, text, _ = forms.validate_form(job_service, _form(tmp_path, gemma, export=["gguf-f16"]))
-    assert message.startswith("**⚠ invalid recipe: export: GGUF export writes the LLaMA, Mistral and Qwen2 families")
+    opt = tiny_decoder(base / "opt", family="opt", tokenizer="bpe")
+    message, text, _ = forms.validate_form(job_service, _form(tmp_path, opt, export=["gguf-f16"]))
+    families = "GGUF export writes the LLaMA, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 (text) and Phi-3 families"
+    assert message.startswith(f"**⚠ invalid recipe: export: {families}; this checkpoint is OPT")
     assert text == "" and "\n" not in message
-    assert forms.submit_form(job_service, _form(tmp_path, gemma, export=["gguf-f16"]), "ada").startswith("**⚠ invalid")
+    assert forms.submit_form(job_service, _form(tmp_path, opt, export=["gguf-f16"]), "ada").startswith("**⚠ invalid")
     assert recipe_box.submit(
-        job_service, f"model: {gemma}\nratio: 0.3\nexport: [gguf-f16]\ncalibration: {{texts: [a b]}}\n", "(none)", None
-    ).startswith("**⚠ invalid recipe: export: GGUF export")
+        job_service, f"model: {opt}\nratio: 0.3\nexport: [gguf-f16]\ncalibration: {{texts: [a b]}}\n", "(none)", None
+    ).startswith(f"**⚠ invalid recipe: export: {families}")
     assert len(job_service.list()) == 4
 
 

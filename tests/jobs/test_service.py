@@ -221,21 +221,22 @@ def test_invalid_sweep_creates_no_job(service, job_models):
 @pytest.fixture(scope="module")
 def serving_models(tmp_path_factory):
     """Tiny decoders GGUF export can and cannot write: LLaMA with a byte-level BPE tokenizer (can), the
-    default WordLevel tokenizer and a Gemma 3 (cannot)."""
+    default WordLevel tokenizer and an OPT (cannot), a Gemma 3 (only pruned to one width without biases)."""
     from core.models.tiny import tiny_decoder
 
     base = tmp_path_factory.mktemp("serving_models")
     return {
         "llama": tiny_decoder(base / "llama-bpe", tokenizer="bpe"),
         "words": tiny_decoder(base / "llama-words"),
+        "opt": tiny_decoder(base / "opt-bpe", family="opt", tokenizer="bpe"),
         "gemma3": tiny_decoder(base / "gemma3-bpe", family="gemma3", tokenizer="bpe"),
     }
 
 
 def test_a_model_that_cannot_be_exported_is_refused_at_submission(service, job_models, serving_models):
     refusals = {
-        "gemma3": "invalid recipe: export: GGUF export writes the LLaMA, Mistral and Qwen2 families; this checkpoint "
-        "is Gemma 3",
+        "opt": "invalid recipe: export: GGUF export writes the LLaMA, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 (text) "
+        "and Phi-3 families; this checkpoint is OPT",
         "words": "invalid recipe: export: cannot write the tokenizer into the GGUF: it is WordLevel",
     }
     for name, message in refusals.items():
@@ -251,6 +252,26 @@ def test_a_model_that_cannot_be_exported_is_refused_at_submission(service, job_m
     assert service.submit(recipe(job_models, model=str(serving_models["words"]))) == 1
     assert service.submit(recipe(job_models, model=str(serving_models["llama"]), export=["gguf-f16"])) == 2
     assert service.show(2)["recipe"]["export"] == ["gguf-f16"]
+
+
+def test_a_recipe_whose_checkpoint_llama_cpp_cannot_hold_is_refused_at_submission(service, job_models, serving_models):
+    """Gemma 3 exports only pruned to one width without added biases: the default recipe is refused before
+    anything is queued; a sweep is checked cell by cell (its methods, not the base recipe's)."""
+    gemma = str(serving_models["gemma3"])
+    with pytest.raises(SubmitError) as caught:
+        service.submit(recipe(job_models, model=gemma, export=["gguf-f16"]))
+    message = str(caught.value)
+    assert message.startswith("invalid recipe: export: llama.cpp's gemma3 architecture has one number of query heads")
+    assert message.endswith(
+        "this recipe would give layers of different widths and the biases its reconstruction adds: prune with "
+        "allocation: uniform, round_to.kv_groups: whole and reconstruction.method none or mask_tuning"
+    )
+    fits = recipe(job_models, model=gemma, export=["gguf-f16"], allocation="uniform", round_to={"kv_groups": "whole"})
+    with pytest.raises(SubmitError, match="the biases its reconstruction adds: prune with reconstruction.method none"):
+        service.submit_sweep(fits, methods=["none", "ls"])  # its ls cell
+    assert service.list() == [] and service.celery.sent == []
+    _, ids = service.submit_sweep(fits, methods=["none", "mask_tuning"])  # the base's ls is no cell
+    assert [service.show(i)["recipe"]["reconstruction"]["method"] for i in ids] == ["none", "mask_tuning"]
 
 
 def _artifact_files(info) -> dict:

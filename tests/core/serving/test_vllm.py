@@ -131,3 +131,14 @@ def test_unequal_query_heads_per_layer_are_refused(tmp_path):
     with pytest.raises(ExportError, match="keeps 3 to 4 heads per layer: prune with `heads: uniform`"):
         export_vllm(ckpt)
     assert not (tmp_path / "llama-pruned-vllm").exists()
+
+
+def test_the_vllm_form_stays_with_the_llama_like_families():
+    """GGUF writes Qwen3, Gemma and Phi-3 in llama.cpp's own architectures; vLLM's DeciLM form computes
+    LLaMA's blocks only, so it keeps refusing them, naming its own families."""
+    from core.serving.vllm_form import check_vllm_family
+
+    for model_type, label in (("gemma3_text", "Gemma 3 \\(text\\)"), ("qwen3", "Qwen3"), ("phi3", "Phi-3")):
+        with pytest.raises(ExportError, match=f"^vLLM's DeciLM form writes the LLaMA, Mistral and Qwen2 families; "
+                           f"this checkpoint is {label}"):  # fmt: skip
+            check_vllm_family({"model_type": model_type})
