@@ -302,8 +302,8 @@ norm: it has no linear place to go. Depth on this model is plain removal, the sp
     title = "plain removal against the least-squares stand-in" if stand_in else "plain removal (no stand-in)"
     out.write_text(f"""# Depth pruning on {r["label"]}: {title}
 
-`python bench/depth.py --model {r["model"]} --blocks {n} --no-timing`, measured {r["date"]} ({r["machine"]}, torch
-{r["torch"]}); quality only (held-out perplexity, no times: the machine was shared with other work).
+`python bench/depth.py --model {r["model"]} --blocks {n} --no-timing`, measured {r["date"]} ({r["machine"]},
+torch {r["torch"]}); quality only (held-out perplexity, no times: the machine was shared with other work).
 {n} of {total} blocks ({n / total:.0%}) removed as one contiguous span; the spans' statistics from the default
 recipe's calibration (128 × 128 tokens of the Wikipedia calibration articles); held-out perplexity on the first
 20 windows of 512 tokens of the Wikipedia evaluation articles (dense: {r["dense"]:.2f}). Weights: {r["weights"]}
