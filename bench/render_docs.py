@@ -370,14 +370,42 @@ def _refit_peak() -> str:
     return f"{num(peak('solve', s, 'before (6d6d779)'), 0)} / {num(peak('solve', s, 'after'), 0)} MiB"
 
 
-def depth_ls_over_plain() -> str:
+def depth_ls_over_plain(name: str = "depth.json") -> str:
     """The stand-in's perplexity over plain removal's on the same span (the best plain span)."""
-    d = data("depth.json")
+    d = data(name)
     rows = [r for r in d["rows"] if "perplexity" in r]
     plain = min((r for r in rows if r["method"] == "none"), key=lambda r: r["perplexity"])
     ls = next(r for r in rows if r["method"] == "ls" and r["start"] == plain["start"])
     span = f"{plain['start']}–{plain['start'] + d['blocks_removed'] - 1}"
     return f"{num(ls['perplexity'], 1)} vs {num(plain['perplexity'], 1)} (blocks {span})"
+
+
+DEPTH_SLEB, DEPTH_ANGULAR = "held-aside loss, span removed (SLEB)", "angular distance (ShortGPT)"
+
+
+def depth_plain_spans(name: str) -> str:
+    """A depth page's plain removal: perplexity with the span SLEB's criterion picks / the angular distance picks."""
+    d = data(name)
+    measured = {r["start"]: r["perplexity"] for r in d["rows"] if r["method"] == "none" and "perplexity" in r}
+    chosen = {r["selection"]: r["start"] for r in d["rows"]}
+
+    def cell(selection: str) -> str:
+        s = chosen[selection]
+        return f"{num(measured[s], 1)} (blocks {s}–{s + d['blocks_removed'] - 1})"
+
+    return f"{cell(DEPTH_SLEB)} / {cell(DEPTH_ANGULAR)}; dense {num(d['dense'], 1)}"
+
+
+def quality_ppl(name: str, recipe: str) -> str | None:
+    """A recipe's held-out perplexity on a quality-only depth_speed page (None: not measured)."""
+    row = next((r for r in data(name)["untimed"] if r["name"] == recipe), None)
+    return None if row is None else num(row["perplexity"], 1)
+
+
+def quality_pair(name: str, a: str, b: str) -> str | None:
+    """``a vs b``: two recipes' perplexities on a quality-only depth_speed page (None unless both were measured)."""
+    pa, pb = quality_ppl(name, a), quality_ppl(name, b)
+    return None if pa is None or pb is None else pair(pa, pb, " vs ")
 
 
 def depth_speed_row(name: str) -> dict:
@@ -730,6 +758,33 @@ PAGES: dict[str, Page] = {
             _c("SmolLM2 8 of 30 blocks (ls stand-in): the same", lambda: depth_speed_claim("depth 8 (27%)")),
         ),
         data=("depth_speed.json",),
+    ),
+    "depth_gemma3.md": Page(
+        "python bench/depth.py --model gemma3 --blocks 4 --no-timing",
+        "cpu",
+        (
+            _c(
+                "Gemma 3 270M, 4 of 18 blocks removed plainly (ls refused: normalised FFN output), perplexity: "
+                "span by held-aside loss (SLEB) / by angular distance (ShortGPT)",
+                lambda: depth_plain_spans("depth_gemma3.json"),
+            ),
+        ),
+        data=("depth_gemma3.json",),
+    ),
+    "depth_speed_gemma3.md": Page(
+        "python bench/depth_speed.py --model gemma3 --no-timing",
+        "cpu",
+        (
+            _c(
+                "Gemma 3 270M at 22% removed, perplexity: width only vs 4 of 18 blocks removed plainly",
+                lambda: quality_pair("depth_speed_gemma3.json", "width 22%", "depth 4 (22%), none"),
+            ),
+            _c(
+                "Gemma 3 270M at 50% removed, perplexity: width only vs 4 blocks removed plainly + width",
+                lambda: quality_pair("depth_speed_gemma3.json", "width 50%", "depth 4 + width, 50%, none"),
+            ),
+        ),
+        data=("depth_speed_gemma3.json",),
     ),
     "speed_target.md": Page(
         "python bench/speed_target.py",

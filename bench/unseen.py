@@ -72,13 +72,22 @@ def both_texts(model, tok) -> dict[str, float]:
     """Perplexity on 20 windows of 512 tokens of the Wikipedia evaluation split and of the Rotten
     Tomatoes test snippets (the page's two columns)."""
     from bench.assets import rotten_tomatoes_split, wikipedia_split
-    from core import perplexity
 
     texts = (("wikipedia", wikipedia_split()[1]), ("rotten_tomatoes", rotten_tomatoes_split()["test"]))
-    return {
-        name: perplexity(model, tok, str(path), seq_len=512, batch_size=4, max_windows=20)["perplexity"]
-        for name, path in texts
-    }
+    return {name: _perplexity(model, tok, path) for name, path in texts}
+
+
+def wikipedia_perplexity(model, tok) -> float:
+    """:func:`both_texts`' Wikipedia column alone (half the evaluation, for pages that quote only it)."""
+    from bench.assets import wikipedia_split
+
+    return _perplexity(model, tok, wikipedia_split()[1])
+
+
+def _perplexity(model, tok, path) -> float:
+    from core import perplexity
+
+    return perplexity(model, tok, str(path), seq_len=512, batch_size=4, max_windows=20)["perplexity"]
 
 
 def write(rows: dict[str, dict], args) -> None:
