@@ -258,7 +258,14 @@ def quality(args) -> dict:
 
 # Gemma 3 270M: llama.cpp's gemma3 architecture states one width per layer and no added biases, so the
 # prune that exports is uniform with a bias-free reconstruction (mask_tuning rescales the kept units)
-GEMMA = {"dense": {}, "0.2": {"allocation": "uniform", "reconstruction": {"method": "mask_tuning"}}}
+GEMMA = {
+    "dense": {},
+    "0.2": {
+        "allocation": "uniform",
+        "round_to": {"kv_groups": "whole", "neurons": 1},
+        "reconstruction": {"method": "mask_tuning"},
+    },
+}
 
 
 def gemma_checkpoint(key: str, threads: int) -> Path:
@@ -324,14 +331,17 @@ def gemma(args) -> dict:
 
 
 def gemma_lines(gemma: dict) -> list[str]:
-    """The page's Gemma 3 section."""
+    """The page's Gemma 3 section (a JSON from before the export wrote Gemma 3 holds its refusal)."""
+    if "models" not in gemma:
+        return ["", "## Gemma 3 270M", "", f"Refused by the export of that run: “{gemma['message']}”."]
     lines = [
         "",
         "## Gemma 3 270M",
         "",
         f"Measured {gemma['date']} (`python bench/serving.py --only-gemma`). llama.cpp's `gemma3` architecture "
         "states one width for every layer and no bias on the attention output or the FFN, so the pruned model "
-        "is the default recipe with `allocation: uniform` and `reconstruction.method: mask_tuning` (the export "
+        "is the default recipe with `allocation: uniform`, `round_to: {kv_groups: whole, neurons: 1}` and "
+        "`reconstruction.method: mask_tuning` (the export "
         "refuses the default's global allocation and least-squares biases before pruning, naming these "
         "settings). Perplexity on the same 20 windows of 512 tokens as above; no speed measured.",
         "",
