@@ -20,12 +20,10 @@ from tests.core.depth.test_select import _reference_loss
 ALTERNATING = ["sliding_attention", "full_attention"] * 3
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """Six blocks each: LLaMA; Qwen2 whose sliding-window (8 tokens) and full-attention blocks alternate,
-    so a span of odd length shifts the blocks after it onto positions of the other type; Gemma 3 (no
-    fold: plain removal only)."""
-    root = tmp_path_factory.mktemp("blockwise")
+def six_block_models(root) -> dict:
+    """Six blocks each, an FFN wider than the residual stream (every span has a stand-in): LLaMA; Qwen2
+    whose sliding-window (8 tokens) and full-attention blocks alternate, so a span of odd length shifts
+    the blocks after it onto positions of the other type; Gemma 3 (no fold: plain removal only)."""
     kw = dict(num_hidden_layers=6, intermediate_size=96)
     sliding = dict(use_sliding_window=True, sliding_window=8, max_window_layers=0, layer_types=ALTERNATING)
     return {
@@ -33,6 +31,11 @@ def models(tmp_path_factory):
         "qwen2": tiny_decoder(root / "qwen2", "qwen2", **kw, **sliding),
         "gemma3": tiny_decoder(root / "gemma3", "gemma3", **kw, layer_types=ALTERNATING),
     }
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return six_block_models(tmp_path_factory.mktemp("blockwise"))
 
 
 def _batches(vocab, n, seed, pad=True):

@@ -10,27 +10,17 @@ import torch
 
 from core import load_pruned, prune
 from core.models.streaming import StreamedModel
-from core.models.tiny import tiny_decoder
 from core.pipeline import estimate
 from core.pipeline.streamed import shard_name
 from tests.conftest import fast_first, recipe_for
+from tests.core.depth.test_blockwise import six_block_models
 from tests.core.models.test_streaming import _assert_same_checkpoint
-
-ALTERNATING = ["sliding_attention", "full_attention"] * 3
 
 
 @pytest.fixture(scope="module")
 def deep(tmp_path_factory):
-    """Six blocks each, an FFN wider than the residual stream (every span has a stand-in): LLaMA, Qwen2
-    with sliding-window and full-attention blocks alternating, and Gemma 3 (plain removal only)."""
-    root = tmp_path_factory.mktemp("deep")
-    kw = dict(num_hidden_layers=6, intermediate_size=96)
-    sliding = dict(use_sliding_window=True, sliding_window=8, max_window_layers=0, layer_types=ALTERNATING)
-    return {
-        "llama": tiny_decoder(root / "llama", **kw),
-        "qwen2": tiny_decoder(root / "qwen2", "qwen2", **kw, **sliding),
-        "gemma3": tiny_decoder(root / "gemma3", "gemma3", **kw, layer_types=ALTERNATING),
-    }
+    """LLaMA, Qwen2 with sliding-window and full-attention blocks alternating, and Gemma 3, six blocks each."""
+    return six_block_models(tmp_path_factory.mktemp("deep"))
 
 
 def _recipe(path, corpus, **kw):
