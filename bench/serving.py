@@ -99,18 +99,24 @@ def checkpoint(model: str, threads: int) -> Path:
         return smollm2_dir()
     suffix = model.partition("-")[2]
     out = WORK / (f"smollm2-default-{round(ratio_of(model) * 100)}" + (f"-{suffix}" if suffix else ""))
+    return pruned_checkpoint(out, model_recipe(model), threads, label(model))
+
+
+def pruned_checkpoint(out: Path, recipe: dict, threads: int, what: str) -> Path:
+    """``out`` holding the checkpoint ``recipe`` prunes and its ``prune.json`` (pruned once: a folder that
+    has both is kept)."""
     if (out / "config.json").is_file() and (out / "prune.json").is_file():
         return out
+    import shutil
+
     import torch
 
     from core import prune
 
     torch.set_num_threads(threads)
-    print(f"pruning {label(model)} …", flush=True)
-    result = prune(model_recipe(model))
+    print(f"pruning {what} …", flush=True)
+    result = prune(recipe)
     tmp = out.with_name(out.name + ".tmp")
-    import shutil
-
     shutil.rmtree(tmp, ignore_errors=True)
     result.save(tmp)
     info = {
@@ -275,22 +281,8 @@ def gemma_checkpoint(key: str, threads: int) -> Path:
     if key == "dense":
         return gemma3_270m_dir()
     out = WORK / f"gemma3-{round(ratio_of(key) * 100)}-uniform"
-    if not (out / "config.json").is_file():
-        import shutil
-
-        import torch
-
-        from core import prune
-
-        torch.set_num_threads(threads)
-        print(f"pruning Gemma 3 270M, {label(key)} …", flush=True)
-        result = prune(default_recipe(ratio_of(key)) | {"model": str(gemma3_270m_dir())} | GEMMA[key])
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        result.save(tmp)
-        (tmp / "prune.json").write_text(json.dumps({"achieved_ratio": result.achieved_ratio}))
-        tmp.rename(out)
-    return out
+    recipe = default_recipe(ratio_of(key)) | {"model": str(gemma3_270m_dir())} | GEMMA[key]
+    return pruned_checkpoint(out, recipe, threads, f"Gemma 3 270M, {label(key)}")
 
 
 def gemma(args) -> dict:
