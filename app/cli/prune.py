@@ -361,7 +361,8 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         "--criterion",
         help="pruning criterion: auto (the default: obs with global allocation for decoders up to 50%%, no layer "
         "losing more than 1.2 x the ratio above 30%%; kwon for an encoder classifier with labelled calibration "
-        "data; magnitude otherwise), magnitude, random, flap, snip, kwon, taylor, kcm, obs",
+        "data; otherwise uniform shares, flap for a decoder without a refit, magnitude else), "
+        "magnitude, random, flap, snip, kwon, taylor, kcm, obs",
     )
     _add_reconstruction_flags(p)
     p.add_argument("--calibration", help="named set (wikitext2, c4, alpaca) or a .txt/.jsonl file")

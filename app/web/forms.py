@@ -32,7 +32,7 @@ METHODS = list(_METHODS)
 CRITERIA = ["auto", *_CRITERIA]
 CRITERION_LINE = (
     "auto (the default) picks for the model: obs for decoders up to 50%, kwon for a labelled encoder, "
-    "magnitude otherwise"
+    "otherwise uniform shares (flap when no refit follows, for a decoder)"
 )
 NAMED_SETS = list(NAMED_DATASETS)
 MAX_UPLOAD_MB = 50

@@ -13,7 +13,7 @@ Example::
     # target: {speedup: 1.5, workload: decode_b1}           # decode_b1 | prefill_b8x512
     allocation: auto         # auto | uniform | global
     head_ratio: auto         # uniform: heads removed per layer — auto (half the ratio) | same | obs | 0.25
-    criterion: {name: auto}  # auto: obs + global for decoders up to 50% (capped above 30%), else magnitude + uniform
+    criterion: {name: auto}  # auto: obs + global for decoders up to 50% (capped above 30%), else uniform shares
     reconstruction: {method: ls, damp: 0.001, select: auto}   # paper: {method: liar, select: criterion}
     calibration:
       dataset: wikitext2     # a named set, or a local .txt / .jsonl file
@@ -72,7 +72,9 @@ class CriterionConfig(_Strict):
         f"a decoder pruned by at most {AUTO_OBS_MAX_RATIO:.0%} with the default reconstruction-aware selection "
         f"(measured best there; above {AUTO_OBS_FREE_RATIO:.0%} no layer loses more than {AUTO_OBS_CAP} × the "
         "ratio of its units) or with allocation global; kwon (Kwon et al.'s Fisher search, global) for an encoder "
-        "sequence classifier calibrated on labelled samples; magnitude otherwise",
+        "sequence classifier calibrated on labelled samples; otherwise uniform shares, by flap for a decoder whose "
+        "units the criterion picks (select criterion: reconstruction none, bias or mask_tuning, or the paper's "
+        "LIAR) and by magnitude where obs selection picks them",
     )
     options: dict[str, Any] = Field(default_factory=dict, description="criterion-specific options")
 
@@ -351,8 +353,11 @@ class Recipe(_Strict):
         and pruned in heads and neurons, unless it must stream (:attr:`auto_may_use_gradients`). Otherwise
         it is ``obs`` with allocation global for a decoder pruned by at most ``AUTO_OBS_MAX_RATIO`` (heads
         and neurons, uniform-or-auto allocation, the default reconstruction-aware selection, heads not
-        split by ``head_ratio: obs``), or for any model when allocation is global; ``magnitude``
-        otherwise. Above ``AUTO_OBS_FREE_RATIO`` the obs it picks has ``max_layer_ratio``
+        split by ``head_ratio: obs``), or for any model when allocation is global. Otherwise the
+        shares are uniform: ``flap`` for a decoder whose units the criterion picks (select resolves to
+        ``criterion``; without a refit, magnitude's units wreck a decoder: docs/results/criteria.md),
+        ``magnitude`` where obs picks them (the criterion then sets nothing but the uniform counts).
+        Above ``AUTO_OBS_FREE_RATIO`` the obs it picks has ``max_layer_ratio``
         ``AUTO_OBS_CAP`` × the ratio, a soft cap (``over_cap: last``: units past it go only when the
         ratio cannot be reached otherwise, as on models with few heads)."""
         name, alloc, options = self.criterion.name, self.allocation, self.criterion.options
@@ -370,7 +375,12 @@ class Recipe(_Strict):
                 and self.head_ratio != "obs"
                 and self.reconstruction.resolved_select() == "obs"
             )
-            name = "obs" if alloc == "global" or (alloc == "auto" and nonuniform) else "magnitude"
+            if alloc == "global" or (alloc == "auto" and nonuniform):
+                name = "obs"
+            elif kind == "decoder" and recon.resolved_select() == "criterion":
+                name = "flap"  # its scores choose the units; magnitude's wreck a decoder without a refit
+            else:
+                name = "magnitude"  # the counts only (uniform shares): obs selection picks the units
             if name == "obs" and self.ratio > AUTO_OBS_FREE_RATIO:
                 cap = round(min(1.0, AUTO_OBS_CAP * self.ratio), 6)
                 options = {"max_layer_ratio": cap, "over_cap": "last"}

@@ -173,7 +173,12 @@ DEFAULT_SELECTION = {"method": "ls", "select": "auto"}  # the default reconstruc
         ("decoder", {"ratio": 0.5}, ("obs", "global")),
         ("decoder", {"ratio": 0.51}, ("magnitude", "uniform")),
         ("encoder", {}, ("magnitude", "uniform")),
-        ("decoder", {"reconstruction": {"method": "liar", "select": "criterion"}}, ("magnitude", "uniform")),  # --paper
+        ("decoder", {"reconstruction": {"method": "liar", "select": "criterion"}}, ("flap", "uniform")),  # --paper
+        # no refit: the criterion's scores pick a decoder's units, and magnitude's wreck it (criteria.md)
+        ("decoder", {"reconstruction": {"method": "none"}}, ("flap", "uniform")),
+        ("decoder", {"reconstruction": {"method": "mask_tuning"}, "allocation": "uniform"}, ("flap", "uniform")),
+        ("decoder", {"reconstruction": {"method": "bias"}, "ratio": 0.6}, ("flap", "uniform")),
+        ("encoder", {"reconstruction": {"method": "none"}}, ("magnitude", "uniform")),
         ("decoder", {"head_ratio": "obs"}, ("magnitude", "uniform")),
         ("decoder", {"modules": "neurons"}, ("magnitude", "uniform")),
         ("decoder", {"allocation": "uniform"}, ("magnitude", "uniform")),
