@@ -266,6 +266,15 @@ def peak(part: str, setting: str, label: str) -> float:
     return next(r for r in rows if (r["part"], r["setting"], r["label"]) == (part, setting, label))["peak_mib"]
 
 
+def floor_seconds(r: dict) -> float | None:
+    """The least a prune that runs the model can take on this CPU: the model's own forward over the
+    calibration windows (timed), plus the products the prune makes beyond that forward's (statistics,
+    solves, error report), each timed at its own shape. None for a row without both measurements."""
+    if "own_product_seconds" not in r or "forward_own_product_seconds" not in r:
+        return None
+    return r["forward_seconds"] + r["own_product_seconds"] - r["forward_own_product_seconds"]
+
+
 # bench/speed.py time writes time.json; with --isa avx2 (a CPU without AVX-512) time_avx2.json
 TIME_FILES = {"time.json": "this CPU's own kernels", "time_avx2.json": "AVX2-only settings"}
 
@@ -294,6 +303,9 @@ def product_ratio(name: str = "time.json") -> str | None:
             f"; timed at their own shapes the products take {num(row['own_product_seconds'])} s, the prune "
             f"{times(row['ratio_to_own_products'])} that and the forward {times(row['forward_ratio_to_own_products'])}"
         )
+    floor = floor_seconds(row)
+    if floor is not None:  # one forward of the model plus the prune's other products, at their own shapes
+        text += f"; the prune is {times(row['prune_seconds'] / floor)} its floor (that forward + its other products)"
     return text
 
 

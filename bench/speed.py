@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
+from bench.render_docs import floor_seconds  # noqa: E402
 from core.spec.recipe import ACTIVATIONS  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
@@ -321,7 +322,7 @@ def _library(rows: list[dict[str, Any]]) -> str:
 
 def _products_cells(r: dict[str, Any]) -> str:
     """The row's cells from ``GEMM`` on; columns measured only by later versions of the bench show –."""
-    cells = ["–"] * 10
+    cells = ["–"] * 12
     if "gemm_gflops" in r:  # measured before the products were counted otherwise
         cells[:4] = [
             f"{r['gemm_gflops']:.0f}",
@@ -336,11 +337,14 @@ def _products_cells(r: dict[str, Any]) -> str:
             f"{r['prune_over_forward']:.2f}",
         ]
     if "own_product_seconds" in r:
-        cells[7:] = [
+        cells[7:10] = [
             f"{r['own_product_seconds']:.1f}",
             f"{r['ratio_to_own_products']:.2f}",
             f"{r['forward_ratio_to_own_products']:.2f}",
         ]
+    floor = floor_seconds(r)
+    if floor is not None:
+        cells[10:] = [f"{floor:.1f}", f"{r['prune_seconds'] / floor:.2f}"]
     return " | ".join(cells)
 
 
@@ -389,11 +393,15 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
         "  operands (every distinct product, the best of 3 after a warm-up, times how often the run made it), in",
         "  the same process: what the products need on this CPU, where a product with a short side (576 channels,",
         "  128-token attention) runs below the square product's rate; `prune / own` and `forward / own` likewise.",
+        "- `floor`: the model's own forward (`forward s`) plus the products the prune makes beyond that forward's",
+        "  (statistics, solves, the error report), each at its own shape: the least a prune that runs the model",
+        "  once can take here; `prune / floor`: what the prune spends beyond it (its own memory-bound work:",
+        "  gathering, masking, casting and folding the statistics, surgery).",
         "",
         "| samples | tokens | prune s | × 128 | per-layer s | solves s | peak RSS MB | page faults | load "
         "| GEMM GFLOP/s | products TFLOP | products s | prune / products | forward s | forward / products "
-        "| prune / forward | own shapes s | prune / own | forward / own |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| prune / forward | own shapes s | prune / own | forward / own | floor s | prune / floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         rel = f"{r['prune_seconds'] / base['prune_seconds']:.2f}" if base else "–"
@@ -445,7 +453,7 @@ def cmd_time(args: argparse.Namespace) -> None:
         return
     if args.report_only:  # rewrite the page from the last run's JSON (e.g. after a GPU run)
         saved = json.loads(_out_paths(args, "time").with_suffix(".json").read_text())
-        for key in ("seq_len", "ratio", "batch_size", "quick", "activations"):
+        for key in ("samples", "seq_len", "ratio", "batch_size", "quick", "activations"):
             setattr(args, key, saved["args"].get(key, getattr(args, key)))
         print(f"wrote {write_time(saved['rows'], args, saved['machine'], saved.get('date', ''))}")
         return
