@@ -333,9 +333,13 @@ def gemma_lines(gemma: dict) -> list[str]:
         f"Measured {gemma['date']} (`python bench/serving.py --only-gemma`). llama.cpp's `gemma3` architecture "
         "states one width for every layer and no bias on the attention output or the FFN, so the pruned model "
         "is the default recipe with `allocation: uniform`, `round_to: {kv_groups: whole, neurons: 1}` and "
-        "`reconstruction.method: mask_tuning` (the export "
-        "refuses the default's global allocation and least-squares biases before pruning, naming these "
-        "settings). Perplexity on the same 20 windows of 512 tokens as above; no speed measured.",
+        "`reconstruction.method: mask_tuning` (no refit follows, so criterion auto is FLAP, whose scores pick the "
+        "units; the export refuses the default's global allocation and least-squares biases before pruning, "
+        "naming these settings). The pruned q4_k_m file is larger than the dense one: the kept FFN width is "
+        "not a multiple of 32, so llama.cpp cannot quantise `ffn_down` (its rows are as long as the FFN is wide) "
+        "and stores it at f16; `neurons: 256` would round each layer to whole Q4_K rows, but with uniform "
+        "shares it rounds some layers down and some up, which the `gemma3` architecture cannot state. "
+        "Perplexity on the same 20 windows of 512 tokens as above; no speed measured.",
         "",
         "| model | removed | architecture | ours (float32) | llama.cpp f16 | llama.cpp q4_k_m | f16 MiB | q4_k_m MiB |",
         "|---|---:|---|---:|---:|---:|---:|---:|",
