@@ -1246,8 +1246,8 @@ def render_onednn() -> str:
         f"On the CPU of {page_meta('cpu_matmul.md')[0]}, oneDNN ran the run's projections "
         f"{span(matmul_speedups('proj'))} and its Gram blocks {span(matmul_speedups('gram'))} as fast as the BLAS "
         f"({rate('blas_gflops')} against {rate('onednn_gflops')} GFLOP/s; {machine['cpu']}, {machine['cores']} "
-        f"cores){chose}. The paper point takes {num(time_row(128)['prune_seconds'])} s there with "
-        f"{products_library()} products ({data('time.json')['date']})."
+        f"cores){chose}. The paper point takes {num(time_row(128)['prune_seconds'])} s with "
+        f"{products_library()} products on {time_machine()} ({data('time.json')['date']})."
     )
     ratios = [f"{product_ratio(n)} on {isa}" for n, isa in TIME_FILES.items() if product_ratio(n)]
     return text + "".join(f" The paper point takes {r}." for r in ratios)
