@@ -798,6 +798,25 @@ PAGES: dict[str, Page] = {
         ),
         data=("depth_speed_gemma3.json",),
     ),
+    "depth_speed_qwen25.md": Page(
+        "python bench/depth_speed.py --model qwen25 --no-timing",
+        "cpu",
+        (
+            _c(
+                "Qwen2.5-Coder-0.5B at 25% removed, perplexity: width only vs 6 of 24 blocks (ls stand-in)",
+                lambda: quality_pair("depth_speed_qwen25.json", "width 25%", "depth 6 (25%)"),
+            ),
+            _c(
+                "Qwen2.5-Coder-0.5B, 6 of 24 blocks removed, perplexity: ls stand-in vs plain removal",
+                lambda: quality_pair("depth_speed_qwen25.json", "depth 6 (25%)", "depth 6 (25%), none"),
+            ),
+            _c(
+                "Qwen2.5-Coder-0.5B at 50% removed, perplexity: width only vs 6 blocks + width",
+                lambda: quality_pair("depth_speed_qwen25.json", "width 50%", "depth 6 + width, 50%"),
+            ),
+        ),
+        data=("depth_speed_qwen25.json",),
+    ),
     "speed_target.md": Page(
         "python bench/speed_target.py",
         "cpu",
