@@ -100,14 +100,10 @@ def span_statistics(model, adapter, batches, length: int, normalise: bool, stand
     weightings = (normalise,) if stand_in else ()
     rows = {}
     for (s, _), (fits, scores) in fit_spans_weighted(model, adapter, batches, spans, weightings).items():
-        row = {}
+        rows[s] = {"plain_error": scores["plain_error"], "angular": scores["angular_distance"]}
         if stand_in:
             t = fits[normalise].solve(DAMP)
-            row["ls_error"] = fits[normalise].relative_error(t)
-        row |= {"plain_error": scores["plain_error"], "angular": scores["angular_distance"]}
-        if stand_in:
-            row["T"] = t
-        rows[s] = row
+            rows[s] |= {"ls_error": fits[normalise].relative_error(t), "T": t}
     return rows
 
 

@@ -368,16 +368,17 @@ class Recipe(_Strict):
             if recon.select == "auto":  # its mask search and rearrangement choose the units (measured best)
                 recon = recon.model_copy(update={"select": "criterion"})
         elif name == "auto":
+            select = recon.resolved_select()
             nonuniform = (
                 kind == "decoder"
                 and self.ratio <= AUTO_OBS_MAX_RATIO
                 and self.modules == "both"
                 and self.head_ratio != "obs"
-                and self.reconstruction.resolved_select() == "obs"
+                and select == "obs"
             )
             if alloc == "global" or (alloc == "auto" and nonuniform):
                 name = "obs"
-            elif kind == "decoder" and recon.resolved_select() == "criterion":
+            elif kind == "decoder" and select == "criterion":
                 name = "flap"  # its scores choose the units; magnitude's wreck a decoder without a refit
             else:
                 name = "magnitude"  # the counts only (uniform shares): obs selection picks the units
