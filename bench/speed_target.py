@@ -50,6 +50,7 @@ def run(args) -> dict:
     torch.set_num_threads(args.threads)
     base = bench_recipe("auto", 0.2) | {"allocation": "auto", "criterion": {"name": "auto"}}
     base.pop("ratio")
+    base["calibration"].pop("holdout_samples")  # a target run's own default (core/spec/recipe.py: TARGET_HOLDOUT)
     recipes = [Recipe.model_validate(base | {"target": {"speedup": x, "workload": WORKLOAD}}) for x in args.targets]
     source = MemorySource(recipes[0], None, None, None)  # the dense model, as a target run loads it
     dense, tok = source.model, source.tokenizer
@@ -65,6 +66,8 @@ def run(args) -> dict:
         "table": table.to_dict(),
         "dense_perplexity": both_texts(dense, tok)["wikipedia"],
         "tolerance": tgt.TOLERANCE,
+        "holdout": recipes[0].calibration.holdout_samples,
+        "seq_len": recipes[0].calibration.max_seq_length,
         "targets": [],
     }
     js = OUT.with_suffix(".json")
@@ -115,13 +118,17 @@ def _kind(row: dict) -> str:
     return "depth only" if row["width"] == 0 else "depth + width"
 
 
+def _how(row: dict) -> str:
+    return "interpolated" if row.get("interpolated") else "corrected"
+
+
 def _section(tg: dict, tolerance: float | None) -> str:
     """One target's table of prunes and its pick."""
     lines = []
     for i, x in enumerate(tg["rows"]):
         blocks = x["removed_blocks"]
         span = f"{blocks[0]}–{blocks[-1]}" if blocks else "–"
-        name = _kind(x) + (f", corrected (aim {x['aim']:.2f}×)" if x.get("corrected") else "")
+        name = _kind(x) + (f", {_how(x)} (aim {x['aim']:.2f}×)" if x.get("corrected") else "")
         mark = " **(picked)**" if i == tg["pick"] else ""
         spread = f" ({x['realised_low']:.2f}–{x['realised_high']:.2f})" if "realised_low" in x else ""
         lines.append(
@@ -147,11 +154,20 @@ def _timing(r: dict) -> str:
     every prune), or all candidates together by this script (before)."""
     if r.get("tolerance") is None:
         return "the median of the rounds that interleave dense and all candidates"
+    if "holdout" not in r:  # the pages before the second correction
+        return (
+            "the median of the target run's own rounds interleaving dense and that prune (in brackets the least "
+            f"and greatest ratio of one round); a candidate more than {r['tolerance']:.0%} short of the target is "
+            "pruned once more, the table aimed at target × predicted / realised (*corrected*), and the run keeps "
+            "the least held-aside loss among the prunes within that tolerance of the target, else the fastest"
+        )
     return (
         "the median of the target run's own rounds interleaving dense and that prune (in brackets the least and "
         f"greatest ratio of one round); a candidate more than {r['tolerance']:.0%} short of the target is pruned "
-        "once more, the table aimed at target × predicted / realised (*corrected*), and the run keeps the least "
-        "held-aside loss among the prunes within that tolerance of the target, else the fastest"
+        "once more, the table aimed at target × predicted / realised (*corrected*); a correction that lands more "
+        f"than {r['tolerance']:.0%} off the target is pruned a third time, at the width where the line through the "
+        "two measured prunes meets the target (*interpolated*, within the table's widths); the run keeps the least "
+        "held-aside loss among the prunes no more than that tolerance short of the target, else the fastest"
     )
 
 
@@ -178,9 +194,9 @@ def write(r: dict) -> None:
 `python bench/speed_target.py`, measured {r["date"]} ({r["machine"]}, torch {r["torch"]}, {r["threads"]} threads;
 float32 GEMM rate in the same run {r["gemm_gflops"]:.0f} GFLOP/s). Held-out perplexity: the first 20 windows of
 512 tokens of the held-out Wikipedia articles (dense {r["dense_perplexity"]:.2f}); held-aside loss: the
-calibration's 8 held-aside windows, what the target run compares its candidates by. Each candidate is the
-default recipe at the ratio that removes the blocks and the width share named; *realised*: batch-1 decode
-ms/token of dense over pruned, {_timing(r)}.
+calibration's {r.get("holdout", 8)} held-aside windows of {r.get("seq_len", 128)} tokens, what the target run
+compares its candidates by. Each candidate is the default recipe at the ratio that removes the blocks and
+the width share named; *realised*: batch-1 decode ms/token of dense over pruned, {_timing(r)}.
 
 The latency table this machine measured (batch-1 decode; ms per token, `core/evaluation/latency.py`):
 

@@ -61,6 +61,6 @@ class SpeedTarget(_Strict):
         ge=1,
         le=12,
         description="recipes that reach the speed-up on the latency table (from width only to depth only), "
-        "each pruned in full and timed against the dense model (one that falls short is corrected once); "
+        "each pruned in full and timed against the dense model (one that falls short is corrected, twice at most); "
         "the least held-aside loss among those that realise the speed-up is kept",
     )

@@ -54,6 +54,11 @@ MAX_SAMPLES = 100_000
 MAX_SEQ_LEN = 131_072
 MAX_BATCH = 4_096
 MAX_CALIBRATION_TOKENS = 2**24  # samples × sequence length: ≈ 137 GB of a 7B model's bf16 hidden states
+# Held-aside samples of a speed-target recipe that does not say how many: its choice among candidates
+# rests on their loss, and 8 windows of 128 tokens ranked two SmolLM2 prunes of one speed the wrong way
+# round (loss 5.031 against 5.087, held-out perplexity 318.5 against 250.7), where 80 windows of 128
+# tokens of the held-out text ranked them right (docs/results/speed_target.md)
+TARGET_HOLDOUT = 32
 # reconstruction methods (implemented in core.stats.reconstruct, which checks it matches this list)
 METHODS = ("none", "bias", "mask_tuning", "liar", "ls")
 # the serving forms ``export`` may ask for (written by core.serving, whose FORMATS is this tuple): GGUF for
@@ -159,7 +164,8 @@ class CalibrationConfig(_Strict):
         8,
         ge=0,
         le=MAX_SAMPLES,
-        description="extra samples held aside to measure reconstruction error (0: measure on fit data)",
+        description="extra samples held aside to measure reconstruction error (0: measure on fit data); "
+        f"a speed target's default is {TARGET_HOLDOUT}: it compares its candidates on them",
     )
     seed: int = 0
     batch_size: int = Field(8, gt=0, le=MAX_BATCH, description="samples per forward pass")
@@ -301,6 +307,19 @@ class Recipe(_Strict):
         if refusal:
             raise ValueError(refusal)
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _target_holds_more_aside(cls, data: Any) -> Any:
+        """A speed target without its own ``calibration.holdout_samples`` holds ``TARGET_HOLDOUT`` aside."""
+        if not isinstance(data, dict) or data.get("target") is None:
+            return data
+        cal = data.get("calibration")
+        if isinstance(cal, dict) and "holdout_samples" not in cal:
+            return data | {"calibration": cal | {"holdout_samples": TARGET_HOLDOUT}}
+        if isinstance(cal, CalibrationConfig) and "holdout_samples" not in cal.model_fields_set:
+            return data | {"calibration": cal.model_copy(update={"holdout_samples": TARGET_HOLDOUT})}
+        return data
 
     @model_validator(mode="after")
     def _ratio_or_target(self) -> Recipe:

@@ -1,5 +1,5 @@
 """The speed target: the latency table's arithmetic, the skeletons it times, the candidates it
-prunes, the correction of one that falls short when timed, and a run that keeps the candidate with the
+prunes, the corrections of one that falls short when timed, and a run that keeps the candidate with the
 least held-aside loss among those whose measured speed-up reaches the target."""
 
 from __future__ import annotations
@@ -144,48 +144,83 @@ def _measured_run(tmp_path, corpus, monkeypatch, prunes, candidates=2):
     return prune(r), pruned, table
 
 
-def test_a_candidate_that_realises_less_than_predicted_is_corrected_once(tmp_path, corpus, monkeypatch):
-    result, pruned, table = _measured_run(tmp_path, corpus, monkeypatch, [(1.2, 1.0), (1.3, 1.1)], candidates=1)
-    (d, w, _), (d2, w2, ratio2) = pruned  # one candidate (width only), then its correction, and no more
+def test_a_candidate_that_realises_less_than_predicted_is_corrected_then_interpolated(tmp_path, corpus, monkeypatch):
+    prunes = [(1.2, 1.0), (1.3, 1.1), (1.36, 1.2)]
+    result, pruned, table = _measured_run(tmp_path, corpus, monkeypatch, prunes, candidates=1)
+    (d, w, _), (d2, w2, ratio2), (d3, w3, ratio3) = pruned  # width only, its correction, its interpolation
     predicted = table.speedup(d, w)
     aim = 1.4 * predicted / 1.2  # the table aimed past its own error on this structure
-    assert d2 == d == 0 and w2 == pytest.approx(table.width_for(aim, 0)) and w2 > w
+    assert d3 == d2 == d == 0 and w2 == pytest.approx(table.width_for(aim, 0)) and w2 > w
     assert ratio2 == round(w2, 6)  # width only: the ratio is the width
-    first, second = result.metrics["target_candidates"]
+    first, second, third = result.metrics["target_candidates"]
     assert (first["corrected"], first["realised"], first["predicted"]) == (False, 1.2, predicted)
     assert (second["corrected"], second["aim"], second["realised"]) == (True, round(aim, 4), 1.3)
     assert second["predicted"] == pytest.approx(aim, rel=1e-3)
-    # still short, but the only prunes: the faster is kept and the target is marked as missed
-    assert result.metrics["target_reached"] is False and result.metrics["realised_speedup"] == 1.3
-    assert result.recipe.ratio == ratio2 and second["kept"] and not first["kept"]
+    # still short (1.3 < 1.4 × 0.95): the line through the two reaches 1.4 past the table's widest, 0.6
+    assert w2 + (1.4 - 1.3) * (w2 - w) / 0.1 > 0.6 and w3 == 0.6 and ratio3 == 0.6
+    assert (third["corrected"], third["interpolated"], third["aim"]) == (True, True, 1.4)
+    assert result.metrics["target_reached"] is True and result.metrics["realised_speedup"] == 1.36
+    assert result.recipe.ratio == ratio3 and third["kept"] and not first["kept"] and not second["kept"]
+
+
+def test_the_interpolation_meets_the_target_between_or_beyond_the_two_prunes(tmp_path, corpus):
+    table = _table()  # 10 blocks; at most 60% of each block's parameters
+    recipe = Recipe.model_validate(recipe_for(tmp_path, corpus, ratio=None, target={"speedup": 1.4}))
+    first = {"blocks": 0, "width": 0.2, "realised": 1.2}
+    between = target_mod.interpolation(table, recipe, first, {"blocks": 0, "width": 0.5, "realised": 1.8})
+    assert between == pytest.approx(0.2 + 0.2 * 0.3 / 0.6)  # an overshoot: back to where the line meets 1.4
+    beyond = target_mod.interpolation(table, recipe, first, {"blocks": 0, "width": 0.3, "realised": 1.3})
+    assert beyond == pytest.approx(0.4)  # still short: on along the line
+    assert target_mod.interpolation(table, recipe, first, {"width": 0.3, "realised": 1.44}) is None  # within 5%
+    assert target_mod.interpolation(table, recipe, first, {"width": 0.3, "realised": 1.1}) is None  # no rise
+    assert target_mod.interpolation(table, recipe, first, {"width": 0.6, "realised": 1.3}) is None  # at the widest
+
+
+def test_a_speed_target_holds_more_windows_aside_unless_told(tmp_path, corpus):
+    from core.spec.recipe import TARGET_HOLDOUT
+
+    untold = recipe_for(tmp_path, corpus, ratio=None, target={"speedup": 1.4})
+    untold["calibration"].pop("holdout_samples")
+    target = Recipe.model_validate(untold)
+    assert target.calibration.holdout_samples == TARGET_HOLDOUT > 8
+    told = recipe_for(tmp_path, corpus, ratio=None, target={"speedup": 1.4})  # says 4
+    assert Recipe.model_validate(told).calibration.holdout_samples == told["calibration"]["holdout_samples"] == 4
+    ratio = recipe_for(tmp_path, corpus, ratio=0.3)
+    ratio["calibration"].pop("holdout_samples")
+    assert Recipe.model_validate(ratio).calibration.holdout_samples == 8
+    concrete = target_mod.concrete(target, 1, 0.3, 6)  # the candidates keep the target's windows
+    assert concrete.target is None and concrete.calibration.holdout_samples == TARGET_HOLDOUT
 
 
 def test_the_kept_candidate_is_chosen_on_measured_speed(tmp_path, corpus, monkeypatch):
-    # width only: least loss but short of 1.4 × 0.98, and its correction too; depth only: 1.38 ≥ 1.372
-    prunes = [(1.3, 1.0), (1.35, 0.9), (1.38, 2.0)]
+    # width only: least losses but it, its correction and its interpolation fall short of 1.4 × 0.95;
+    # depth only: 1.34 ≥ 1.33 is not corrected, and kept
+    prunes = [(1.2, 1.0), (1.25, 0.9), (1.3, 0.8), (1.34, 2.0)]
     result, pruned, _ = _measured_run(tmp_path, corpus, monkeypatch, prunes)
-    assert len(pruned) == 3  # the depth-only candidate, within the tolerance, is not corrected
+    assert len(pruned) == 4
     rows = result.metrics["target_candidates"]
-    assert [(x["corrected"], x["kept"]) for x in rows] == [(False, False), (True, False), (False, True)]
+    assert [(x["corrected"], x["kept"]) for x in rows] == [(False, False), (True, False), (True, False), (False, True)]
+    assert rows[2]["interpolated"] and "interpolated" not in rows[1]
     assert result.metrics["target_reached"] is True and result.metrics["target_tolerance"] == target_mod.TOLERANCE
-    assert result.metrics["heldout_loss"] == 2.0 and result.metrics["realised_speedup"] == 1.38
+    assert result.metrics["heldout_loss"] == 2.0 and result.metrics["realised_speedup"] == 1.34
     assert result.model.config.num_hidden_layers == 6 - rows[-1]["blocks"] and rows[-1]["width"] == 0.0
 
 
 def test_no_candidate_reaching_the_target_keeps_the_fastest_and_says_so(tmp_path, corpus, monkeypatch, caplog):
-    prunes = [(1.2, 1.0), (1.3, 0.9), (1.25, 2.0), (1.33, 2.5)]  # both candidates short, corrected and short
+    # both candidates short, corrected twice and still short
+    prunes = [(1.2, 1.0), (1.25, 0.9), (1.28, 0.8), (1.21, 2.0), (1.26, 2.5), (1.31, 2.7)]
     with caplog.at_level(logging.WARNING, logger=target_mod.__name__):
         result, pruned, table = _measured_run(tmp_path, corpus, monkeypatch, prunes)
     rows = result.metrics["target_candidates"]
-    assert [x["corrected"] for x in rows] == [False, True, False, True] and len(pruned) == 4
-    depth_only, fixed = pruned[2], pruned[3]  # the depth-only candidate is corrected with width
+    assert [x["corrected"] for x in rows] == [False, True, True, False, True, True] and len(pruned) == 6
+    depth_only, fixed = pruned[3], pruned[4]  # the depth-only candidate is corrected with width
     assert depth_only[1] == 0.0 and fixed[0] == depth_only[0]
-    assert fixed[1] == pytest.approx(table.width_for(1.4 * table.speedup(depth_only[0], 0.0) / 1.25, fixed[0]))
-    assert result.metrics["target_reached"] is False and rows[3]["kept"]
-    assert (result.metrics["realised_speedup"], result.metrics["heldout_loss"]) == (1.33, 2.5)
+    assert fixed[1] == pytest.approx(table.width_for(1.4 * table.speedup(depth_only[0], 0.0) / 1.21, fixed[0]))
+    assert result.metrics["target_reached"] is False and rows[5]["kept"]
+    assert (result.metrics["realised_speedup"], result.metrics["heldout_loss"]) == (1.31, 2.7)
     (record,) = [r for r in caplog.records if r.name == target_mod.__name__]
     assert record.levelno == logging.WARNING and "not reached" in record.getMessage()
-    assert "realised 1.33×" in record.getMessage()
+    assert "realised 1.31×" in record.getMessage()
 
 
 def test_a_correction_takes_the_widest_width_or_none(tmp_path, corpus):
