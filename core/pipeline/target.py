@@ -22,8 +22,9 @@ least held-aside loss.
 5. Kept: the least held-aside loss among the prunes whose realised speed-up reaches
    ``speedup × (1 − TOLERANCE)`` (a target run holds 32 windows aside unless its recipe says how
    many: ``TARGET_HOLDOUT`` in ``core/spec/recipe.py``); when none does, the fastest, with
-   ``target_reached: false`` in the metrics and a warning. Every prune is a row of ``target_candidates`` (predicted, realised with its
-   spread, corrected or not); the kept one's timing is the result's realised speed-up.
+   ``target_reached: false`` in the metrics and a warning. Every prune is a row of
+   ``target_candidates`` (predicted, realised with its spread, corrected or not); the kept one's timing
+   is the result's realised speed-up.
 
 Only the best prune so far and the one being measured are held in memory beside the dense model.
 
