@@ -9,8 +9,7 @@ Example::
     modules: both            # heads | neurons | both | blocks (depth only: round(ratio × layers) whole blocks)
     ratio: 0.2               # fraction of the transformer blocks' parameters removed
     depth: {blocks: 0, select: loss, reconstruction: ls}   # whole blocks removed first, counted in ratio
-    # or, in place of ratio, a speed target: the depth and widths that reach it with the least held-aside loss
-    # target: {speedup: 1.5, workload: decode_b1}           # decode_b1 | prefill_b8x512
+    # target: {speedup: 1.5, workload: decode_b1}  # in place of ratio: a speed-up (decode_b1 | prefill_b8x512)
     allocation: auto         # auto | uniform | global
     head_ratio: auto         # uniform: heads removed per layer — auto (half the ratio) | same | obs | 0.25
     criterion: {name: auto}  # auto: obs + global for decoders up to 50% (capped above 30%), else uniform shares
@@ -36,7 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.spec.criteria import CRITERIA, parse_options, streaming_refusal
-from core.spec.depth import DepthConfig, SpeedTarget
+from core.spec.depth import TARGET_HOLDOUT, DepthConfig, SpeedTarget, hold_aside_for_target
 
 NAMED_DATASETS = ("wikitext2", "c4", "alpaca")
 # criterion ``auto`` spends a decoder's budget non-uniformly (criterion obs, allocation global) up to
@@ -54,11 +53,6 @@ MAX_SAMPLES = 100_000
 MAX_SEQ_LEN = 131_072
 MAX_BATCH = 4_096
 MAX_CALIBRATION_TOKENS = 2**24  # samples × sequence length: ≈ 137 GB of a 7B model's bf16 hidden states
-# Held-aside samples of a speed-target recipe that does not say how many: its choice among candidates
-# rests on their loss, and 8 windows of 128 tokens ranked two SmolLM2 prunes of one speed the wrong way
-# round (loss 5.031 against 5.087, held-out perplexity 318.5 against 250.7), where 80 windows of 128
-# tokens of the held-out text ranked them right (docs/results/speed_target.md)
-TARGET_HOLDOUT = 32
 # reconstruction methods (implemented in core.stats.reconstruct, which checks it matches this list)
 METHODS = ("none", "bias", "mask_tuning", "liar", "ls")
 # the serving forms ``export`` may ask for (written by core.serving, whose FORMATS is this tuple): GGUF for
@@ -164,8 +158,7 @@ class CalibrationConfig(_Strict):
         8,
         ge=0,
         le=MAX_SAMPLES,
-        description="extra samples held aside to measure reconstruction error (0: measure on fit data); "
-        f"a speed target's default is {TARGET_HOLDOUT}: it compares its candidates on them",
+        description=f"extra samples held aside to measure reconstruction error (0: fit data; target: {TARGET_HOLDOUT})",
     )
     seed: int = 0
     batch_size: int = Field(8, gt=0, le=MAX_BATCH, description="samples per forward pass")
@@ -311,15 +304,7 @@ class Recipe(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _target_holds_more_aside(cls, data: Any) -> Any:
-        """A speed target without its own ``calibration.holdout_samples`` holds ``TARGET_HOLDOUT`` aside."""
-        if not isinstance(data, dict) or data.get("target") is None:
-            return data
-        cal = data.get("calibration")
-        if isinstance(cal, dict) and "holdout_samples" not in cal:
-            return data | {"calibration": cal | {"holdout_samples": TARGET_HOLDOUT}}
-        if isinstance(cal, CalibrationConfig) and "holdout_samples" not in cal.model_fields_set:
-            return data | {"calibration": cal.model_copy(update={"holdout_samples": TARGET_HOLDOUT})}
-        return data
+        return hold_aside_for_target(data)
 
     @model_validator(mode="after")
     def _ratio_or_target(self) -> Recipe:
