@@ -798,6 +798,22 @@ PAGES: dict[str, Page] = {
         ),
         data=("depth_speed_gemma3.json",),
     ),
+    "depth_qwen25.md": Page(
+        "python bench/depth.py --model qwen25 --blocks 6 --no-timing --selections angular sleb ours",
+        "cpu",
+        (
+            _c(
+                "Qwen2.5-Coder-0.5B, 6 of 24 blocks removed: least-squares stand-in vs plain removal, perplexity",
+                lambda: depth_ls_over_plain("depth_qwen25.json"),
+            ),
+            _c(
+                "Qwen2.5-Coder-0.5B, 6 of 24 blocks removed plainly, perplexity: span by held-aside loss (SLEB) / "
+                "by angular distance (ShortGPT)",
+                lambda: depth_plain_spans("depth_qwen25.json"),
+            ),
+        ),
+        data=("depth_qwen25.json",),
+    ),
     "depth_speed_qwen25.md": Page(
         "python bench/depth_speed.py --model qwen25 --no-timing",
         "cpu",
