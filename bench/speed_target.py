@@ -50,7 +50,7 @@ def run(args) -> dict:
     torch.set_num_threads(args.threads)
     base = bench_recipe("auto", 0.2) | {"allocation": "auto", "criterion": {"name": "auto"}}
     base.pop("ratio")
-    base["calibration"].pop("holdout_samples")  # a target run's own default (core/spec/recipe.py: TARGET_HOLDOUT)
+    base["calibration"].pop("holdout_samples")  # a target run's own default (TARGET_HOLDOUT, core/spec/depth.py)
     recipes = [Recipe.model_validate(base | {"target": {"speedup": x, "workload": WORKLOAD}}) for x in args.targets]
     source = MemorySource(recipes[0], None, None, None)  # the dense model, as a target run loads it
     dense, tok = source.model, source.tokenizer
@@ -118,26 +118,23 @@ def _kind(row: dict) -> str:
     return "depth only" if row["width"] == 0 else "depth + width"
 
 
-def _how(row: dict) -> str:
-    return "interpolated" if row.get("interpolated") else "corrected"
-
-
-def _section(tg: dict, tolerance: float | None) -> str:
+def _section(tg: dict, tolerance: float) -> str:
     """One target's table of prunes and its pick."""
     lines = []
     for i, x in enumerate(tg["rows"]):
         blocks = x["removed_blocks"]
         span = f"{blocks[0]}–{blocks[-1]}" if blocks else "–"
-        name = _kind(x) + (f", {_how(x)} (aim {x['aim']:.2f}×)" if x.get("corrected") else "")
+        how = "interpolated" if x.get("interpolated") else "corrected"
+        name = _kind(x) + (f", {how} (aim {x['aim']:.2f}×)" if x["corrected"] else "")
         mark = " **(picked)**" if i == tg["pick"] else ""
-        spread = f" ({x['realised_low']:.2f}–{x['realised_high']:.2f})" if "realised_low" in x else ""
+        spread = f" ({x['realised_low']:.2f}–{x['realised_high']:.2f})"
         lines.append(
             f"| {name}{mark} | {x['blocks']} ({span}) | {x['width']:.1%} | {x['achieved_ratio']:.1%} | "
             f"{x['predicted']:.2f}× | {x['realised']:.2f}×{spread} | {x['heldout_loss']:.3f} | {x['perplexity']:.1f} |"
         )
     picked = tg["rows"][tg["pick"]]
     off = picked["realised"] / tg["speedup"] - 1
-    floor = tg["speedup"] * (1 - (tolerance or 0.0))
+    floor = tg["speedup"] * (1 - tolerance)
     single = []
     for kind in ("width only", "depth only"):
         hits = [x for x in tg["rows"] if _kind(x) == kind and x["realised"] >= floor]
@@ -150,9 +147,7 @@ def _section(tg: dict, tolerance: float | None) -> str:
         f" The best single-axis prunes that reach the target: {'; '.join(single)}; the pick: "
         f"{picked['perplexity']:.1f} at {picked['realised']:.2f}×."
     )
-    reached = ""
-    if "reached" in tg:
-        reached = f" Within the run's tolerance (−{tolerance:.0%}): {'reached' if tg['reached'] else 'not reached'}."
+    reached = f" Within the run's tolerance (−{tolerance:.0%}): {'reached' if tg['reached'] else 'not reached'}."
     return (
         f"### Target {tg['speedup']:g}× ({WORKLOAD})\n\n"
         "| candidate | blocks removed | width share | removed in all | predicted | realised | held-aside loss "
@@ -164,17 +159,7 @@ def _section(tg: dict, tolerance: float | None) -> str:
 
 
 def _timing(r: dict) -> str:
-    """How the page's realised speed-ups were timed: by the target run itself (the pages since it times
-    every prune), or all candidates together by this script (before)."""
-    if r.get("tolerance") is None:
-        return "the median of the rounds that interleave dense and all candidates"
-    if "holdout" not in r:  # the pages before the second correction
-        return (
-            "the median of the target run's own rounds interleaving dense and that prune (in brackets the least "
-            f"and greatest ratio of one round); a candidate more than {r['tolerance']:.0%} short of the target is "
-            "pruned once more, the table aimed at target × predicted / realised (*corrected*), and the run keeps "
-            "the least held-aside loss among the prunes within that tolerance of the target, else the fastest"
-        )
+    """How the page's realised speed-ups were timed and the pick was made (core/pipeline/target.py)."""
     return (
         "the median of the target run's own rounds interleaving dense and that prune (in brackets the least and "
         f"greatest ratio of one round); a candidate more than {r['tolerance']:.0%} short of the target is pruned "
@@ -190,7 +175,7 @@ def write(r: dict) -> None:
     table_rows = "\n".join(
         f"| {w:.0%} | {1000 * f:.2f} | {1000 * b:.3f} |" for w, f, b in zip(t["widths"], t["fixed"], t["per_block"])
     )
-    tolerance = r.get("tolerance")
+    tolerance = r["tolerance"]
     sections = [_section(tg, tolerance) for tg in r["targets"]]
     by_kind: dict[str, list[float]] = {}
     for tg in r["targets"]:
@@ -208,7 +193,7 @@ def write(r: dict) -> None:
 `python bench/speed_target.py`, measured {r["date"]} ({r["machine"]}, torch {r["torch"]}, {r["threads"]} threads;
 float32 GEMM rate in the same run {r["gemm_gflops"]:.0f} GFLOP/s). Held-out perplexity: the first 20 windows of
 512 tokens of the held-out Wikipedia articles (dense {r["dense_perplexity"]:.2f}); held-aside loss: the
-calibration's {r.get("holdout", 8)} held-aside windows of {r.get("seq_len", 128)} tokens, what the target run
+calibration's {r["holdout"]} held-aside windows of {r["seq_len"]} tokens, what the target run
 compares its candidates by. Each candidate is the default recipe at the ratio that removes the blocks and
 the width share named; *realised*: batch-1 decode ms/token of dense over pruned, {_timing(r)}.
 

@@ -21,7 +21,7 @@ least held-aside loss.
    prunes (width against realised speed-up) meets the target, within the table's widths.
 5. Kept: the least held-aside loss among the prunes whose realised speed-up reaches
    ``speedup × (1 − TOLERANCE)`` (a target run holds 32 windows aside unless its recipe says how
-   many: ``TARGET_HOLDOUT`` in ``core/spec/recipe.py``); when none does, the fastest, with
+   many: ``TARGET_HOLDOUT`` in ``core/spec/depth.py``); when none does, the fastest, with
    ``target_reached: false`` in the metrics and a warning. Every prune is a row of
    ``target_candidates`` (predicted, realised with its spread, corrected or not); the kept one's timing
    is the result's realised speed-up.
@@ -60,10 +60,15 @@ TOLERANCE = 0.05
 ROUNDS = 3  # interleaved timing rounds of each prune against the dense model
 
 
+def widest(table: LatencyTable) -> float:
+    """The widest share of a block a target may remove: the table's widest, within the bound."""
+    return min(table.widths[-1], TARGET_MAX_WIDTH)
+
+
 def reach(table: LatencyTable, recipe: Recipe) -> tuple[float, int, float]:
     """The best speed-up the table reaches for this recipe's units: ``(speed-up, blocks, width)``."""
     max_blocks = int(table.layers * TARGET_MAX_DEPTH) if recipe.target.depth or recipe.modules == "blocks" else 0
-    max_width = 0.0 if recipe.modules == "blocks" else min(table.widths[-1], TARGET_MAX_WIDTH)
+    max_width = 0.0 if recipe.modules == "blocks" else widest(table)
     return max(((table.speedup(d, max_width), d, max_width) for d in range(max_blocks + 1)), key=lambda x: x[0])
 
 
@@ -117,7 +122,7 @@ def correction(table: LatencyTable, recipe: Recipe, row: dict[str, Any]) -> tupl
     aim = recipe.target.speedup * row["predicted"] / row["realised"]
     width = table.width_for(aim, row["blocks"])
     if width is None:
-        width = min(table.widths[-1], TARGET_MAX_WIDTH)
+        width = widest(table)
     elif 0 < width < MIN_WIDTH_RATIO:
         width = MIN_WIDTH_RATIO
     return (aim, width) if width > row["width"] + 1e-4 else None
@@ -136,7 +141,7 @@ def interpolation(table: LatencyTable, recipe: Recipe, first: dict[str, Any], se
     if rise <= 0 or run <= 0:
         return None
     width = first["width"] + (speedup - first["realised"]) * run / rise
-    width = min(max(width, MIN_WIDTH_RATIO), table.widths[-1], TARGET_MAX_WIDTH)
+    width = min(max(width, MIN_WIDTH_RATIO), widest(table))
     return width if min(abs(width - first["width"]), abs(width - second["width"])) > 5e-3 else None
 
 
