@@ -99,7 +99,7 @@ def build(service: JobService, login: Login) -> None:
         return json.dumps(service.list(status=status or None))
 
     @answered
-    def api_show(job_id: float) -> str:
+    def api_show(job_id: float, request: gr.Request = None) -> str:
         """One job as a JSON object: status, progress, recipe, metrics, files, per-layer report, log."""
         return json.dumps(service.show(int(job_id)))
 
