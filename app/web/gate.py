@@ -167,7 +167,7 @@ class Gate:
         await send(body)
 
     async def _logged_in(self, scope) -> bool:
-        from starlette.requests import Request
+        from starlette.requests import HTTPConnection, Request
 
         if self._current is None:
             from app.web.downloads import gradio_current_user, gradio_login_check
@@ -176,7 +176,7 @@ class Gate:
             if self._current is None:  # the page's own check is then all there is: refuse the rest
                 logger.error("cannot find Gradio's login check: refusing every request but the login page")
                 return False
-        user = self._current(Request(scope))
+        user = self._current(Request(scope) if scope["type"] == "http" else HTTPConnection(scope))
         if hasattr(user, "__await__"):
             user = await user
         return user is not None
