@@ -65,8 +65,14 @@ def require_owner(actor: Actor, job_id: int, owner: str | None, action: str) -> 
 _URL_SECRET = re.compile(r"\b([a-z][a-z0-9+.\-]*://)[^\s/@:]*:[^\s/@]*@", re.I)
 # an absolute POSIX path of two or more parts (``/srv/liar/data/uploads/4ae1.jsonl``); not a URL's path
 _ABS_PATH = re.compile(r"(?<![\w.:/~\-])/(?:[\w.+@%~\-]+/)+([\w.+@%~\-]*)")
-# ``RuntimeError: …``, ``torch.OutOfMemoryError: …``, at the start or after a colon ("failed: ValueError: …")
-_CLASS_PREFIX = re.compile(r"(?:^|(?<=: ))(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Warning|Exit|Interrupt)\b:?\s*")
+# ``RuntimeError: …``, ``torch.OutOfMemoryError: …``, at the start, after a colon ("failed: ValueError: …")
+# or an opening parenthesis ("could not load it (OSError: …)")
+_CLASS_PREFIX = re.compile(
+    r"(?:^|(?<=: )|(?<=\())(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Warning|Exit|Interrupt)\b:?\s*"
+)
+_CLASS_SUFFIX = re.compile(r"(?:Error|Exception|Warning|Exit|Interrupt)$")
+# a class named alone in parentheses: "Couldn't reach 'wikitext' on the Hub (OfflineModeIsEnabled)"
+_CLASS_ALONE = re.compile(r"\s*\((?:[A-Za-z_]\w*\.)*([A-Z]\w*)\)")
 
 
 def new_error_id() -> str:
@@ -84,10 +90,32 @@ def scrub_text(text: str, replacements: dict[str, str] | None = None) -> str:
     return _ABS_PATH.sub(lambda m: m.group(1) or "…", text)
 
 
+def _exception_names() -> set[str]:
+    """The names of the exception classes this process has loaded (the Hub's ``OfflineModeIsEnabled``
+    is one, though its name does not say so)."""
+    names, todo = set(), [BaseException]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return names
+
+
+def _without_named_classes(text: str) -> str:
+    """``text`` without "(SomeClass)" where SomeClass names an exception class."""
+    found = _CLASS_ALONE.findall(text)
+    if not found:
+        return text
+    known = _exception_names() if not all(_CLASS_SUFFIX.search(name) for name in found) else set()
+    return _CLASS_ALONE.sub(lambda m: "" if m[1] in known or _CLASS_SUFFIX.search(m[1]) else m[0], text)
+
+
 def public_text(text: str) -> str:
-    """A stored error or log line as users may see it: scrubbed (:func:`scrub_text`), without Python
-    class names (rows written before errors were made public have them)."""
-    return _CLASS_PREFIX.sub("", scrub_text(text)).strip()
+    """A stored error or log line as users may see it: scrubbed (:func:`scrub_text`), on one line,
+    without Python class names, wherever a library put them (rows written before errors were made
+    public have them too)."""
+    text = _without_named_classes(" ".join(scrub_text(text).split()))
+    return _CLASS_PREFIX.sub("", text).strip()
 
 
 def public_message(exc: BaseException) -> str:

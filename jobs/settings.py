@@ -12,6 +12,7 @@
 | ``LIAR_TASK_DIRS``  | (none)                                | folders of lm-eval task YAMLs web jobs may use |
 | ``LIAR_DOWNLOADS``  | ``all``                               | ``owners``: only a job's owner and admins download |
 | ``LIAR_OFFLINE``    | ``0``                                 | ``1``: the workers cannot reach the Hugging Face Hub |
+|                     |                                       | (as do ``HF_HUB_OFFLINE``, ``HF_DATASETS_OFFLINE``) |
 | ``LIAR_WORKER_CLASS`` | ``cpu``                             | the workers' kind: the New-run estimate's |
 | ``LIAR_STAGE_PAUSE`` | (none)                               | fault tests: ``reconstruct=2`` pauses each layer 2 s |
 | ``LIAR_QUEUES``     | (none: one queue)                     | ``name:class[:GB],…``: routed queues (jobs.routing) |
@@ -58,6 +59,16 @@ def scrub(text: str, *urls: str) -> str:
         if password:
             text = text.replace(url, redact_url(url)).replace(password, "***")
     return text
+
+
+OFFLINE_VARIABLES = ("LIAR_OFFLINE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def offline_from_env(env: dict[str, str] | None = None) -> bool:
+    """Whether this server says its workers cannot reach the Hugging Face Hub: ``LIAR_OFFLINE``, or
+    the Hub libraries' own offline switches, which the workers would obey (a job then fails there)."""
+    env = os.environ if env is None else env
+    return any(env.get(name, "").strip().lower() in ("1", "true", "yes", "on") for name in OFFLINE_VARIABLES)
 
 
 @lru_cache(maxsize=8)
@@ -169,7 +180,7 @@ class Settings:
             data_roots=_paths(os.environ.get("LIAR_DATA_ROOTS", "")),
             task_dirs=_paths(os.environ.get("LIAR_TASK_DIRS", "")),
             downloads=os.environ.get("LIAR_DOWNLOADS", "all").strip().lower() or "all",
-            offline=os.environ.get("LIAR_OFFLINE", "0").strip().lower() in ("1", "true", "yes"),
+            offline=offline_from_env(),
             worker_class=os.environ.get("LIAR_WORKER_CLASS", "cpu").strip().lower() or "cpu",
             stage_pause=tuple(
                 (stage.strip(), float(seconds))

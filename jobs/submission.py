@@ -21,7 +21,8 @@ class SubmitError(ValueError):
     """The submission is invalid; nothing was created."""
 
 
-OFFLINE = "which this server's workers cannot reach (LIAR_OFFLINE)"
+# the server is offline: LIAR_OFFLINE, HF_HUB_OFFLINE or HF_DATASETS_OFFLINE (jobs.settings.offline_from_env)
+OFFLINE = "which this server's workers cannot reach (this server works offline)"
 
 
 def _check_tasks(model: str, evaluations: list[dict], offline: bool = False) -> None:

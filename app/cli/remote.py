@@ -30,6 +30,30 @@ def _credentials() -> tuple[str, str] | None:
     return (user, password) if user and password else None
 
 
+def _log_in(url: str, credentials: tuple[str, str]) -> dict[str, str]:
+    """The login's cookies, from the app's ``/login`` (as ``gradio_client`` would log in, but keeping
+    the server's sentence: a throttled login says when to try again)."""
+    import httpx
+
+    address = url if url.endswith("/") else url + "/"
+    try:
+        answer = httpx.post(address + "login", data={"username": credentials[0], "password": credentials[1]})
+    except httpx.HTTPError as exc:
+        raise RemoteError(f"cannot use the server at {url}: {exc}") from None
+    if answer.status_code == 429:
+        raise RemoteError(f"cannot use the server at {url}: {_detail(answer)}")
+    if answer.status_code == 400:
+        raise RemoteError(f"cannot use the server at {url}: the login was refused (wrong account or password)")
+    return {name: value for name, value in answer.cookies.items() if value is not None}
+
+
+def _detail(answer) -> str:
+    try:
+        return str(answer.json()["detail"])
+    except (ValueError, KeyError, TypeError):
+        return f"the login was refused (HTTP {answer.status_code})"
+
+
 class RemoteJobs:
     """The subset of ``JobService`` the ``liar jobs`` commands use, over a server's named endpoints."""
 
@@ -37,9 +61,10 @@ class RemoteJobs:
         from gradio_client import Client
 
         credentials = _credentials()
+        cookies = _log_in(url, credentials) if credentials else {}
         try:
-            self.client = Client(url, auth=credentials, verbose=False)
-        except Exception as exc:  # unreachable, a wrong password, not a LIAR app: one line
+            self.client = Client(url, verbose=False, httpx_kwargs={"cookies": cookies})
+        except Exception as exc:  # unreachable, a login needed, not a LIAR app: one line
             reason = "the login was refused" if "401" in str(exc) or "auth" in str(exc).lower() else str(exc)
             raise RemoteError(f"cannot use the server at {url}: {reason}") from None
 

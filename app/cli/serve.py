@@ -38,13 +38,16 @@ def bundled_assets(data_dir: Path) -> tuple[list[str], list[str], list[str]]:
 def cmd_app(args: argparse.Namespace) -> int:
     from app.cli.common import fail
     from app.web.auth import Login, LoginError
+    from app.web.throttle import Throttle
     from jobs.settings import Settings
 
     try:
         login = Login.from_env()  # before anything starts: a plain-text password stops the app here
+        throttle = Throttle.from_env()
         settings = Settings.from_env()
     except (LoginError, ValueError) as exc:
         return fail(str(exc))
+    _log_to_stderr()
     settings.ensure_dirs()
     if not args.no_worker:
         # same process group as the app: Ctrl-C or a signal to the group stops both; SIGTERM to the app
@@ -61,8 +64,26 @@ def cmd_app(args: argparse.Namespace) -> int:
     models, texts, evals = bundled_assets(settings.data_dir)
     from app.web import launch
 
-    launch(host=args.host, port=args.port, login=login, default_models=models, default_texts=texts, eval_texts=evals)
+    launch(
+        host=args.host,
+        port=args.port,
+        login=login,
+        throttle=throttle,
+        default_models=models,
+        default_texts=texts,
+        eval_texts=evals,
+    )
     return 0
+
+
+def _log_to_stderr() -> None:
+    """The server log: the project's own lines (logins, refusals, deletions, failures under their error
+    id) from INFO up, one line each with the time; other libraries' from WARNING."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("liar", "jobs", "app"):
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 def _stop(proc: subprocess.Popen) -> None:

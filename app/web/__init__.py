@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import gradio as gr
 
     from app.web.auth import Login
+    from app.web.throttle import Throttle
     from jobs.service import JobService
 
 __all__ = ["build_app", "launch"]
@@ -66,17 +67,24 @@ def build_app(
     return demo
 
 
-def launch(host: str = "127.0.0.1", port: int = 7860, login: Login | None = None, **kwargs) -> None:
+def launch(
+    host: str = "127.0.0.1", port: int = 7860, login: Login | None = None, throttle: Throttle | None = None, **kwargs
+) -> None:
     """Serve the app, with ``login`` (``app.web.auth``: accounts with hashed passwords, or a trusted
-    proxy's header; open when None)."""
+    proxy's header; open when None) behind its front door (``app.web.gate``: logged out, only the
+    login page answers; failed logins are throttled by ``throttle``, from the environment when None)."""
     import gradio as gr
+    from starlette.middleware import Middleware
 
     from app.web import downloads, health
     from app.web.auth import Login
     from app.web.forms import MAX_UPLOAD_MB
+    from app.web.gate import Gate
+    from app.web.throttle import Throttle
     from jobs.service import JobService
 
     login = login or Login()
+    throttle = (throttle or Throttle.from_env()) if login.mode == "passwords" else None
     service = JobService()
     demo = build_app(service, login=login, **kwargs)
     print(f"LIAR app on http://{host}:{port}  (data: {service.settings.data_dir})", flush=True)
@@ -96,6 +104,7 @@ def launch(host: str = "127.0.0.1", port: int = 7860, login: Login | None = None
         max_file_size=f"{MAX_UPLOAD_MB}mb",  # refused by the server before it is stored
         quiet=True,
         prevent_thread_lock=True,
+        app_kwargs={"middleware": [Middleware(Gate, login=login, throttle=throttle)]},
     )
     downloads.attach(demo.server_app, service, login)  # checkpoints: plain HTTP
     health.attach(demo.server_app, service)  # GET /healthz, open: a load balancer's probe has no login

@@ -10,7 +10,9 @@ with no server internals (:func:`answered`)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -23,12 +25,15 @@ from jobs.service import JobService, QueueError
 
 # what a refusal raises: its message is already the sentence users read
 SAID = (ValueError, PermissionError, QueueError)
+logger = logging.getLogger("liar.refusals")
 
 
 def answered(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` with every failure as a ``gradio.Error`` users can read: an unknown job
-    (``KeyError``), a refusal (:data:`SAID`) as its sentence, anything else as
-    ``jobs.access.public_error`` (the detail in the server log under an error id)."""
+    (``KeyError``), a refusal (:data:`SAID`) as its sentence, logged as one line
+    (:func:`log_refusal`), anything else as ``jobs.access.public_error`` (the detail in the server
+    log under an error id). Gradio prints no traceback for any of them."""
+    signature = inspect.signature(fn)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
@@ -37,13 +42,26 @@ def answered(fn: Callable[..., Any]) -> Callable[..., Any]:
         except gr.Error:
             raise
         except KeyError as exc:
-            raise gr.Error(str(exc.args[0]) if exc.args else "not found") from None
+            message = str(exc.args[0]) if exc.args else "not found"
         except SAID as exc:
-            raise gr.Error(str(exc)) from None
+            message = str(exc)
         except Exception as exc:
-            raise gr.Error(public_error(exc, f"API {fn.__name__}")) from None
+            raise gr.Error(public_error(exc, f"API {fn.__name__}"), print_exception=False) from None
+        log_refusal(fn.__name__.removeprefix("api_"), signature.bind_partial(*args, **kwargs).arguments, message)
+        raise gr.Error(message, print_exception=False)
 
     return call
+
+
+def log_refusal(action: str, arguments: dict[str, Any], message: str) -> None:
+    """One line in the server log for a refused API call: who, what, which job, and why."""
+    request = arguments.get("request")
+    user = getattr(request, "username", None) or arguments.get("user") or "anonymous"
+    try:
+        where = f" job {int(arguments['job_id'])}"
+    except (KeyError, TypeError, ValueError, OverflowError):  # an action on no job, or no number
+        where = ""
+    logger.info("refused: %s %s%s: %s", user, action, where, message)
 
 
 def build(service: JobService, login: Login) -> None:
@@ -81,7 +99,7 @@ def build(service: JobService, login: Login) -> None:
         return json.dumps(service.list(status=status or None))
 
     @answered
-    def api_show(job_id: float) -> str:
+    def api_show(job_id: float, request: gr.Request = None) -> str:
         """One job as a JSON object: status, progress, recipe, metrics, files, per-layer report, log."""
         return json.dumps(service.show(int(job_id)))
 

@@ -48,10 +48,11 @@ def _service(tmp_path, llama_dir, database: str | None = None, **over) -> JobSer
     return JobService(settings)
 
 
-def _finished(service: JobService, llama_dir, owner: str) -> int:
+def _finished(service: JobService, llama_dir, owner: str, dataset: str = "wikitext2") -> int:
     """A job of ``owner`` that finished with a checkpoint (a copy of the tiny model in its folder,
-    recorded as a worker would): a row, its files, a metric and a log line."""
-    job_id = service.submit({"model": str(llama_dir), "ratio": 0.3, "calibration": {"dataset": "wikitext2"}}, owner)
+    recorded as a worker would): a row, its files, a metric and a log line. ``dataset``: its
+    calibration set (a file, for a job an offline server re-runs)."""
+    job_id = service.submit({"model": str(llama_dir), "ratio": 0.3, "calibration": {"dataset": dataset}}, owner)
     checkpoint = job_dir(service.settings.artifacts_dir, job_id) / "attempt-1" / "checkpoint"
     shutil.copytree(llama_dir, checkpoint)
     with service.sessions.begin() as s:

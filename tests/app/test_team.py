@@ -40,6 +40,10 @@ def _browser(url: str, user: str) -> Iterator[httpx.Client]:
         yield browser
 
 
+def _text(team) -> str:
+    return str(team["data"] / "texts" / "tiny-demo.txt")
+
+
 def _recipe(team, **over) -> str:
     data = team["data"]
     recipe = {
@@ -60,7 +64,7 @@ def test_every_action_through_the_api_by_every_kind_of_user(team):
     for action in API_ACTIONS:
         for user, allowed_here in (("carol", False), ("bob", True), ("alice", True)):
             queued = clients["bob"].predict(_recipe(team), api_name="/submit")["id"]
-            done = _finished(service, team["model"], "bob")
+            done = _finished(service, team["model"], "bob", _text(team))  # the server is offline: a file
             for job in (queued, done):
                 if action == "/delete_job" and job == queued and allowed_here:
                     continue  # a queued job must be cancelled first (test_access)
@@ -77,7 +81,7 @@ def test_every_action_through_the_api_by_every_kind_of_user(team):
                 refused += 1
     assert refused == 7 and allowed == 12
     # a re-run is the clicking account's job
-    done = _finished(service, team["model"], "bob")
+    done = _finished(service, team["model"], "bob", _text(team))
     new = clients["alice"].predict(done, api_name="/rerun_job")["id"]
     assert json.loads(clients["carol"].predict(new, api_name="/show_job"))["submitted_by"] == "alice"
     # everyone sees every job (a team dashboard)

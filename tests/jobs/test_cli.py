@@ -84,6 +84,8 @@ def test_ppl_length_defaults_to_what_the_model_can_take(tmp_path, job_models, mo
     """The tiny models have 256 positions: `--ppl` without --ppl-seq-len evaluates 256-token windows
     instead of failing after the pruning on the old 512 default."""
     monkeypatch.setenv("LIAR_DATA_DIR", str(tmp_path / "data"))
+    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # a server whose workers reach the Hub (registry
+        monkeypatch.delenv(k, raising=False)  # tasks accepted); this process's hub library stays offline
     for k in ("LIAR_DATABASE_URL", "LIAR_BROKER_URL"):
         monkeypatch.delenv(k, raising=False)
     good = tmp_path / "good.yaml"
