@@ -254,7 +254,7 @@ def delete_job(service: JobService, job_id, actor: Actor = OPEN) -> str:
         service.delete(job_id, actor)
     except Exception as exc:
         return _refusal(exc, f"delete job {job_id}")
-    return f"deleted job {job_id}: {listings.deletion_text(files)}"
+    return f"deleted job {job_id}: removed {listings.deletion_text(files)}"
 
 
 # --- the Model page ------------------------------------------------------------------------------
