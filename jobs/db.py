@@ -42,10 +42,13 @@ class Status(str, enum.Enum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    # a tombstone: the job was deleted (its files are gone); its row keeps its id taken, who deleted
+    # it and when, and its metrics (jobs.tombstones). No list, chart or action shows it as a job.
+    DELETED = "DELETED"
 
     @property
     def finished(self) -> bool:
-        return self in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+        return self in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.DELETED)
 
 
 def utcnow() -> dt.datetime:
@@ -90,6 +93,9 @@ class Base(DeclarativeBase):
 
 class Job(Base):
     __tablename__ = "jobs"
+    # SQLite: ids come from sqlite_sequence, never the largest one + 1, so an id once given is never
+    # given again, whatever is deleted (revision 0007); PostgreSQL's sequence never goes back anyway
+    __table_args__ = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     recipe: Mapped[dict[str, Any]] = mapped_column(JSON)  # as submitted
@@ -128,6 +134,9 @@ class Job(Base):
     # when the attempt's progress last moved (its claim, then each new stage or step): what the
     # watchdog judges a hung job by, the heartbeat being a thread of its own (jobs.watchdog)
     progress_at: Mapped[dt.datetime | None] = mapped_column(DateTime)
+    # a tombstone's (status DELETED): when, and by whom (None: the operator, or a server without login)
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(DateTime)
+    deleted_by: Mapped[str | None] = mapped_column(String(255))
 
     metrics: Mapped[list[Metric]] = relationship(back_populates="job", cascade="all, delete-orphan")
     artifacts: Mapped[list[Artifact]] = relationship(back_populates="job", cascade="all, delete-orphan")

@@ -18,6 +18,7 @@ from jobs.access import OPEN, Actor, require_owner
 from jobs.artifacts import Served, TarStream, check_name, confined, inside_job, job_key, remove_job, stored_key
 from jobs.db import Artifact, Job, JobLog, Status, db_now
 from jobs.store import check_key
+from jobs.tombstones import find
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +41,7 @@ class JobFiles:
         :class:`Forbidden` when downloads are for owners and admins (``LIAR_DOWNLOADS=owners``) and
         ``actor`` is neither."""
         with self.sessions() as s:
-            job = s.get(Job, job_id)
-            if job is None:
-                raise KeyError(f"no job {job_id}")
+            job = find(s, job_id)
             if self.settings.downloads == "owners":
                 require_owner(actor, job_id, job.submitted_by, "download")
             rows = s.scalars(

@@ -47,7 +47,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs import baseline
+from jobs import baseline, tombstones
 from jobs.access import Actor, NotNow, require_owner
 from jobs.db import Job, JobLog, Metric, Status, retry_on_disconnect
 from jobs.fencing import add_metrics, fenced, job_log, mark_succeeded, numeric
@@ -55,6 +55,7 @@ from jobs.references import JobInputError, job_reference, local_checkpoint, owne
 from jobs.store import Store
 from jobs.submission import SubmitError, Validator
 from jobs.timings import StageClock
+from jobs.tombstones import said
 
 FAILED = "evaluations_failed"
 _NUMBERS = re.compile(r"\s*\d+\s*(,\s*\d+\s*)*")
@@ -117,9 +118,7 @@ def request(
     ``session``, which holds the source's row) and the note for its first log line; refusals
     (``KeyError``, ``Forbidden``, :class:`NotNow`, :class:`SubmitError`) in one sentence. The chosen
     evaluations are checked again, as at submission (``confine``: as a web submission's)."""
-    source = session.get(Job, job_id, with_for_update=True)
-    if source is None:
-        raise KeyError(f"no job {job_id}")
+    source = tombstones.find(session, job_id, for_update=True)
     require_owner(actor, job_id, source.submitted_by, "re-evaluate")
     if source.source_job_id is not None:
         raise NotNow(f"job {job_id} is a re-evaluation of job {source.source_job_id}: re-evaluate that job instead")
@@ -201,8 +200,10 @@ def load(sf: sessionmaker, job_id: int, store: Store) -> Plan:
         job = s.get(Job, job_id)
         source = s.get(Job, job.source_job_id)
         if source is None or source.status != Status.SUCCEEDED.value:
-            state = "was deleted" if source is None else f"is {source.status}"
-            raise JobInputError(f"job {job.source_job_id} {state}: there is no checkpoint to evaluate")
+            state = f"job {job.source_job_id} " + ("was deleted" if source is None else f"is {source.status}")
+            if source is not None and source.status == Status.DELETED.value:
+                state = said(source.id, source.deleted_by, source.deleted_at)
+            raise JobInputError(f"{state}: there is no checkpoint to evaluate")
         path = local_checkpoint(s, store, source.id)
         if path is None:
             raise JobInputError(f"job {source.id}'s checkpoint is no longer on the server: nothing to evaluate")

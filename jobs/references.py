@@ -22,6 +22,7 @@ from sqlalchemy import select
 from jobs.artifacts import stored_key
 from jobs.db import Artifact, Job, Status
 from jobs.store import Store
+from jobs.tombstones import said
 
 
 class JobInputError(ValueError):
@@ -70,6 +71,8 @@ def owner_and_checkpoint(session, job_id: int, store: Store, weights: bool = Tru
     job = session.get(Job, job_id)
     if job is None:
         raise ValueError(f"model job:{job_id}: there is no job {job_id}")
+    if job.status == Status.DELETED.value:
+        raise ValueError(f"model job:{job_id}: {said(job_id, job.deleted_by, job.deleted_at)}")
     if job.status != Status.SUCCEEDED.value:
         raise ValueError(f"model job:{job_id}: that job is {job.status}; only a finished job's checkpoint can be used")
     path = local_checkpoint(session, store, job_id, weights)

@@ -25,10 +25,10 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from jobs import reevaluation, routing, watchdog
+from jobs import reevaluation, routing, tombstones, watchdog
 from jobs.access import OPEN, Actor, NotNow, new_error_id, public_text, require_owner
 from jobs.broker import queued_job_ids
-from jobs.db import Job, JobLog, Metric, Status, connect, db_now, server_utcnow, utcnow
+from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, db_now, server_utcnow, utcnow
 from jobs.downloads import JobFiles
 from jobs.references import queue_of
 from jobs.settings import Settings, redact_url, scrub
@@ -185,10 +185,18 @@ class JobService(JobFiles):
 
     # --- queries --------------------------------------------------------------------------
     def list(
-        self, status: str | None = None, group_id: str | None = None, submitted_by: str | None = None, limit: int = 100
+        self,
+        status: str | None = None,
+        group_id: str | None = None,
+        submitted_by: str | None = None,
+        limit: int = 100,
+        deleted: bool = False,
     ) -> list[dict[str, Any]]:
+        """The newest jobs first; never a deleted job's tombstone, unless ``deleted`` (the operator's
+        ``liar jobs list --deleted``): then those only."""
         self.reap()
         q = select(*_LISTED).order_by(Job.id.desc()).limit(limit)
+        q = q.where(Job.status == tombstones.DELETED) if deleted else q.where(Job.status != tombstones.DELETED)
         if status:
             q = q.where(Job.status == status.upper())
         if group_id:
@@ -203,13 +211,14 @@ class JobService(JobFiles):
         log, as users may see them: no traceback, no server paths (an artifact has its name, size and
         sha256; the error and log lines are scrubbed, ``jobs.access.public_text``, which also covers
         rows written before errors were made public). ``internal``: the operator's view (the
-        ``liar jobs`` command at the database), with the traceback and the artifacts' paths."""
+        ``liar jobs`` command at the database), with the traceback and the artifacts' paths, and a
+        deleted job's tombstone, which users are told of (``jobs.tombstones.JobDeleted``)."""
         self.reap()
         clean = (lambda text: text) if internal else (lambda text: public_text(text) if text else text)
         with self.sessions() as s:
             job = s.get(Job, job_id)
-            if job is None:
-                raise KeyError(f"no job {job_id}")
+            if not (internal and job is not None and job.status == tombstones.DELETED):
+                tombstones.check(job, job_id)
             out = self._summary(job)
             out.update(
                 recipe=job.recipe,
@@ -231,12 +240,9 @@ class JobService(JobFiles):
             return out
 
     def owner(self, job_id: int) -> str | None:
-        """Who submitted the job (``KeyError`` if there is no such job)."""
+        """Who submitted the job (``KeyError`` if there is no such job, or it was deleted)."""
         with self.sessions() as s:
-            job = s.get(Job, job_id)
-            if job is None:
-                raise KeyError(f"no job {job_id}")
-            return job.submitted_by
+            return tombstones.find(s, job_id).submitted_by
 
     @staticmethod
     def _summary(job: Job) -> dict[str, Any]:
@@ -268,7 +274,7 @@ class JobService(JobFiles):
             "started_at": iso(job.started_at),
             "finished_at": iso(job.finished_at),
             "elapsed_s": (end - job.started_at).total_seconds() if job.started_at and end else None,
-        }
+        } | ({"deleted_by": job.deleted_by, "deleted_at": iso(job.deleted_at)} if job.status == "DELETED" else {})
 
     def metrics(self, job_ids: list[int]) -> dict[int, dict[str, float]]:
         """Metrics of many jobs in one query: {job id: {name: value}}."""
@@ -285,9 +291,7 @@ class JobService(JobFiles):
         finished job stays as it is. Only the job's owner or an admin (:class:`Forbidden` otherwise,
         nothing changed); the job's log and error say who cancelled."""
         with self.sessions.begin() as s:
-            job = s.get(Job, job_id, with_for_update=True)
-            if job is None:
-                raise KeyError(f"no job {job_id}")
+            job = tombstones.find(s, job_id, for_update=True)
             require_owner(actor, job_id, job.submitted_by, "cancel")
             if Status(job.status).finished:
                 return job.status
@@ -311,9 +315,7 @@ class JobService(JobFiles):
         the original submitter: there is nobody else to credit), through the same validation and
         path confinement as a fresh submission; only the job's owner or an admin may."""
         with self.sessions() as s:
-            job = s.get(Job, job_id)
-            if job is None:
-                raise KeyError(f"no job {job_id}")
+            job = tombstones.find(s, job_id)
             owner, recipe, evaluations = job.submitted_by, job.recipe, list(job.evaluations or [])
             source = job.source_job_id
         require_owner(actor, job_id, owner, "re-run")
@@ -341,25 +343,36 @@ class JobService(JobFiles):
         return self._queue(build)
 
     def delete(self, job_id: int, actor: Actor = OPEN) -> None:
-        """Delete a finished job: its row, metrics, log and every file it wrote. Only its owner or an
-        admin (:class:`Forbidden`); a queued or running job is cancelled first, and so is one that is
-        evaluating the job again (:class:`NotNow`). Nothing else records the job afterwards, so the
-        server log says who deleted it."""
+        """Delete a finished job: every file it wrote, and its row becomes a tombstone that keeps its
+        id, its metrics, who deleted it and when (``jobs.tombstones``). Only its owner or an admin
+        (:class:`Forbidden`); a queued or running job is cancelled first, and so is one that is
+        evaluating the job again (:class:`NotNow`); a job deleted already says by whom."""
         with self.sessions.begin() as s:
-            job = s.get(Job, job_id, with_for_update=True)
-            if job is None:
-                raise KeyError(f"no job {job_id}")
-            require_owner(actor, job_id, job.submitted_by, "delete")
-            if not Status(job.status).finished:
-                raise NotNow(f"job {job_id} is {job.status}: cancel it first, then delete it")
-            busy = reevaluation.pending(s, job_id)
-            if busy is not None:
-                raise NotNow(
-                    f"job {busy} is evaluating job {job_id}'s checkpoint: cancel it first, then delete job {job_id}"
-                )
-            s.delete(job)
+            job = self._deletable(s, job_id, actor, for_update=True)
+            tombstones.bury(s, job, actor.name, db_now(s))
         logger.info("job %d deleted by %s", job_id, actor)
         self.remove_files(job_id)
+
+    def deletion(self, job_id: int, actor: Actor = OPEN) -> list[dict[str, Any]]:
+        """What deleting the job would remove, for a page to ask first: its files (name, size, kind),
+        checked as :meth:`delete` checks (the same refusals, nothing changed)."""
+        with self.sessions() as s:
+            self._deletable(s, job_id, actor)
+            rows = s.scalars(select(Artifact).where(Artifact.job_id == job_id).order_by(Artifact.id)).all()
+            return [{"name": a.name or Path(a.path).name, "size": a.size, "kind": a.kind} for a in rows]
+
+    @staticmethod
+    def _deletable(s: Session, job_id: int, actor: Actor, for_update: bool = False) -> Job:
+        job = tombstones.find(s, job_id, for_update=for_update)
+        require_owner(actor, job_id, job.submitted_by, "delete")
+        if not Status(job.status).finished:
+            raise NotNow(f"job {job_id} is {job.status}: cancel it first, then delete it")
+        busy = reevaluation.pending(s, job_id)
+        if busy is not None:
+            raise NotNow(
+                f"job {busy} is evaluating job {job_id}'s checkpoint: cancel it first, then delete job {job_id}"
+            )
+        return job
 
     def force_cancel(self, job_id: int) -> None:
         """Fallback when a running job does not stop: terminate its worker process, and end the

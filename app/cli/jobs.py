@@ -4,7 +4,7 @@ liar worker [--gpu 0] [--queues a100-80g,a100-40g]
 liar jobs submit RECIPE.yaml [--user NAME] [--ppl FILE] [--tasks piqa,arc_easy]
                  [--sweep-ratios 0.2 0.5 --sweep-methods liar ls]
 liar jobs submit --model M --ratio 0.3 --calibration calib.txt [--criterion flap ...]   (the flags of liar prune)
-liar jobs list [--status RUNNING]
+liar jobs list [--status RUNNING] [--deleted]   (--deleted: the tombstones of deleted jobs)
 liar jobs show ID [--json]      (the checkpoint's files with size and sha256; seconds per stage and layer)
 liar jobs cancel|rerun|delete ID
 liar jobs expire [--days N]     (retention now: old jobs' files removed, their records kept)
@@ -147,19 +147,39 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _asked(row: dict) -> str:
+    """The ratio column: the ratio, or a speed target's speed-up (``1.5×``: it has no ratio)."""
+    if row.get("ratio") is not None:
+        return f"{row['ratio']:g}"
+    target = row.get("target")
+    return f"{target.get('speedup')}×" if isinstance(target, dict) and target.get("speedup") else "-"
+
+
 def cmd_list(args: argparse.Namespace) -> int:
+    if args.deleted and args.server:
+        return fail("--deleted lists the database's tombstones: run it where the database is, without --server")
+    filters = {"status": args.status, "group_id": args.group, "submitted_by": args.user, "limit": args.limit}
     try:
-        rows = _service(args).list(status=args.status, group_id=args.group, submitted_by=args.user, limit=args.limit)
+        rows = _service(args).list(**filters, **({"deleted": True} if args.deleted else {}))
     except _refusals() as exc:
         return _said(exc)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    if args.deleted:
+        print(f"{'id':>5}  {'deleted at':<19}  {'deleted by':<10}  {'user':<10}  {'ratio':>5}  model")
+        for r in rows:
+            at = (r["deleted_at"] or "-")[:19].replace("T", " ")
+            print(
+                f"{r['id']:>5}  {at:<19}  {(r['deleted_by'] or '-'):<10}  {(r['submitted_by'] or '-'):<10}  "
+                f"{_asked(r):>5}  {r['model']}"
+            )
+        return 0
     print(f"{'id':>5}  {'status':<9}  {'stage':<11}  {'layer':>7}  {'ratio':>5}  {'method':<11}  {'user':<10}  model")
     for r in rows:
         layer = f"{r['layer']}/{r['n_layers']}" if r["n_layers"] else "-"
         print(
-            f"{r['id']:>5}  {r['status']:<9}  {(r['stage'] or '-'):<11}  {layer:>7}  {r['ratio']:>5}  "
+            f"{r['id']:>5}  {r['status']:<9}  {(r['stage'] or '-'):<11}  {layer:>7}  {_asked(r):>5}  "
             f"{r['method'] or '-':<11}  {(r['submitted_by'] or '-'):<10}  {r['model']}"
         )
     return 0
@@ -175,6 +195,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     for key in SHOWN_FIELDS:
         print(f"{key:>13}: {info[key]}")
+    if info["status"] == "DELETED":  # a tombstone (jobs.tombstones): its files are gone
+        print(f"{'deleted':>13}: {info['deleted_at']} by {info['deleted_by'] or '-'}")
+    if info.get("target") is not None:  # a speed target in place of the ratio
+        print(f"{'target':>13}: {_asked(info)} ({info['target'].get('workload', 'decode_b1')})")
     if info.get("queue"):  # routed by memory (LIAR_QUEUES, jobs.routing)
         print(f"{'queue':>13}: {info['queue']}")
     if info.get("source_job"):  # a re-evaluation (jobs.reevaluation)
@@ -328,6 +352,7 @@ def register(sub) -> None:
     ls.add_argument("--group")
     ls.add_argument("--user")
     ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument("--deleted", action="store_true", help="the deleted jobs' tombstones: who deleted each, when")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list)
     sh = jsub.add_parser("show", help="one job: status, metrics, files (size, sha256), seconds per stage")

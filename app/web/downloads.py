@@ -37,6 +37,7 @@ from jobs.access import OPEN, Actor, Forbidden
 from jobs.artifacts import Served
 from jobs.service import JobService
 from jobs.store import Store
+from jobs.tombstones import JobDeleted
 
 
 def file_url(job_id: int, name: str) -> str:
@@ -55,6 +56,8 @@ def _refused(exc: Exception) -> HTTPException:
         return HTTPException(403, str(exc))
     if isinstance(exc, PermissionError):
         return HTTPException(403, "that file is outside the job's folder")
+    if isinstance(exc, JobDeleted):  # gone for good, and said by whom: 410, not "not found"
+        return HTTPException(410, str(exc))
     return HTTPException(404, str(exc.args[0]) if exc.args else "not found")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from app.web import views
+from app.web import confirm_delete, views
 from app.web.auth import Login
 from jobs.service import JobService
 
@@ -34,6 +34,7 @@ def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
         delete_btn = gr.Button("Delete job", interactive=False)  # until a finished job is picked
         open_btn = gr.Button("Model page ›")
     job_msg = gr.Markdown(elem_id="job-message")
+    question = confirm_delete.DeleteQuestion()  # Delete asks here first, naming what goes
     with gr.Row():
         # the last lines only, so no line numbers (they counted from the tail and drifted as lines came in);
         # each line carries its time
@@ -74,12 +75,9 @@ def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
     def reevaluate(job_id, request: gr.Request = None):
         return views.reevaluate_job(service, job_id, login.actor(request))
 
-    def delete(job_id, request: gr.Request = None):
-        return views.delete_job(service, job_id, login.actor(request))
-
-    actions = ((cancel_btn, cancel), (rerun_btn, rerun), (reevaluate_btn, reevaluate), (delete_btn, delete))
-    for button, action in actions:
-        button.click(action, [picked], [job_msg], api_name=False).then(
-            refresh, [status_filter, picked], [table, *panel, *states], api_name=False
-        )
+    actions = ((cancel_btn, cancel), (rerun_btn, rerun), (reevaluate_btn, reevaluate))
+    events = [button.click(action, [picked], [job_msg], api_name=False) for button, action in actions]
+    events += question.wire(service, login, delete_btn, picked, job_msg, view, [*panel, *states])
+    for event in events:
+        event.then(refresh, [status_filter, picked], [table, *panel, *states], api_name=False)
     return picked, open_btn

@@ -27,6 +27,26 @@ def size_text(n: int | None) -> str:
     return f"{n} B"  # unreachable
 
 
+def deletion_text(files: list[dict[str, Any]]) -> str:
+    """What deleting a job removes, from ``JobService.deletion``: ``its checkpoint (14 files, 12.3 MB)
+    and its exports: model-Q8_0.gguf (3.1 MB), vllm/ (5 files, 4.0 MB)``."""
+    shards = [f for f in files if f["kind"] == "file"]
+    exports = [f for f in shards if f["name"].endswith(SERVING_SUFFIXES)]
+    vllm = [f for f in shards if f["name"].startswith(VLLM_PREFIX)]
+    if shards:
+        total = sum(f["size"] for f in shards)
+        what = f"its checkpoint ({len(shards)} file{'s' if len(shards) != 1 else ''}, {size_text(total)})"
+    elif any(f["kind"] == "archive" for f in files):
+        archive = next(f for f in files if f["kind"] == "archive")
+        what = f"its checkpoint archive {archive['name']} ({size_text(archive['size'])})"
+    else:
+        return "its place in the lists (it wrote no checkpoint)"
+    named = [f"{f['name']} ({size_text(f['size'])})" for f in exports]
+    if vllm:
+        named.append(f"vllm/ ({len(vllm)} files, {size_text(sum(f['size'] for f in vllm))})")
+    return what + (f" and its exports: {', '.join(named)}" if named else ", which has no exports")
+
+
 def download_listing(service: JobService, job_id: int, actor: Actor = OPEN) -> dict[str, Any]:
     """The job's files (name, size, sha256, kind, url) and the address of the whole checkpoint as one
     file (``checkpoint_tar``: the streamed tar, or an older job's .tar.gz; None before the job has

@@ -226,16 +226,35 @@ def _new_job_from(job_id, make, actor: Actor, verb: str, done: str) -> str:
     return done.format(job=job_id, new=new)
 
 
-def delete_job(service: JobService, job_id, actor: Actor = OPEN) -> str:
-    """Delete the picked job with its files (its owner or an admin, once it has finished)."""
+def delete_question(service: JobService, job_id, actor: Actor = OPEN) -> str:
+    """What the page asks before it deletes the picked job: what goes (its checkpoint, with its size,
+    and its exports) and what stays; or, when the job may not be deleted, the refusal (a ``shown``
+    line: nothing is asked)."""
     job_id = job_id_of(job_id)
     if job_id is None:
         return shown(NOTHING_PICKED)
     try:
+        files = service.deletion(job_id, actor)
+    except Exception as exc:
+        return _refusal(exc, f"delete job {job_id}")
+    return (
+        f"**Delete job {job_id}?** This removes {listings.deletion_text(files)}, for everyone. Its record "
+        "stays, with its metrics: a link to it will say who deleted it and when."
+    )
+
+
+def delete_job(service: JobService, job_id, actor: Actor = OPEN) -> str:
+    """Delete the picked job with its files (its owner or an admin, once it has finished), once the
+    page has asked (:func:`delete_question`)."""
+    job_id = job_id_of(job_id)
+    if job_id is None:
+        return shown(NOTHING_PICKED)
+    try:
+        files = service.deletion(job_id, actor)
         service.delete(job_id, actor)
     except Exception as exc:
         return _refusal(exc, f"delete job {job_id}")
-    return f"deleted job {job_id} and its files"
+    return f"deleted job {job_id}: removed {listings.deletion_text(files)}"
 
 
 # --- the Model page ------------------------------------------------------------------------------
