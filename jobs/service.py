@@ -261,6 +261,8 @@ class JobService(JobFiles):
             "submitted_by": job.submitted_by,
             "group_id": job.group_id,
             "source_job": job.source_job_id,  # a re-evaluation's: the job whose checkpoint it evaluates
+            # an export-only job's forms (jobs.export_jobs): a finished checkpoint written for serving, no run
+            "export_only": job.recipe.get("export") if export_jobs.is_export(job.recipe) else None,
             "worker": job.worker,
             "queue": job.queue,
             "attempts": job.attempts,

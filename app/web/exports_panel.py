@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.web.downloads import file_url
+import gradio as gr
+
+from app.web.downloads import file_url, tar_url
 from app.web.forms import shown
 from app.web.listings import size_text
 from jobs import export_jobs
@@ -51,7 +53,7 @@ def markdown(service: JobService, job_id: int | None, actor: Actor = OPEN) -> st
     except (KeyError, NotNow):
         return ""
     lines = [f"| {c.label} | `{c.form}` | {_state(c)} |" for c in choices]
-    text = "### Serving forms\n\n| form | name | |\n|---|---|---|\n" + "\n".join(lines)
+    text = "### Serving forms\n\n| form | name | can this checkpoint take it? |\n|---|---|---|\n" + "\n".join(lines)
     text += (
         "\n\nEach export is a job of its own on this checkpoint (nothing is pruned again); a quantized GGUF "
         "needs llama.cpp on the worker, which checks before writing anything."
@@ -60,7 +62,8 @@ def markdown(service: JobService, job_id: int | None, actor: Actor = OPEN) -> st
         head = f"#### Export job {j['id']} — {', '.join(j['forms'])} · {j['status']} · by {j['by'] or '–'}"
         body = f"**Error:** {j['error']}" if j["error"] else ""
         if j["files"]:
-            body = _files_table(j["id"], j["files"])
+            whole = f"[⬇ all of it as one file — liar-job-{j['id']}.tar]({tar_url(j['id'])})"
+            body = f"{whole}\n\n{_files_table(j['id'], j['files'])}"
         text += f"\n\n{head}" + (f"\n\n{body}" if body else "")
     return text
 
@@ -91,9 +94,7 @@ def start(service: JobService, job_id: int | None, forms: list[str] | None, acto
 
 
 def build(service: JobService, login, page_id) -> None:
-    """The panel on the Model page, refreshed whenever the page's job changes."""
-    import gradio as gr
-
+    """The panel on the Model page, refreshed whenever the page's job changes, and its API endpoints."""
     from app.web.views import job_id_of
 
     panel = gr.Markdown(elem_id="model-exports")
@@ -120,12 +121,11 @@ def build(service: JobService, login, page_id) -> None:
 
     page_id.change(show, [page_id], [panel, forms, button, status], api_name=False)
     button.click(export, [page_id, forms], [panel, forms, button, status], api_name=False)
+    api(service, login)
 
 
 def api(service: JobService, login) -> None:
     """The named endpoints ``/serving_forms`` and ``/export_job`` (``app.web.api``'s conventions)."""
-    import gradio as gr
-
     from app.web.api import answered
 
     @answered

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.web import downloads, exports_panel, listings
+from app.web import charts, downloads, exports_panel, listings, views
 from core.models.tiny import tiny_decoder
 from jobs import export_jobs
 from jobs.access import Actor, Forbidden
@@ -97,6 +97,11 @@ def test_a_vllm_export_job_writes_listed_files_with_their_sha256(job_service, ll
         export_jobs.submit(job_service, source, ["vllm"], OWNER)
     page = exports_panel.markdown(job_service, source)
     assert f"jobs/{job_id}/files/vllm/config.json" in page and files[0]["sha256"] in page
+    assert f"jobs/{job_id}/checkpoint.tar" in page
+    # an export is no run: the dashboard leaves it out; the jobs table says what it does
+    assert [r["id"] for r in charts.run_rows(job_service)] == [source]
+    row = next(r for r in views.job_rows(job_service) if r[0] == job_id)
+    assert row[7] == f"job:{source}" and row[8] == "export vllm (no pruning)"
 
 
 def _routes(service) -> FastAPI:
