@@ -41,17 +41,18 @@ def _state(choice: export_jobs.Choice) -> str:
     return "possible"
 
 
-def markdown(service: JobService, job_id: int | None, actor: Actor = OPEN) -> str:
-    """The panel's text for the job on the page: empty for no job, or one without a finished
-    checkpoint of its own; the restriction's sentence where ``actor`` may not download it."""
+def view(service: JobService, job_id: int | None, actor: Actor = OPEN) -> tuple[str, list[tuple[str, str]]]:
+    """The panel's text for the job on the page, and the forms it lets one export now as (label,
+    form), from one look at the checkpoint: nothing for no job, or one without a finished checkpoint
+    of its own; the restriction's sentence where ``actor`` may not download it."""
     if job_id is None:
-        return ""
+        return "", []
     try:
         choices = export_jobs.choices(service, job_id, actor)
     except Forbidden:
-        return RESTRICTED
+        return RESTRICTED, []
     except (KeyError, NotNow):
-        return ""
+        return "", []
     lines = [f"| {c.label} | `{c.form}` | {_state(c)} |" for c in choices]
     text = "### Serving forms\n\n| form | name | can this checkpoint take it? |\n|---|---|---|\n" + "\n".join(lines)
     text += (
@@ -65,17 +66,12 @@ def markdown(service: JobService, job_id: int | None, actor: Actor = OPEN) -> st
             whole = f"[⬇ all of it as one file — liar-job-{j['id']}.tar]({tar_url(j['id'])})"
             body = f"{whole}\n\n{_files_table(j['id'], j['files'])}"
         text += f"\n\n{head}" + (f"\n\n{body}" if body else "")
-    return text
+    return text, [(c.label, c.form) for c in choices if c.offered]
 
 
-def offered(service: JobService, job_id: int | None, actor: Actor = OPEN) -> list[tuple[str, str]]:
-    """The forms the page lets one export now, as (label, form)."""
-    if job_id is None:
-        return []
-    try:
-        return [(c.label, c.form) for c in export_jobs.choices(service, job_id, actor) if c.offered]
-    except (Forbidden, KeyError, NotNow):
-        return []
+def markdown(service: JobService, job_id: int | None, actor: Actor = OPEN) -> str:
+    """The panel's text (:func:`view`)."""
+    return view(service, job_id, actor)[0]
 
 
 def start(service: JobService, job_id: int | None, forms: list[str] | None, actor: Actor = OPEN) -> str:
@@ -101,26 +97,28 @@ def build(service: JobService, login, page_id) -> None:
     with gr.Row():
         forms = gr.CheckboxGroup([], label="Export as", elem_id="export-forms", scale=3)
         button = gr.Button("Export", elem_id="export-button", scale=1)
-    status = gr.Markdown(elem_id="export-status")
+    with gr.Row():
+        status = gr.Markdown(elem_id="export-status")
+        again = gr.Button("↻ Refresh the exports", size="sm", scale=0, visible=False, elem_id="export-refresh")
 
     def show(job_id, request: gr.Request = None):
-        actor = login.actor(request)
-        job_id = job_id_of(job_id)
-        choices = offered(service, job_id, actor)
-        visible = bool(choices)
+        text, choices = view(service, job_id_of(job_id), login.actor(request))
         return (
-            markdown(service, job_id, actor),
-            gr.CheckboxGroup(choices, value=[], visible=visible),
-            (gr.Button(visible=visible)),
+            text,
+            gr.CheckboxGroup(choices, value=[], visible=bool(choices)),
+            gr.Button(visible=bool(choices)),
+            gr.Button(visible=bool(text) and text != RESTRICTED),
             "",
         )
 
     def export(job_id, chosen, request: gr.Request = None):
         said = start(service, job_id_of(job_id), chosen, login.actor(request))
-        return (*show(job_id, request)[:3], said)
+        return (*show(job_id, request)[:4], said)
 
-    page_id.change(show, [page_id], [panel, forms, button, status], api_name=False)
-    button.click(export, [page_id, forms], [panel, forms, button, status], api_name=False)
+    outputs = [panel, forms, button, again, status]
+    page_id.change(show, [page_id], outputs, api_name=False)
+    button.click(export, [page_id, forms], outputs, api_name=False)
+    again.click(show, [page_id], outputs, api_name=False)  # an export job's progress
     api(service, login)
 
 

@@ -99,9 +99,9 @@ def test_the_prompt_box_and_the_serving_forms(browser, team, pruned_job, screens
     bob.locator("#export-button").click()
     bob.locator("#export-status").get_by_text(re.compile(r"queued export job \d+")).wait_for()
     export_id = int(re.search(r"export job (\d+)", bob.locator("#export-status").inner_text()).group(1))
+    panel.get_by_text(re.compile(rf"Export job {export_id} — vllm · (QUEUED|RUNNING|SUCCEEDED)")).wait_for()
     wait_for(lambda: service.show(export_id)["status"] == "SUCCEEDED", timeout=LONG, what="the export job")
-    bob.reload()
-    bob.locator("#model-head").get_by_text(f"Job {pruned_job} — SUCCEEDED").wait_for()
+    bob.locator("#export-refresh").click()  # the panel follows the export job when asked
     panel.get_by_text(f"Export job {export_id} — vllm · SUCCEEDED").wait_for()
     sha = next(f["sha256"] for f in service.downloads(export_id) if f["name"] == "vllm/config.json")
     assert sha in panel.inner_text()

@@ -98,6 +98,8 @@ def test_a_vllm_export_job_writes_listed_files_with_their_sha256(job_service, ll
     page = exports_panel.markdown(job_service, source)
     assert f"jobs/{job_id}/files/vllm/config.json" in page and files[0]["sha256"] in page
     assert f"jobs/{job_id}/checkpoint.tar" in page
+    with pytest.raises(SubmitError, match=f"model job:{job_id}: that job exported job:{source} for serving: name"):
+        job_service.submit({"model": f"job:{job_id}", "ratio": 0.3, "calibration": {"texts": corpus}}, "bob")
     # an export is no run: the dashboard leaves it out; the jobs table says what it does
     assert [r["id"] for r in charts.run_rows(job_service)] == [source]
     row = next(r for r in views.job_rows(job_service) if r[0] == job_id)
