@@ -74,9 +74,16 @@ def _queue_of_checkpoint(service, job_id: int, actor: Actor) -> str | None:
         kinds = set(s.scalars(select(Artifact.kind).where(Artifact.job_id == job_id)))
         if "checkpoint" not in kinds:
             raise NotNow(f"job {job_id} wrote no checkpoint of its own: try the job whose checkpoint it used")
-        if local_checkpoint(s, service.settings.store(), job_id, weights=False) is None:
+        checkpoint = local_checkpoint(s, service.settings.store(), job_id, weights=False)
+        if checkpoint is None:
             raise NotNow(f"job {job_id}'s checkpoint is no longer on the server")
-        return job.queue
+        queue = job.queue
+    from core.pipeline.preflight import model_kind  # (torch-free: the config only)
+
+    kind = model_kind(str(checkpoint))
+    if kind is not None and kind[0] != "decoder":
+        raise NotNow(f"job {job_id}'s model is an {kind[0]}: only a causal language model continues a prompt")
+    return queue
 
 
 def request(

@@ -86,3 +86,12 @@ def test_no_worker_is_one_sentence_after_a_bounded_wait(job_service, finished):
     )
     pruned, dense, line = try_model.try_it(job_service, finished, "hello", 8, OWNER, wait=1)
     assert (pruned, dense) == ("", "") and line.message.startswith("no worker on the job's queue answered")
+
+
+def test_an_encoder_is_refused_before_anything_is_sent(job_service, bert_dir, corpus):
+    calibration = {"texts": corpus, "num_calibration_samples": 8, "max_seq_length": 24}
+    job_id = job_service.submit({"model": str(bert_dir), "ratio": 0.3, "calibration": calibration}, "bob")
+    assert execute(job_id, job_service.settings) == "SUCCEEDED", job_service.show(job_id)["error"]
+    with pytest.raises(ValueError) as refused:
+        generation.request(job_service, job_id, "hello", 8, wait=1)
+    assert str(refused.value) == f"job {job_id}'s model is an encoder: only a causal language model continues a prompt"
