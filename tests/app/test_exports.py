@@ -130,6 +130,23 @@ def test_a_gguf_f16_export_job_on_a_bpe_model(job_service, bpe_dir, corpus):
     assert "llama-cli -m" in listings.serving_markdown(listings.download_listing(job_service, job_id))
 
 
+def test_a_q4_k_m_export_job_loads_in_llama_cpp(job_service, bpe_dir, corpus):
+    """llama.cpp's own quantizer on the worker (``liar engines install llama.cpp``; missing, this fails,
+    as the serving tests do: the form exists for llama.cpp)."""
+    from core.serving.engines import call_llama_cpp
+
+    source = _finished(job_service, bpe_dir, corpus)
+    job_id = export_jobs.submit(job_service, source, ["gguf-q4_k_m", "gguf-f16"], OWNER)
+    assert execute(job_id, job_service.settings) == "SUCCEEDED", job_service.show(job_id)["error"]
+    names = [f["name"] for f in job_service.downloads(job_id) if f["name"].endswith(".gguf")]
+    assert names == [f"liar-job-{source}-f16.gguf", f"liar-job-{source}-q4_k_m.gguf"]
+    folder = job_service.settings.store().path(job_service.served(job_id)[0].key).parent
+    info = call_llama_cpp({"op": "info", "model": str(folder / names[1])}, timeout=120)
+    assert info["metadata"]["general.architecture"] in ("llama", "deci")
+    forms = {c.form: c for c in export_jobs.choices(job_service, source)}
+    assert forms["gguf-q4_k_m"].done_by == forms["gguf-f16"].done_by == job_id
+
+
 def test_a_quantized_form_without_llama_cpp_fails_before_writing(job_service, bpe_dir, corpus, monkeypatch):
     """The web host cannot know a worker's engines: the worker checks before writing, and says why."""
     import core.serving.engines as engines
