@@ -25,10 +25,10 @@ from typing import Any
 from sqlalchemy import select
 
 from jobs import routing
-from jobs.access import OPEN, Actor, NotNow, public_error, public_message, require_owner
+from jobs.access import OPEN, Actor, NotNow, new_error_id, public_error, public_message, require_owner
 from jobs.db import Artifact, Job, Status, connect
 from jobs.references import job_reference, local_checkpoint, owner_and_checkpoint
-from jobs.settings import Settings
+from jobs.settings import Settings, redact_url, scrub
 from jobs.submission import SubmitError
 
 logger = logging.getLogger(__name__)
@@ -98,7 +98,18 @@ def request(
     prompt, number = check_request(prompt, max_new_tokens)
     queue = _queue_of_checkpoint(service, job_id, actor)
     wait = WAIT_S if wait is None else wait
-    sent = service.celery.send_task(TASK, args=[job_id, prompt, number], expires=wait, **routing.send_options(queue))
+    try:
+        sent = service.celery.send_task(
+            TASK, args=[job_id, prompt, number], expires=wait, **routing.send_options(queue)
+        )
+    except Exception as exc:  # the broker's URL (a password, a host) stays in the server log
+        error_id, url = new_error_id(), service.settings.broker_url
+        reason = scrub(str(exc), url) or type(exc).__name__
+        logger.error("error %s: the broker at %s did not take a prompt: %s", error_id, redact_url(url), reason)
+        raise NotNow(
+            "the job broker did not take the prompt, so nothing was generated; try again, or tell the administrator "
+            f"(error id {error_id})"
+        ) from None
     try:
         result = sent.get(timeout=wait, propagate=False, interval=0.2)
     except CeleryTimeout:

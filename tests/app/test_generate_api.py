@@ -17,12 +17,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import update
 
 from jobs.db import Job
 from tests.app.conftest import PASSWORDS
 from tests.app.test_access import _finished
+from tests.app.test_team import _clean
 
 pytestmark = pytest.mark.integration  # a running app and a worker
 
@@ -107,3 +109,46 @@ def test_serving_forms_through_the_api(team, served_job):
         _client(url, "bob").predict(served_job, "gguf-q8_0", api_name="/export_job")
     with pytest.raises(AppError, match="only its owner or an administrator may export it"):
         _client(url, "carol").predict(served_job, api_name="/serving_forms")
+
+
+ENDPOINTS = ("generate", "serving_forms", "export_job")
+
+
+def test_no_answer_without_a_login_and_no_server_internals_in_any(team, served_job, broker_down, llama_dir):
+    url, data = team["url"], team["data"]
+    for name in ENDPOINTS:
+        got = httpx.post(f"{url}gradio_api/call/{name}", json={"data": [served_job]})
+        assert got.status_code == 401, (name, got.status_code, got.text[:200])
+    bob, carol = _client(url, "bob"), _client(url, "carol")
+    probes = [
+        (bob, "/generate", (999, "hello", 4)),
+        (bob, "/generate", (served_job, "", 4)),
+        (bob, "/generate", (served_job, "hello", 10**6)),
+        (carol, "/generate", (served_job, "hello", 4)),
+        (bob, "/serving_forms", (999,)),
+        (bob, "/export_job", (served_job, "onnx")),
+        (bob, "/export_job", (served_job, "")),
+        (bob, "/export_job", (served_job, "gguf-f16")),
+        (carol, "/export_job", (served_job, "vllm")),
+    ]
+    for client, endpoint, args in probes:
+        with pytest.raises(Exception) as caught:
+            client.predict(*args, api_name=endpoint)
+        message = str(caught.value)
+        assert message.strip() and "\n" not in message.strip(), (endpoint, args)
+        _clean(message, data)
+    # the broker down, its password in its URL: one sentence with an error id
+    from jobs.service import JobService
+    from jobs.settings import Settings
+
+    down = broker_down["data"]
+    seeding = JobService(
+        Settings(data_dir=down, database_url=f"sqlite:///{down / 'liar.db'}", broker_url="filesystem://")
+    )
+    job_id = _finished(seeding, llama_dir, "bob")
+    with pytest.raises(Exception) as caught:
+        _client(broker_down["url"], "bob").predict(job_id, "hello", 4, api_name="/generate")
+    message = str(caught.value)
+    _clean(message, down)
+    assert message.startswith("the job broker did not take the prompt") and "error id" in message
+    assert "127.0.0.1" not in message
