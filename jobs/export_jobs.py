@@ -66,12 +66,27 @@ def problem(checkpoint: Path, form: str, engines: bool = False) -> str | None:
     """Why the checkpoint folder cannot be written as ``form`` (one sentence), or None: the
     exporter's own checks (``core.serving.preflight``, and for vLLM the query heads per layer), read
     from its config, tokenizer and weight headers; ``engines``: also that this machine has the
-    engine a quantized GGUF needs (the worker's check)."""
+    engine a quantized GGUF needs (the worker's check). Where the weights are not on this host (a
+    remote store: the web host fetches a checkpoint's small files only), a GGUF form is checked from
+    the config and the tokenizer, and the worker checks the rest before writing."""
     from core.models.config_file import read_config
+    from core.models.safetensors_io import CheckpointError, CheckpointReader
     from core.serving import ExportError, preflight
+    from core.serving.gguf_export import plan
+    from core.serving.gguf_vocab import read_vocab
     from core.serving.vllm_form import vllm_layers
 
     try:
+        if form in GGUF_QUANT and not engines:
+            try:
+                CheckpointReader(checkpoint)
+            except CheckpointError:  # no weights here: what the config and the tokenizer tell
+                config = plan(checkpoint).config
+                try:
+                    read_vocab(checkpoint, int(config.get("vocab_size") or 0))
+                except ValueError as exc:
+                    raise ExportError(f"cannot write the tokenizer into the GGUF: {exc}") from None
+                return None
         preflight(checkpoint, [form], engines=engines)
         if form == "vllm":
             vllm_layers(read_config(checkpoint))
@@ -139,9 +154,9 @@ def choices(service, job_id: int, actor: Actor = OPEN) -> list[Choice]:
         job, checkpoint = _source(s, service, job_id, actor)
         done = _done_by(s, job_id)
         own = set((job.recipe_as_run or job.recipe).get("export") or [])
-    return [
-        Choice(form, label, problem(checkpoint, form), done.get(form), form in own) for form, label in LABELS.items()
-    ]
+    gguf = problem(checkpoint, "gguf-f16")  # the same checks for every GGUF type here (no engines)
+    why = {form: gguf if form in GGUF_QUANT else problem(checkpoint, form) for form in LABELS}
+    return [Choice(form, label, why[form], done.get(form), form in own) for form, label in LABELS.items()]
 
 
 def check_forms(forms: object) -> list[str]:

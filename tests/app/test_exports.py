@@ -188,3 +188,21 @@ def test_bad_requests_are_one_sentence(job_service, llama_dir, corpus):
     queued = job_service.submit({"model": str(llama_dir), "ratio": 0.3, "calibration": {"texts": corpus}}, "bob")
     with pytest.raises(ValueError, match=f"job {queued} is QUEUED: only a finished job's checkpoint can be exported"):
         export_jobs.submit(job_service, queued, ["vllm"], OWNER)
+
+
+def test_without_the_weights_here_gguf_is_judged_by_config_and_tokenizer(bpe_dir, llama_dir, tmp_path):
+    """A web host of a remote store fetches a checkpoint's small files only: the forms are still said."""
+    import shutil
+
+    for model in (bpe_dir, llama_dir):
+        small = tmp_path / model.name
+        small.mkdir()
+        for f in model.iterdir():
+            if not f.name.endswith(".safetensors"):
+                shutil.copy(f, small / f.name)
+        said = export_jobs.problem(small, "gguf-q8_0")
+        if model == bpe_dir:
+            assert said is None
+        else:
+            assert said.startswith("cannot write the tokenizer into the GGUF: it is WordLevel")
+        assert export_jobs.problem(small, "vllm") is None  # the config alone says
