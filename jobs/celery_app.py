@@ -17,6 +17,16 @@ from jobs.watchdog import hard_time_limit
 QUEUE = "liar"
 
 
+def result_backend(settings: Settings) -> str:
+    """Where a task that returns a value (``jobs.generation``'s) leaves it: a folder beside the
+    filesystem broker's, or the Redis that is the broker."""
+    if settings.broker_url.startswith("filesystem://"):
+        folder = settings.broker_dir / "results"
+        folder.mkdir(parents=True, exist_ok=True)
+        return f"file://{folder.resolve()}"
+    return settings.broker_url
+
+
 def make_celery(settings: Settings | None = None) -> Celery:
     settings = settings or Settings.from_env()
     app = Celery("liar", broker=settings.broker_url, include=["jobs.tasks", "jobs.workerinfo"])
@@ -47,7 +57,9 @@ def make_celery(settings: Settings | None = None) -> Celery:
         worker_concurrency=1,
         task_serializer="json",
         accept_content=["json"],
-        result_backend=None,
+        # jobs store nothing there (SQL is their record); the prompt box's answers travel back this way
+        result_backend=result_backend(settings),
+        result_expires=3600,
         task_ignore_result=True,
         worker_hijack_root_logger=False,
         # operators' view: task events for Flower or an exporter (sent/started/succeeded…, a few small

@@ -75,6 +75,10 @@ def owner_and_checkpoint(session, job_id: int, store: Store, weights: bool = Tru
         raise ValueError(f"model job:{job_id}: {said(job_id, job.deleted_by, job.deleted_at)}")
     if job.status != Status.SUCCEEDED.value:
         raise ValueError(f"model job:{job_id}: that job is {job.status}; only a finished job's checkpoint can be used")
+    if (job.recipe or {}).get("export_only") is True:  # jobs.export_jobs: serving files, no checkpoint
+        raise ValueError(
+            f"model job:{job_id}: that job exported {job.recipe['model']} for serving: name {job.recipe['model']}"
+        )
     path = local_checkpoint(session, store, job_id, weights)
     if path is None:
         raise ValueError(f"model job:{job_id}: that job's checkpoint is no longer on the server")

@@ -25,12 +25,12 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from jobs import reevaluation, routing, tombstones, watchdog
+from jobs import export_jobs, reevaluation, routing, tombstones, watchdog
 from jobs.access import OPEN, Actor, NotNow, new_error_id, public_text, require_owner
 from jobs.broker import queued_job_ids
 from jobs.db import Artifact, Job, JobLog, Metric, Status, connect, db_now, server_utcnow, utcnow
 from jobs.downloads import JobFiles
-from jobs.references import queue_of
+from jobs.references import job_reference, queue_of
 from jobs.settings import Settings, redact_url, scrub
 from jobs.submission import SubmitError, Validator, target_cells
 
@@ -267,6 +267,8 @@ class JobService(JobFiles):
             "submitted_by": job.submitted_by,
             "group_id": job.group_id,
             "source_job": job.source_job_id,  # a re-evaluation's: the job whose checkpoint it evaluates
+            # an export-only job's forms (jobs.export_jobs): a finished checkpoint written for serving, no run
+            "export_only": job.recipe.get("export") if export_jobs.is_export(job.recipe) else None,
             "worker": job.worker,
             "queue": job.queue,
             "attempts": job.attempts,
@@ -322,6 +324,9 @@ class JobService(JobFiles):
         if source is not None:  # its recipe is its source's: re-running it would prune again
             raise NotNow(f"job {job_id} is a re-evaluation of job {source}: re-evaluate job {source} instead")
         by = actor.name or owner
+        if export_jobs.is_export(recipe):  # the same forms from the same checkpoint, if it is still there
+            note = f"re-run of job {job_id}"
+            return export_jobs.submit(self, job_reference(recipe["model"]), recipe["export"], actor, by, note)
         return self.submit(
             recipe, by, evaluations=evaluations, confine=confine, note=f"re-run of job {job_id}", actor=actor
         )

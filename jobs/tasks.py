@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import select
 
 from core.models.manifest import FileEntry
-from jobs import baseline, reevaluation
+from jobs import baseline, export_jobs, reevaluation
 from jobs.access import public_error, public_message, public_text
 from jobs.artifacts import (
     attempt_dir,
@@ -112,6 +112,10 @@ def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refus
         if retry_on_disconnect(partial(reevaluation.source_of, sf, job_id)) is not None:
             return _reevaluate(sf, job_id, token, worker, progress, clock, settings.store())
         recipe, evaluations, named = retry_on_disconnect(partial(_load_job, sf, job_id, settings))
+        if export_jobs.is_export(recipe):  # a finished job's checkpoint in serving forms, nothing pruned
+            if not export_jobs.run(sf, job_id, token, worker, recipe, out_dir, progress, clock, settings):
+                raise JobCancelled
+            return Status.SUCCEEDED.value
         job_log(sf, job_id, token, f"started on {worker}")
         _fresh_dir(out_dir)
         forms = list(recipe.get("export") or [])
@@ -437,3 +441,11 @@ def _evaluate(result, ev: dict[str, Any]) -> dict[str, float]:
 @app.task(name="liar.run_job", bind=True, autoretry_for=TRANSIENT, retry_backoff=10, max_retries=2)
 def run_job(self, job_id: int) -> str:
     return execute(job_id)
+
+
+@app.task(name="liar.generate", ignore_result=False)
+def generate(job_id: int, prompt: str, max_new_tokens: int) -> dict:
+    """The Model page's prompt box, on this worker (``jobs.generation``)."""
+    from jobs import generation
+
+    return generation.answer(_settings(), job_id, prompt, max_new_tokens)

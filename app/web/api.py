@@ -1,7 +1,8 @@
 """The named API endpoints, for ``gradio_client``: ``/submit``, ``/list_jobs``, ``/show_job``,
 ``/cancel_job``, ``/rerun_job``, ``/reevaluate_job``, ``/delete_job``, ``/download`` (the list of a
 job's files and their URLs: the files themselves are served by ``app.web.downloads``, not through
-Gradio, which would copy them first).
+Gradio, which would copy them first). The Model page's modules add ``/generate`` (``app.web.try_model``),
+``/serving_forms`` and ``/export_job`` (``app.web.exports_panel``).
 
 With login on, each call acts as the logged-in account (``app.web.auth``): the rules of
 ``jobs.access`` apply as in the UI. A refusal or a failure is a ``gradio.Error`` of one sentence,

@@ -70,7 +70,8 @@ def run_rows(service: JobService, model="", method="", user="", criterion="") ->
     """One row of :data:`RUN_COLUMNS` (plus ``params_before``) per succeeded job that passes the
     filters (empty: any; ``model``: a part of its name), newest first. A re-evaluation is no run of
     its own: its numbers are on the job it evaluated (``jobs.reevaluation``)."""
-    done = [j for j in service.list(status="SUCCEEDED", limit=1000) if j.get("source_job") is None]
+    listed = service.list(status="SUCCEEDED", limit=1000)
+    done = [j for j in listed if j.get("source_job") is None and not j.get("export_only")]  # nor is an export
     all_metrics = service.metrics([j["id"] for j in done])
     rows = []
     for j in done:

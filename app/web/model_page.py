@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from app.web import views
+from app.web import exports_panel, try_model, views
 from app.web.auth import Login
 from app.web.dashboard import vega
 from jobs.service import JobService
@@ -19,6 +19,8 @@ def build(service: JobService, login: Login) -> gr.Number:
     head = gr.Markdown(elem_id="model-head")
     load = gr.Markdown(elem_id="model-load")
     download = gr.Markdown(elem_id="model-downloads")  # links to app.web.downloads' routes
+    try_model.build(service, login, page_id)  # the prompt box: pruned and dense side by side
+    exports_panel.build(service, login, page_id)  # serving forms, exported after the fact
     layers = gr.Plot(show_label=False, elem_id="error-plot")
     with gr.Row():
         page_recipe = gr.Code(label="Recipe", language="yaml")

@@ -317,6 +317,8 @@ def _card(service: JobService, job_id: int) -> str | None:
 def asked(info: dict[str, Any]) -> str:
     """What a job was asked for: its ratio, or its speed target."""
     target = info.get("target")
+    if info.get("export_only"):  # jobs.export_jobs
+        return f"export {', '.join(info['export_only'])} (no pruning)"
     if info.get("ratio") is None and isinstance(target, dict):
         return f"speed-up {target.get('speedup')}× ({target.get('workload', 'decode_b1')})"
     return f"ratio {info.get('ratio')}"
