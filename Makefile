@@ -41,7 +41,7 @@ test-fast: $(STAMP) $(ENGINES)
 	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser" tests/core tests/app/test_cli.py $(wildcard tests/test_*.py)
 
 # the multi-machine deployment alone (part of `test`): a web process and two workers with private data
-# folders, an S3 store (moto's server), PostgreSQL and Redis, 20 routed jobs (docs/deploy.md)
+# folders, an S3 store (moto's server), PostgreSQL and Redis, 20 routed jobs (docs/deploy-cluster.md)
 test-deploy: $(STAMP)
 	$(BIN)/python -m pytest -q -m deploy tests/jobs/test_deployment.py
 

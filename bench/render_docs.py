@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 # The markdown files that carry generated blocks.
-FILES = ("README.md", "docs/guide.md", "docs/deployment.md", "docs/design.md", "docs/results/README.md")
+FILES = ("README.md", "docs/guide.md", "docs/deploy-one-host.md", "docs/design.md", "docs/results/README.md")
 BLOCK = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results -->)", re.S)
 # CPU prune and evaluation times measured before this date ran torch's BLAS, not oneDNN
 # (core/kernels/cpu_matmul.py): they are not comparable with later ones.

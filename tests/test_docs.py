@@ -49,7 +49,7 @@ def _prose(text: str) -> str:
     return re.sub(r"<!-- results:[\w-]+ -->.*?<!-- /results -->", "", text, flags=re.S)
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/guide.md", "docs/deployment.md", "docs/design.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/guide.md", "docs/deploy-one-host.md", "docs/design.md"])
 def test_no_measurement_is_typed_outside_the_generated_blocks(doc):
     text = (ROOT / doc).read_text()
     if doc == "docs/design.md":  # its decisions; the older narrative sections quote their dated runs inline
@@ -102,13 +102,13 @@ def _commands(doc: Path) -> list[str]:
     return [line for line in lines if line.startswith("liar ")]
 
 
-@pytest.mark.parametrize("doc", [ROOT / "README.md", ROOT / "docs/guide.md", ROOT / "docs/deployment.md"])
+@pytest.mark.parametrize("doc", [ROOT / "README.md", ROOT / "docs/guide.md", ROOT / "docs/deploy-one-host.md"])
 def test_every_command_shown_parses(doc, capsys):
     """Each ``liar`` command of the docs is accepted by the CLI's own parser (nothing runs)."""
     from app.cli import build_parser
 
     commands = _commands(doc)
-    assert commands or doc.name == "deployment.md"
+    assert commands or doc.name == "deploy-one-host.md"
     parser = build_parser()
     for command in commands:
         argv = shlex.split(command)[1:]
