@@ -30,10 +30,12 @@ demo: $(STAMP)
 
 # every test: the engine's, the job runner's on SQLite and on PostgreSQL + Redis with real workers,
 # the web app's in Chromium (markers slow, integration, browser: pyproject.toml)
+# It ends with the 25 slowest tests and the time per marker; `make test TEST_TIME=docs/results/test_time.json`
+# also writes that table (then `python bench/test_time.py` renders docs/results/test_time.md from it)
 test: $(STAMP) $(ENGINES)
 	$(BIN)/ruff check core jobs app tests bench
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25 $(if $(TEST_TIME),--test-time $(TEST_TIME))
 
 # the engine's logic in under two minutes: tests/core, the CLI's and the cross-cutting tests, without
 # the slow matrices (every family, criterion or reconstruction; streamed twins), servers or a browser
