@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
-from bench.render_docs import floor_seconds  # noqa: E402
+from bench.pages.values import floor_seconds  # noqa: E402
 from core.spec.recipe import ACTIVATIONS  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import render_docs
+from bench.pages import values
 from bench.render_docs import PAGES, RESULTS, ROOT, render_text
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -83,7 +84,7 @@ def test_the_gemm_rows_appear_only_when_time_json_has_their_keys(monkeypatch):
     row = dict(render_docs.time_row(128))
     for key in ("gemm_gflops", "product_seconds", "ratio_to_products", "ratio"):
         row.pop(key, None)
-    monkeypatch.setattr(render_docs, "time_row", lambda samples, name="time.json": row)
+    monkeypatch.setattr(values, "time_row", lambda samples, name="time.json": row)
     claim = "the same prune against its matrix products"
     assert render_docs.product_ratio() is None
     assert "against the machine" not in render_docs.render_readme()
