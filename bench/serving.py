@@ -46,6 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import CACHE, smollm2_dir, wikipedia_split  # noqa: E402
+from bench.common import machine as torch_machine  # noqa: E402
+from bench.common import spread  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "serving.md"
 JSON = OUT.with_suffix(".json")
@@ -196,8 +198,6 @@ def priority() -> str:
 
 
 def machine(threads: int) -> dict:
-    from bench.speed import machine as torch_machine
-
     return torch_machine(threads) | {"llama_cpp_python": llama_cpp_version(), "threads": threads}
 
 
@@ -456,10 +456,6 @@ def decode_fit(data: dict, quant: str) -> dict:
     ys = [1000 / statistics.median(speeds(data, k, quant, "decode_tok_s")) for k in keys]
     slope, fixed = statistics.linear_regression(xs, ys)
     return {"fixed_ms": fixed, "ms_per_mib": slope}
-
-
-def spread(xs: list[float], digits: int = 0) -> str:
-    return f"{statistics.median(xs):,.{digits}f} ({min(xs):,.{digits}f}–{max(xs):,.{digits}f})"
 
 
 def write(data: dict) -> None:
