@@ -318,7 +318,7 @@ def _cleanup(workdir: Path, shape: str | None = None) -> None:
 # ----------------------------------------------------------------------------- the report
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", nargs="+", default=["135m", "1.1b"], choices=list(SHAPES))
     p.add_argument("--modes", nargs="+", default=["memory", "stream"], choices=["memory", "stream", "auto"])
@@ -374,7 +374,11 @@ def main() -> None:
     )
     p.add_argument("--engine-label", help="how the report names --engine-root (default: its git commit)")
     p.add_argument("--verify-one", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = _parser().parse_args()
     if args.verify_one:
         print("VERIFY " + json.dumps(verify_checkpoint(args.verify_one)))
         return
