@@ -116,6 +116,34 @@ def _products_cells(r: dict[str, Any]) -> str:
     return " | ".join(cells)
 
 
+def _paper_lines() -> list[str]:
+    """The page's section quoting the paper's time-consumption table."""
+    counts = sorted({n for table in PAPER_MINUTES.values() for n in table})
+    lines = [
+        "",
+        "## The paper's table",
+        "",
+        "LIAR reconstruction time in **minutes** on one NVIDIA Tesla A100 80G, from the paper's time-consumption",
+        'table ("Time consumption (minutes) for reconstructing LLaMA models with different numbers of calibration',
+        'samples"); the paper states neither the sample length nor the pruning ratio of these runs. In brackets:',
+        "relative to 128 samples.",
+        "",
+        "| model | " + " | ".join(str(n) for n in counts) + " |",
+        "|---|" + "---|" * len(counts),
+    ]
+    for model, table in PAPER_MINUTES.items():
+        cells = [f"{table[n]} ({table[n] / table[128]:.1f}×)" for n in counts]
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "The absolute numbers are not comparable (a 135M-parameter model on a CPU here, 7–30B models on an A100",
+        "there); the scaling with the number of samples is. Solves depend only on the layer widths, not on the",
+        "samples, so the per-sample cost is the statistics and block passes.",
+        "",
+    ]
+    return lines
+
+
 def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[str, Any], date: str = "") -> Path:
     out = _out_paths(args, "time")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -179,29 +207,7 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
             f"| {r['samples']} | {r['tokens']:,} | {r['prune_seconds']:.1f} | {rel} | {r['layer_seconds']:.1f} | "
             f"{r['solve_seconds']:.2f} | {r['peak_rss_mb']:.0f} | {faults} | {load} | {_products_cells(r)} |"
         )
-    counts = sorted({n for table in PAPER_MINUTES.values() for n in table})
-    lines += [
-        "",
-        "## The paper's table",
-        "",
-        "LIAR reconstruction time in **minutes** on one NVIDIA Tesla A100 80G, from the paper's time-consumption",
-        'table ("Time consumption (minutes) for reconstructing LLaMA models with different numbers of calibration',
-        'samples"); the paper states neither the sample length nor the pruning ratio of these runs. In brackets:',
-        "relative to 128 samples.",
-        "",
-        "| model | " + " | ".join(str(n) for n in counts) + " |",
-        "|---|" + "---|" * len(counts),
-    ]
-    for model, table in PAPER_MINUTES.items():
-        cells = [f"{table[n]} ({table[n] / table[128]:.1f}×)" for n in counts]
-        lines.append(f"| {model} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "The absolute numbers are not comparable (a 135M-parameter model on a CPU here, 7–30B models on an A100",
-        "there); the scaling with the number of samples is. Solves depend only on the layer widths, not on the",
-        "samples, so the per-sample cost is the statistics and block passes.",
-        "",
-    ]
+    lines += _paper_lines()
     lines += _gpu_section()
     out.write_text("\n".join(lines))
     payload = {

@@ -96,6 +96,47 @@ def target_status(rows: list[dict], comparisons: dict) -> str:
     return "; ".join(parts)
 
 
+def _detail_lines(all_rows: list[dict], all_comp: dict) -> list[str]:
+    """The page's sections comparing the in-memory and streamed outputs, and placing the peak in time."""
+    lines: list[str] = []
+    if all_comp:
+        lines += [
+            "## In-memory vs streaming outputs",
+            "",
+            "| shape / criterion | tensors | keys equal | shapes equal | bitwise-equal tensors | max abs diff "
+            "| worst tensor |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for k, c in sorted(all_comp.items()):
+            lines.append(
+                f"| {k} | {c['tensors']} | {c['keys_equal']} | {c['shapes_equal']} | {c['bitwise_equal_tensors']} | "
+                f"{c['max_abs_diff']:.3g} | {c['worst_tensor'] or '–'} |"
+            )
+        lines.append("")
+    sampled = [r for r in all_rows if r.get("sampled_peak_rss_mb")]
+    if sampled:
+        lines += [
+            "## Where the peak is",
+            "",
+            "/proc/PID/status polled every 50 ms: the largest sampled VmRSS split into anonymous memory (heap,",
+            "tensors) and file-backed pages (the mmap'ed safetensors), the second of the run it came at, and",
+            "the largest of each part alone.",
+            "",
+            "| shape | mode | criterion | peak RSS MB (wait4) | sampled peak MB | anon MB | file MB | at s | "
+            "max anon MB | max file MB |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in sampled:
+            lines.append(
+                f"| {r['shape']} | {_mode(r)} | {r['criterion']} | {_mb(r['peak_rss_mb'])} | "
+                f"{_mb(r['sampled_peak_rss_mb'])} | {_mb(r['sampled_peak_anon_mb'])} | "
+                f"{_mb(r['sampled_peak_file_mb'])} | {r['sampled_peak_at_s']:.0f} | {_mb(r['max_anon_mb'])} | "
+                f"{_mb(r['max_file_mb'])} |"
+            )
+        lines.append("")
+    return lines
+
+
 def write_report(args, rows: list[dict], comparisons: dict, extra: dict) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -148,41 +189,7 @@ def write_report(args, rows: list[dict], comparisons: dict, extra: dict) -> None
         *[fmt_row(r) for r in all_rows],
         "",
     ]
-    if all_comp:
-        lines += [
-            "## In-memory vs streaming outputs",
-            "",
-            "| shape / criterion | tensors | keys equal | shapes equal | bitwise-equal tensors | max abs diff "
-            "| worst tensor |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for k, c in sorted(all_comp.items()):
-            lines.append(
-                f"| {k} | {c['tensors']} | {c['keys_equal']} | {c['shapes_equal']} | {c['bitwise_equal_tensors']} | "
-                f"{c['max_abs_diff']:.3g} | {c['worst_tensor'] or '–'} |"
-            )
-        lines.append("")
-    sampled = [r for r in all_rows if r.get("sampled_peak_rss_mb")]
-    if sampled:
-        lines += [
-            "## Where the peak is",
-            "",
-            "/proc/PID/status polled every 50 ms: the largest sampled VmRSS split into anonymous memory (heap,",
-            "tensors) and file-backed pages (the mmap'ed safetensors), the second of the run it came at, and",
-            "the largest of each part alone.",
-            "",
-            "| shape | mode | criterion | peak RSS MB (wait4) | sampled peak MB | anon MB | file MB | at s | "
-            "max anon MB | max file MB |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in sampled:
-            lines.append(
-                f"| {r['shape']} | {_mode(r)} | {r['criterion']} | {_mb(r['peak_rss_mb'])} | "
-                f"{_mb(r['sampled_peak_rss_mb'])} | {_mb(r['sampled_peak_anon_mb'])} | "
-                f"{_mb(r['sampled_peak_file_mb'])} | {r['sampled_peak_at_s']:.0f} | {_mb(r['max_anon_mb'])} | "
-                f"{_mb(r['max_file_mb'])} |"
-            )
-        lines.append("")
+    lines += _detail_lines(all_rows, all_comp)
     notes = [r for r in all_rows if r.get("note")]
     if notes:
         lines += ["Notes: " + "; ".join(sorted({f"{r['shape']} {r['mode']}: {r['note']}" for r in notes})), ""]
