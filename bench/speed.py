@@ -260,6 +260,39 @@ def _structure(model) -> dict[str, Any]:
     return {"heads_per_layer": heads, "ffn_per_layer": ffn, "kv_index_layers": indexed}
 
 
+def _decode(model, ids, args: argparse.Namespace) -> tuple[dict[str, Any], list[int]]:
+    """Batch-1 greedy decode of ``args.new_tokens`` after the prompt ``ids``, one step at a time through the
+    cache: its timings, and the tokens of the last repetition (``generate`` must give the same)."""
+    steps: list[float] = []
+    totals: list[float] = []
+    tokens: list[int] = []
+    for rep in range(args.warmup + args.repeats):
+        out = model(input_ids=ids, use_cache=True)
+        cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        generated, per_step = [int(nxt)], []
+        t0 = time.perf_counter()
+        for _ in range(args.new_tokens):
+            t = time.perf_counter()
+            out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+            cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            per_step.append(time.perf_counter() - t)
+            generated.append(int(nxt))
+        if rep >= args.warmup:
+            totals.append(time.perf_counter() - t0)
+            steps += per_step
+        tokens = generated
+    decode_total = statistics.median(totals)
+    steps.sort()
+    decode = {
+        "prompt": args.decode_prompt,
+        "steps": args.new_tokens,
+        "tokens_per_s": args.new_tokens / decode_total,
+        "ms_per_token_median": 1000 * statistics.median(steps),
+        "ms_per_token_p90": 1000 * steps[min(len(steps) - 1, int(0.9 * len(steps)))],
+    }
+    return decode, tokens
+
+
 def latency_one(args: argparse.Namespace) -> dict[str, Any]:
     """One model (dense, or pruned in memory at ``--ratio``): prefill, decode and generate timings."""
     import torch
@@ -317,33 +350,7 @@ def latency_one(args: argparse.Namespace) -> dict[str, Any]:
                 )
 
         ids = prompt(1, args.decode_prompt)
-        steps: list[float] = []
-        totals: list[float] = []
-        tokens: list[int] = []
-        for rep in range(args.warmup + args.repeats):
-            out = model(input_ids=ids, use_cache=True)
-            cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-            generated, per_step = [int(nxt)], []
-            t0 = time.perf_counter()
-            for _ in range(args.new_tokens):
-                t = time.perf_counter()
-                out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
-                cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-                per_step.append(time.perf_counter() - t)
-                generated.append(int(nxt))
-            if rep >= args.warmup:
-                totals.append(time.perf_counter() - t0)
-                steps += per_step
-            tokens = generated
-        decode_total = statistics.median(totals)
-        steps.sort()
-        row["decode"] = {
-            "prompt": args.decode_prompt,
-            "steps": args.new_tokens,
-            "tokens_per_s": args.new_tokens / decode_total,
-            "ms_per_token_median": 1000 * statistics.median(steps),
-            "ms_per_token_p90": 1000 * steps[min(len(steps) - 1, int(0.9 * len(steps)))],
-        }
+        row["decode"], tokens = _decode(model, ids, args)
 
         mask = torch.ones_like(ids)
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
