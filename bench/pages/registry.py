@@ -30,6 +30,18 @@ OPTIONAL_PAGES = {
         ),
         data=("time_avx2.json",),
     ),
+    # written by a whole `make test` run only (tests/timing.py): indexed once real numbers are committed
+    "test_time.md": Page(
+        "make test TEST_TIME=docs/results/test_time.json; python bench/test_time.py",
+        "cpu",
+        (
+            _c(
+                "`make test`'s tests, wall time (target: 15 min)",
+                lambda: f"{data('test_time.json')['wall_seconds'] / 60:.1f} min",
+            ),
+        ),
+        data=("test_time.json",),
+    ),
 }
 PAGES.update({name: page for name, page in OPTIONAL_PAGES.items() if (RESULTS / name).exists()})
 
