@@ -1,6 +1,7 @@
-"""What every benchmark repeats: the results' header (date, machine, torch, the GEMM rate of the same run),
-timing rounds with their median and spread, and a measuring process set up as the ``liar`` command sets
-up its own. The real-model assets are ``bench/assets.py``'s."""
+"""What every benchmark repeats: the results' header (date, machine, torch), the machine as the pages name
+it, timing rounds with their median and spread, and a measuring process set up as the ``liar`` command sets
+up its own. The real-model assets are ``bench/assets.py``'s; the GEMM rate a page compares its times
+with is ``bench/flops.py``'s ``gemm_rate``."""
 
 from __future__ import annotations
 
@@ -36,17 +37,13 @@ def machine(threads: int) -> dict[str, Any]:
     }
 
 
-def header(threads: int, gemm: bool = True) -> dict[str, Any]:
-    """A results file's header: the date, the machine and, with ``gemm``, the float32 GEMM rate measured
-    now (``bench/flops.py``), so a page can state its times against what the machine computes."""
-    out: dict[str, Any] = {"date": today(), "machine": machine(threads)}
-    if gemm:
-        import torch
+def header() -> dict[str, Any]:
+    """The first keys of a results file: the date, the machine (CPU model and cores) and torch's version."""
+    import torch
 
-        from bench.flops import gemm_rate
+    from bench.assets import cpu_model
 
-        out["gemm_gflops"] = gemm_rate(lambda x, w: torch.nn.functional.linear(x, w))
-    return out
+    return {"date": today(), "machine": f"{cpu_model()}, {os.cpu_count()} cores", "torch": torch.__version__}
 
 
 def cpu_line(threads: int | None = None, suffix: str = "") -> str:
@@ -85,18 +82,6 @@ def median_time(fn: Callable[[], Any], warmup: int, repeats: int) -> tuple[float
         fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times), times
-
-
-def interleaved(cells: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    """Seconds of each cell over ``rounds`` rounds, every cell once per round in turn: a machine that slows
-    down for a while slows every cell alike instead of the one timed then."""
-    out: dict[str, list[float]] = {k: [] for k in cells}
-    for _ in range(rounds):
-        for key, fn in cells.items():
-            t = time.perf_counter()
-            fn()
-            out[key].append(time.perf_counter() - t)
-    return out
 
 
 def spread(xs: list[float], digits: int = 0) -> str:

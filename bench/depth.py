@@ -25,9 +25,7 @@ distance and the plain error, and the page quotes the refusal.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.assets import DECODERS, cpu_model  # noqa: E402
+from bench.assets import DECODERS  # noqa: E402
+from bench.common import header  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "depth.md"
 DAMP = 0.01
@@ -195,9 +194,7 @@ def main() -> None:
     sleb = choose_span(model, adapter, fit, held, args.blocks, "loss", "none", DAMP)
     chosen = _chosen(stats, sleb, ours)
     results = {
-        "date": dt.date.today().isoformat(),
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
-        "torch": torch.__version__,
+        **header(),
         "blocks_removed": args.blocks,
     }
     if args.model != "smollm2":
