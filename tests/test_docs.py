@@ -69,7 +69,7 @@ def test_every_results_page_is_in_the_index_and_every_json_belongs_to_a_page():
     files = {p.name for p in RESULTS.iterdir() if p.is_file() and p.name != "README.md"}
     pages = {f for f in files if not f.endswith(".json")}
     data = {j for page in PAGES.values() for j in page.data}
-    assert pages == set(PAGES), "add the page to PAGES in bench/render_docs.py (or remove it from PAGES)"
+    assert pages == set(PAGES), "add the page to its family's PAGES in bench/pages/ (or remove it from there)"
     assert {f for f in files if f.endswith(".json")} == data
     index = (RESULTS / "README.md").read_text()
     for name, page in PAGES.items():
