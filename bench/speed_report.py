@@ -13,22 +13,14 @@ from typing import Any
 from bench.pages.values import floor_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
 RESULTS = ROOT / "docs" / "results"
-
-
 # The paper's Table (time consumption, minutes, one NVIDIA Tesla A100 80G, LIAR reconstruction).
 PAPER_MINUTES: dict[str, dict[int, float]] = {
     "LLaMA-7B": {128: 1.0, 256: 1.5, 512: 2.1, 1024: 3.9},
     "LLaMA-13B": {128: 3.1, 256: 3.8, 512: 4.9, 1024: 7.9},
     "LLaMA-30B": {128: 6.6, 256: 8.5, 512: 12.7, 1024: 19.7},
 }
-
-
 GPU_RESULTS = (("LLaMA-7B", "gpu_liar.md"), ("LLaMA-13B", "gpu_liar_13b.md"))
-
-
 GPU_COMMANDS = (
     "python bench/gpu_liar.py --shape 7b --samples 128 256 512 1024",
     "python bench/gpu_liar.py --shape 13b --samples 128 256 512 1024 --out docs/results/gpu_liar_13b.md",

@@ -315,7 +315,7 @@ def _cleanup(workdir: Path, shape: str | None = None) -> None:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
 
 
-# ----------------------------------------------------------------------------- the report
+# ------------------------------------------------------------------------ the command (the page: streaming_report.py)
 
 
 def _parser() -> argparse.ArgumentParser:
