@@ -30,10 +30,12 @@ demo: $(STAMP)
 
 # every test: the engine's, the job runner's on SQLite and on PostgreSQL + Redis with real workers,
 # the web app's in Chromium (markers slow, integration, browser: pyproject.toml)
+# It ends with the 25 slowest tests and the time per marker; `make test TEST_TIME=docs/results/test_time.json`
+# also writes that table (then `python bench/test_time.py` renders docs/results/test_time.md from it)
 test: $(STAMP) $(ENGINES)
 	$(BIN)/ruff check core jobs app tests bench
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25 $(if $(TEST_TIME),--test-time $(TEST_TIME))
 
 # the engine's logic in under two minutes: tests/core, the CLI's and the cross-cutting tests, without
 # the slow matrices (every family, criterion or reconstruction; streamed twins), servers or a browser
@@ -41,7 +43,7 @@ test-fast: $(STAMP) $(ENGINES)
 	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser" tests/core tests/app/test_cli.py $(wildcard tests/test_*.py)
 
 # the multi-machine deployment alone (part of `test`): a web process and two workers with private data
-# folders, an S3 store (moto's server), PostgreSQL and Redis, 20 routed jobs (docs/deploy.md)
+# folders, an S3 store (moto's server), PostgreSQL and Redis, 20 routed jobs (docs/deploy-cluster.md)
 test-deploy: $(STAMP)
 	$(BIN)/python -m pytest -q -m deploy tests/jobs/test_deployment.py
 

@@ -225,21 +225,14 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def minilm_sentiment_dir(build: bool = False) -> Path:
-    """The fine-tuned MiniLM sentiment classifier (with its train/validation/test JSONL next to it).
-
-    Built by ``python bench/finetune_minilm.py``; with ``build=True`` a missing model is trained now
-    (a few minutes on two CPU cores).
-    """
+def minilm_sentiment_dir() -> Path:
+    """The fine-tuned MiniLM sentiment classifier (with its train/validation/test JSONL next to it), built
+    by ``python bench/finetune_minilm.py`` (a few minutes on two CPU cores; it imports this module, not
+    the other way round)."""
     out = CACHE / "minilm-rt-sentiment"
     if (out / "config.json").exists() and (out / "metrics.json").exists():
         return out
-    if not build:
-        raise RuntimeError(f"no fine-tuned MiniLM at {out}: run `python bench/finetune_minilm.py` first")
-    from bench.finetune_minilm import finetune
-
-    finetune(out)
-    return out
+    raise RuntimeError(f"no fine-tuned MiniLM at {out}: run `python bench/finetune_minilm.py` first")
 
 
 def wikipedia_passages(min_words: int = 40) -> list[str]:

@@ -31,10 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import machine  # noqa: E402
 from bench.random_llama import write_random_llama  # noqa: E402
+from bench.rss import evict, weight_files  # noqa: E402
 from bench.shapes import LLAMA_SHAPES  # noqa: E402
-from bench.speed import machine  # noqa: E402
-from bench.streaming import evict, weight_files  # noqa: E402
 
 
 def warm(directory: Path) -> None:

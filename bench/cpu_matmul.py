@@ -25,7 +25,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.speed import _machine_line, machine  # noqa: E402
+from bench.common import machine  # noqa: E402
+from bench.speed_report import _machine_line  # noqa: E402
 from core.kernels import cpu_matmul  # noqa: E402
 from core.stats.accumulate import _edges  # noqa: E402
 

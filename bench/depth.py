@@ -25,9 +25,7 @@ distance and the plain error, and the page quotes the refusal.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.assets import DECODERS, cpu_model  # noqa: E402
+from bench.assets import DECODERS  # noqa: E402
+from bench.common import header  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "depth.md"
 DAMP = 0.01
@@ -107,7 +106,41 @@ def span_statistics(model, adapter, batches, length: int, normalise: bool, stand
     return rows
 
 
-def main() -> None:
+def _chosen(stats: dict, sleb, ours) -> dict[str, int]:
+    """The span each selection picks (``ours`` None: the stand-in is refused); records the held-aside
+    losses of every candidate in ``stats``."""
+    stand_in = ours is not None
+    chosen = {
+        "plain error": min(stats, key=lambda s: stats[s]["plain_error"]),
+        "angular distance (ShortGPT)": min(stats, key=lambda s: stats[s]["angular"]),
+    }
+    if stand_in:
+        chosen["ls fit error"] = min(stats, key=lambda s: stats[s]["ls_error"])
+    chosen["held-aside loss, span removed (SLEB)"] = sleb.start
+    if stand_in:
+        chosen["held-aside loss with the stand-in (ours, the default)"] = ours.start
+    for s, cand in sleb.candidates.items():
+        if stand_in:
+            stats[s]["heldout_loss_ls"] = ours.candidates[s]["loss"]
+        stats[s]["heldout_loss_none"] = cand["loss"]
+    return chosen
+
+
+def _removed_perplexity(path: str, adapter, tok, blocks: range, t) -> float:
+    """Wikipedia perplexity of the model at ``path`` with ``blocks`` removed (``t``: the stand-in folded in
+    their place, None: none)."""
+    from bench.unseen import wikipedia_perplexity
+    from core.depth.replace import fold, remove_blocks
+    from core.models.loading import load_model
+
+    pruned, _, _ = load_model(path, "float32", "cpu")
+    if t is not None:
+        fold(pruned, adapter, blocks.start, t.float())
+    remove_blocks(pruned, adapter, list(blocks))
+    return wikipedia_perplexity(pruned, tok)
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=DECODERS, default="smollm2")
     ap.add_argument("--blocks", type=int, default=8)
@@ -124,6 +157,11 @@ def main() -> None:
         default=list(SELECTIONS),
         help="evaluate the spans of these criteria only (every criterion's span is still reported)",
     )
+    return ap
+
+
+def main() -> None:
+    ap = _parser()
     args = ap.parse_args()
     if not {"sleb", "ours"} <= set(args.selections):
         ap.error("--selections needs sleb and ours: the page compares the other criteria's spans with theirs")
@@ -134,7 +172,6 @@ def main() -> None:
     import torch
 
     from bench.unseen import wikipedia_perplexity
-    from core.depth.replace import fold, remove_blocks
     from core.depth.select import choose_span
     from core.models.adapter import adapter_for
     from core.models.loading import load_model
@@ -155,23 +192,9 @@ def main() -> None:
     ours = choose_span(model, adapter, fit, held, args.blocks, "loss", "ls", DAMP) if stand_in else None
     choose_s = time.perf_counter() - t0
     sleb = choose_span(model, adapter, fit, held, args.blocks, "loss", "none", DAMP)
-    chosen = {
-        "plain error": min(stats, key=lambda s: stats[s]["plain_error"]),
-        "angular distance (ShortGPT)": min(stats, key=lambda s: stats[s]["angular"]),
-    }
-    if stand_in:
-        chosen["ls fit error"] = min(stats, key=lambda s: stats[s]["ls_error"])
-    chosen["held-aside loss, span removed (SLEB)"] = sleb.start
-    if stand_in:
-        chosen["held-aside loss with the stand-in (ours, the default)"] = ours.start
-    for s, cand in sleb.candidates.items():
-        if stand_in:
-            stats[s]["heldout_loss_ls"] = ours.candidates[s]["loss"]
-        stats[s]["heldout_loss_none"] = cand["loss"]
+    chosen = _chosen(stats, sleb, ours)
     results = {
-        "date": dt.date.today().isoformat(),
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
-        "torch": torch.__version__,
+        **header(),
         "blocks_removed": args.blocks,
     }
     if args.model != "smollm2":
@@ -206,16 +229,11 @@ def main() -> None:
                 results["rows"].append({"selection": how, "start": start, "method": method, "not_evaluated": True})
                 continue
             done.add((start, method))
-            pruned, _, _ = load_model(path, "float32", "cpu")
-            if method == "ls":
-                t = ours.t if how.startswith("held-aside loss with") else stats[start]["T"]
-                fold(pruned, adapter, start, t.float())
-            remove_blocks(pruned, adapter, list(range(start, start + args.blocks)))
-            ppl = wikipedia_perplexity(pruned, tok)
+            t = None if method != "ls" else ours.t if how.startswith("held-aside loss with") else stats[start]["T"]
+            ppl = _removed_perplexity(path, adapter, tok, range(start, start + args.blocks), t)
             results["rows"].append({"selection": how, "start": start, "method": method, "perplexity": ppl})
             print(how, start, method, ppl, flush=True)
             js.write_text(json.dumps(results, indent=2) + "\n")
-            del pruned
     js.write_text(json.dumps(results, indent=2) + "\n")
     write(results)
 
@@ -231,6 +249,23 @@ def span_name(start: int, n: int) -> str:
     return f"{start}–{start + n - 1}"
 
 
+def _span_table(r: dict, n: int, stand_in: bool) -> str:
+    """The six spans with the least held-aside loss, with their local scores."""
+    by = "heldout_loss_ls" if stand_in else "heldout_loss_none"
+    spans = sorted(r["spans"].items(), key=lambda kv: kv[1][by])[:6]
+    if stand_in:
+        heads = ("held-aside loss, ls", "held-aside loss, removed", "ls fit error", "plain error", "angular distance")
+        cells = ("heldout_loss_ls", "heldout_loss_none", "ls_error", "plain_error", "angular")
+    else:
+        heads = ("held-aside loss, removed", "plain error", "angular distance")
+        cells = ("heldout_loss_none", "plain_error", "angular")
+    span_head = "| blocks | " + " | ".join(heads) + " |\n|---|" + "---:|" * len(heads)
+    span_rows = "\n".join(
+        f"| {span_name(int(s), n)} | " + " | ".join(f"{v[c]:.3f}" for c in cells) + " |" for s, v in spans
+    )
+    return f"{span_head}\n{span_rows}"
+
+
 def write_model(r: dict) -> None:
     """Another model's page: the same tables as SmolLM2's, without the ``ls`` columns where the recipe
     check refuses the stand-in, and what the numbers show said from the numbers."""
@@ -244,18 +279,7 @@ def write_model(r: dict) -> None:
         + " |"
         for x in r["rows"]
     )
-    by = "heldout_loss_ls" if stand_in else "heldout_loss_none"
-    spans = sorted(r["spans"].items(), key=lambda kv: kv[1][by])[:6]
-    if stand_in:
-        heads = ("held-aside loss, ls", "held-aside loss, removed", "ls fit error", "plain error", "angular distance")
-        cells = ("heldout_loss_ls", "heldout_loss_none", "ls_error", "plain_error", "angular")
-    else:
-        heads = ("held-aside loss, removed", "plain error", "angular distance")
-        cells = ("heldout_loss_none", "plain_error", "angular")
-    span_head = "| blocks | " + " | ".join(heads) + " |\n|---|" + "---:|" * len(heads)
-    span_rows = "\n".join(
-        f"| {span_name(int(s), n)} | " + " | ".join(f"{v[c]:.3f}" for c in cells) + " |" for s, v in spans
-    )
+    span_table = _span_table(r, n, stand_in)
     plain = {x["start"]: x["perplexity"] for x in r["rows"] if x["method"] == "none" and "perplexity" in x}
     best_plain = min(plain, key=plain.get)
     chosen = {x["selection"]: x["start"] for x in r["rows"]}
@@ -312,8 +336,7 @@ recipe's calibration (128 × 128 tokens of the Wikipedia calibration articles); 
 {spans_title}, with the local scores (relative errors on the calibration tokens; next-token loss on the
 calibration's 8 held-aside windows of 128 tokens):
 
-{span_head}
-{span_rows}
+{span_table}
 {beside}""")
     print(f"wrote {out}")
 

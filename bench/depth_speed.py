@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -34,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.assets import DECODERS, cpu_model  # noqa: E402
+from bench.assets import DECODERS  # noqa: E402
+from bench.common import header  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "depth_speed.md"
 # name: (modules, ratio, depth blocks, depth reconstruction); SmolLM2 has 30 blocks
@@ -143,9 +143,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     results = {
-        "date": dt.date.today().isoformat(),
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
-        "torch": torch.__version__,
+        **header(),
         "threads": args.threads,
         "rows": [],
     }
@@ -190,9 +188,7 @@ def quality_only(args, js: Path) -> None:
         results = json.loads(js.read_text())
     else:  # another model's first run
         results = {
-            "date": dt.date.today().isoformat(),
-            "machine": f"{cpu_model()}, {os.cpu_count()} cores",
-            "torch": torch.__version__,
+            **header(),
             "threads": args.threads,
             "model": args.model,
             "label": DECODERS[args.model].label,

@@ -48,48 +48,19 @@ def _length_bucketed_batches(lengths: list[int], batch_size: int, gen) -> list[l
     return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
 
 
-def finetune(
-    out: str | Path = DEFAULT_OUT,
-    *,
-    epochs: int = 2,
-    batch_size: int = 32,
-    lr: float = 5e-5,
-    weight_decay: float = 0.01,
-    warmup: float = 0.06,
-    max_length: int = 64,
-    seed: int = 0,
-    threads: int | None = None,
-    train_embeddings: bool = False,
-    log_every: int = 50,
-) -> dict:
-    """Train, evaluate and save the classifier into ``out`` (written atomically); returns the metrics."""
+def _fit(model, tokenizer, data: dict, *, epochs, batch_size, lr, weight_decay, warmup, max_length, seed, log_every):
+    """AdamW with linear warm-up and decay over length-bucketed batches of ``data["train"]``, the validation
+    accuracy after each epoch; returns ``(history, seconds)``."""
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from core.evaluation.encoder import evaluate_classifier
 
-    if threads:
-        torch.set_num_threads(threads)
-    out = Path(out)
-    split = rotten_tomatoes_split(seed)
-    data = {name: read_jsonl(path) for name, path in split.items()}
-    src = minilm_base_dir()
-    torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(src)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        src,
-        num_labels=2,
-        id2label={0: "negative", 1: "positive"},
-        label2id={"negative": 0, "positive": 1},
-    )
     train = data["train"]
     enc = tokenizer([r["text"] for r in train], truncation=True, max_length=max_length)
     labels = torch.tensor([r["label"] for r in train])
     steps_per_epoch = len(_length_bucketed_batches([0] * len(train), batch_size, torch.Generator()))
     total = epochs * steps_per_epoch
     warm = max(1, round(warmup * total))
-    if not train_embeddings:  # the 30522 × 384 word table is half the model: updating it costs more than it helps
-        model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
     trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     no_decay = [p for n, p in trained if n.endswith("bias") or "LayerNorm" in n]
     decay = [p for n, p in trained if not (n.endswith("bias") or "LayerNorm" in n)]
@@ -130,6 +101,71 @@ def finetune(
         history.append(row)
         print(f"epoch {row['epoch']}: train loss {row['train_loss']:.4f}, validation accuracy {val['accuracy']:.4f}")
     train_seconds = time.perf_counter() - t0
+    return history, train_seconds
+
+
+def _save(out: Path, model, tokenizer, split: dict, metrics: dict) -> None:
+    """The classifier, its data splits and metrics into ``out``, written beside it first and renamed."""
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    for name, path in split.items():
+        shutil.copyfile(path, tmp / f"{name}.jsonl")
+    (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def finetune(
+    out: str | Path = DEFAULT_OUT,
+    *,
+    epochs: int = 2,
+    batch_size: int = 32,
+    lr: float = 5e-5,
+    weight_decay: float = 0.01,
+    warmup: float = 0.06,
+    max_length: int = 64,
+    seed: int = 0,
+    threads: int | None = None,
+    train_embeddings: bool = False,
+    log_every: int = 50,
+) -> dict:
+    """Train, evaluate and save the classifier into ``out`` (written atomically); returns the metrics."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from core.evaluation.encoder import evaluate_classifier
+
+    if threads:
+        torch.set_num_threads(threads)
+    out = Path(out)
+    split = rotten_tomatoes_split(seed)
+    data = {name: read_jsonl(path) for name, path in split.items()}
+    src = minilm_base_dir()
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        src,
+        num_labels=2,
+        id2label={0: "negative", 1: "positive"},
+        label2id={"negative": 0, "positive": 1},
+    )
+    if not train_embeddings:  # the 30522 × 384 word table is half the model: updating it costs more than it helps
+        model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
+    history, train_seconds = _fit(
+        model,
+        tokenizer,
+        data,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        weight_decay=weight_decay,
+        warmup=warmup,
+        max_length=max_length,
+        seed=seed,
+        log_every=log_every,
+    )
     model.eval()
     test = evaluate_classifier(model, tokenizer, data["test"], batch_size=128, max_length=max_length)
     majority = max(sum(r["label"] for r in data["test"]), sum(1 - r["label"] for r in data["test"])) / len(data["test"])
@@ -156,15 +192,7 @@ def finetune(
         f"threads: {torch.get_num_threads()}, torch {torch.__version__}",
         "date": dt.date.today().isoformat(),
     }
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    for name, path in split.items():
-        shutil.copyfile(path, tmp / f"{name}.jsonl")
-    (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    _save(out, model, tokenizer, split, metrics)
     return metrics
 
 

@@ -75,7 +75,7 @@ def _profile(args, recipe, fit, held, dtype) -> None:
     del model
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="7b", choices=sorted(SHAPES))
     p.add_argument("--samples", type=int, nargs="+", default=[128, 1024])
@@ -106,7 +106,11 @@ def main() -> None:
         help="the recipe's activations: recompute keeps them on the device but computes the FFN's kept inputs "
         "again instead of keeping them; host keeps them in pinned host memory",
     )
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = _parser().parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
     for n in args.samples:

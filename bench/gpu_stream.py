@@ -150,12 +150,34 @@ def recipe_for(args, shape: str, samples: int, mode: str, directory: Path) -> di
     }
 
 
+def random_calibration(args, shape: str, samples: int) -> tuple:
+    """``samples`` random calibration windows and ``args.holdout`` held-aside ones of ``args.seq_len`` tokens."""
+    import torch
+
+    from core.data.calibration import CalibrationBatch
+
+    vocab = LLAMA_SHAPES[shape]["vocab_size"]
+    gen = torch.Generator().manual_seed(samples)
+    ids = torch.randint(0, vocab, (samples, args.seq_len), generator=gen)
+    extra = torch.randint(0, vocab, (args.holdout, args.seq_len), generator=gen)
+    calibration = (CalibrationBatch(ids, torch.ones_like(ids)), CalibrationBatch(extra, torch.ones_like(extra)))
+    return calibration
+
+
+def reader_patches(reader, discard: bool) -> list:
+    """The engine reads the pool's weights for the checkpoint's; with ``discard`` it writes no shard."""
+    patches = [mock.patch("core.models.streaming.CheckpointReader", lambda directory: reader)]
+    if discard:
+        patches.append(mock.patch("core.pipeline.streamed.write_shard", discard_shard))
+        patches.append(mock.patch("core.pipeline.streamed._check_free_space", lambda *a: None))
+    return patches
+
+
 def child(args) -> None:
     """One run, in this process; prints its row as JSON on the last line."""
     import torch
 
     from core import prune
-    from core.data.calibration import CalibrationBatch
 
     shape, samples, mode, *flags = args.child.split(":")
     samples, discard = int(samples), "discard" in flags
@@ -166,14 +188,9 @@ def child(args) -> None:
         t0 = time.perf_counter()
         reader = PoolReader(shape, dtype)
         pool_s = time.perf_counter() - t0
-        src = work / "model"
-        src.mkdir()
+        (src := work / "model").mkdir()
         fake_checkpoint(src, shape, reader)
-        vocab = LLAMA_SHAPES[shape]["vocab_size"]
-        gen = torch.Generator().manual_seed(samples)
-        ids = torch.randint(0, vocab, (samples, args.seq_len), generator=gen)
-        extra = torch.randint(0, vocab, (args.holdout, args.seq_len), generator=gen)
-        calibration = (CalibrationBatch(ids, torch.ones_like(ids)), CalibrationBatch(extra, torch.ones_like(extra)))
+        calibration = random_calibration(args, shape, samples)
         peak = [0.0]
         first_report: dict[str, float] = {}  # when each stage was first reported (host clock)
 
@@ -184,11 +201,7 @@ def child(args) -> None:
 
         recipe = recipe_for(args, shape, samples, mode, src)
         out = work / "out"
-        patches = [mock.patch("core.models.streaming.CheckpointReader", lambda directory: reader)]
-        if discard:
-            patches.append(mock.patch("core.pipeline.streamed.write_shard", discard_shard))
-            patches.append(mock.patch("core.pipeline.streamed._check_free_space", lambda *a: None))
-        for p in patches:
+        for p in reader_patches(reader, discard):
             p.start()
         if cuda:
             torch.cuda.reset_peak_memory_stats()

@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import cpu_line  # noqa: E402
 from bench.kv_groups import cell_parser, default_recipe, run_missing, saved_rows, span, write_page  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "head_ratio.md"
@@ -65,9 +64,7 @@ def _label(split: float | str) -> str:
 
 
 def write(rows: dict[str, dict], args) -> None:
-    import torch
-
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} torch threads"
+    machine = cpu_line(args.threads)
     lines = [
         "# Splitting a layer's share between heads and neurons (`head_ratio`, SmolLM2-135M)",
         "",

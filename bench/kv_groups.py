@@ -18,7 +18,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import subprocess
 import sys
 from collections.abc import Callable
@@ -28,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
+from bench.common import cpu_line  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "kv_groups.md"
 
@@ -144,9 +144,8 @@ def run_missing(script: str, rows: dict[str, dict], cells: list[tuple[str, list[
 
 
 def write(rows: dict[str, dict], args) -> None:
-    import torch
 
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} torch threads"
+    machine = cpu_line(args.threads)
     dense = rows.get("dense", {}).get("perplexity")
     lines = [
         "# Whole key/value groups vs free query heads: quality (SmolLM2-135M)",

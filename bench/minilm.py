@@ -91,6 +91,75 @@ def _save(state: dict, path: Path) -> None:
     tmp.replace(path)
 
 
+def _cell_recipe(args, model_dir: Path, name: str, setup: dict, ratio: float, method: str) -> dict:
+    """The recipe of one cell of the table: criterion ``name`` as ``setup`` sets it up, at ``ratio``."""
+    return {
+        "model": str(model_dir),
+        "ratio": ratio,
+        "modules": setup["modules"],
+        "allocation": setup["allocation"],
+        "head_ratio": "same",  # the paper's uniform split (the default halves the heads' part)
+        "criterion": {"name": name, "options": setup["options"]},
+        "reconstruction": {
+            "method": method,
+            "damp": args.damp,
+            "positions": args.positions,
+            "select": args.select,
+            "target": args.target,
+        },
+        "round_to": {"neurons": 1},  # exact widths: the table compares with the paper
+        "dtype": "float32",
+        "device": "cpu",
+        "calibration": {
+            "dataset": str(model_dir / "train.jsonl"),
+            "text_field": "text",
+            "label_field": "label",
+            "num_calibration_samples": args.samples,
+            "max_seq_length": args.max_length,
+            "holdout_samples": args.holdout,
+            "seed": args.seed,
+            "batch_size": 32,
+        },
+    }
+
+
+def _check_dense(state: dict, dense_acc: float, out_json: Path) -> None:
+    """Refuse to add cells to a results file measured on another dense model."""
+    if state.get("dense") and abs(state["dense"]["accuracy"] - dense_acc) > 1e-9:
+        sys.exit(
+            f"{out_json} was measured on a different dense model (accuracy {state['dense']['accuracy']:.4f}, "
+            f"now {dense_acc:.4f}); rerun with --fresh"
+        )
+
+
+def _settings(args, test: list, state: dict, out_json: Path) -> dict:
+    """The run's settings; a results file made with others is refused (``--fresh`` starts over)."""
+    settings = {
+        "samples": args.samples,
+        "max_length": args.max_length,
+        "damp": args.damp,
+        "holdout": args.holdout,
+        "test_examples": len(test),
+    }
+    if args.seed:  # which calibration snippets (seed 0 is the tables' and is left out of their settings)
+        settings["seed"] = args.seed
+    if state.get("settings") and state["settings"] != settings:
+        sys.exit(f"{out_json} was made with other settings {state['settings']}; use them or rerun with --fresh")
+    return settings
+
+
+def _errors(report: list) -> dict[str, float]:
+    """The mean relative output errors of the attention and FFN projections, before and after."""
+    att = [r for r in report if r.module == "attention"]
+    ffn = [r for r in report if r.module == "ffn"]
+    return {
+        "attn_err_before": _mean([r.error_before for r in att]),
+        "attn_err_after": _mean([r.error_after for r in att]),
+        "ffn_err_before": _mean([r.error_before for r in ffn]),
+        "ffn_err_after": _mean([r.error_after for r in ffn]),
+    }
+
+
 def run(args) -> dict:
     import torch
 
@@ -115,22 +184,8 @@ def run(args) -> dict:
 
     model, tok, _ = load_model(str(model_dir), "float32", "cpu")
     dense_acc, _ = evaluate(model, tok)
-    if state.get("dense") and abs(state["dense"]["accuracy"] - dense_acc) > 1e-9:
-        sys.exit(
-            f"{out_json} was measured on a different dense model (accuracy {state['dense']['accuracy']:.4f}, "
-            f"now {dense_acc:.4f}); rerun with --fresh"
-        )
-    settings = {
-        "samples": args.samples,
-        "max_length": args.max_length,
-        "damp": args.damp,
-        "holdout": args.holdout,
-        "test_examples": len(test),
-    }
-    if args.seed:  # which calibration snippets (seed 0 is the tables' and is left out of their settings)
-        settings["seed"] = args.seed
-    if state.get("settings") and state["settings"] != settings:
-        sys.exit(f"{out_json} was made with other settings {state['settings']}; use them or rerun with --fresh")
+    _check_dense(state, dense_acc, out_json)
+    settings = _settings(args, test, state, out_json)
     state.update(
         dense={"accuracy": dense_acc, "parameters": sum(p.numel() for p in model.parameters())},
         settings=settings,
@@ -151,39 +206,10 @@ def run(args) -> dict:
                     continue
                 torch.manual_seed(0)
                 model, tok, _ = load_model(str(model_dir), "float32", "cpu")
-                recipe = {
-                    "model": str(model_dir),
-                    "ratio": ratio,
-                    "modules": setup["modules"],
-                    "allocation": setup["allocation"],
-                    "head_ratio": "same",  # the paper's uniform split (the default halves the heads' part)
-                    "criterion": {"name": name, "options": setup["options"]},
-                    "reconstruction": {
-                        "method": method,
-                        "damp": args.damp,
-                        "positions": args.positions,
-                        "select": args.select,
-                        "target": args.target,
-                    },
-                    "round_to": {"neurons": 1},  # exact widths: the table compares with the paper
-                    "dtype": "float32",
-                    "device": "cpu",
-                    "calibration": {
-                        "dataset": str(model_dir / "train.jsonl"),
-                        "text_field": "text",
-                        "label_field": "label",
-                        "num_calibration_samples": args.samples,
-                        "max_seq_length": args.max_length,
-                        "holdout_samples": args.holdout,
-                        "seed": args.seed,
-                        "batch_size": 32,
-                    },
-                }
+                recipe = _cell_recipe(args, model_dir, name, setup, ratio, method)
                 result = prune(recipe, model=model, tokenizer=tok, scores=scores)
                 scores = result.scores
                 acc, eval_s = evaluate(result.model, result.tokenizer)
-                att = [r for r in result.report if r.module == "attention"]
-                ffn = [r for r in result.report if r.module == "ffn"]
                 row = {
                     "criterion": name,
                     "options": setup["options"],
@@ -200,10 +226,7 @@ def run(args) -> dict:
                     "params_after": result.params_after,
                     "prune_seconds": round(result.seconds, 2),
                     "eval_seconds": round(eval_s, 2),
-                    "attn_err_before": _mean([r.error_before for r in att]),
-                    "attn_err_after": _mean([r.error_after for r in att]),
-                    "ffn_err_before": _mean([r.error_before for r in ffn]),
-                    "ffn_err_after": _mean([r.error_after for r in ffn]),
+                    **_errors(result.report),
                     "date": dt.date.today().isoformat(),
                     "machine": _machine(),
                 }

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import cpu_line  # noqa: E402
 from bench.kv_groups import cell_parser, run_missing, saved_rows, span, write_page  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "obs_allocation.md"
@@ -95,9 +94,7 @@ REFERENCE = {  # ratio: (paper-exact FLAP + LIAR, uniform shares) on (Wikipedia,
 def write(rows: dict[str, dict], args) -> None:
     import datetime as dt
 
-    import torch
-
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} torch threads"
+    machine = cpu_line(args.threads)
     lines = [
         "# Non-uniform allocation from OBS error curves: `criterion: obs` (SmolLM2-135M, Gemma 3 270M)",
         "",

@@ -13,16 +13,14 @@ tokens of the held-out Wikipedia articles, and the Rotten Tomatoes snippets).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.assets import cpu_model  # noqa: E402
+from bench.common import header  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "query_heads.md"
 RATIOS = (0.2, 0.5)
@@ -52,9 +50,7 @@ def run(threads: int) -> dict:
             print(json.dumps({k: v for k, v in row.items() if k not in ("heads", "ffn")}), flush=True)
             rows.append(row)
     return {
-        "date": dt.date.today().isoformat(),
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
-        "torch": torch.__version__,
+        **header(),
         "rows": rows,
     }
 

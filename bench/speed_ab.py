@@ -33,7 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
-from bench.speed import _label, _machine_line, _quiet_transformers, _recipe, _structure, machine  # noqa: E402
+from bench.common import machine, quiet_transformers  # noqa: E402
+from bench.speed import _recipe, _structure  # noqa: E402
+from bench.speed_report import _label, _machine_line  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "latency_kv_groups.md"
 
@@ -202,7 +204,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    _quiet_transformers()
+    quiet_transformers()
     built = [build(spec, args.prune_samples) for spec in args.models]
     models, rows = [m for m, _ in built], [r for _, r in built]
     for model, row in zip(models, rows):

@@ -16,9 +16,7 @@ prediction lies from the realised speed-up.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -26,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.assets import cpu_model  # noqa: E402
+from bench.common import header  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "speed_target.md"
 WORKLOAD = "decode_b1"
@@ -58,9 +56,7 @@ def run(args) -> dict:
     table = measure_table(dense, WORKLOAD)
     print(json.dumps(table.to_dict()), flush=True)
     results = {
-        "date": dt.date.today().isoformat(),
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
-        "torch": torch.__version__,
+        **header(),
         "threads": args.threads,
         "gemm_gflops": gemm,
         "table": table.to_dict(),

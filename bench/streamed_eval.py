@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.random_llama import param_count, write_random_llama  # noqa: E402
-from bench.streaming import LABELS, child_env, machine_line, run_measured, write_calibration  # noqa: E402
+from bench.rss import run_measured  # noqa: E402
+from bench.streaming import LABELS, child_env, write_calibration  # noqa: E402
+from bench.streaming_report import machine_line  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "streamed_eval"
 

@@ -32,11 +32,9 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -50,140 +48,14 @@ from bench.random_llama import (  # noqa: E402
     verify_checkpoint,
     write_random_llama,
 )
-
-GB = 1e9
-MB = 2**20
+from bench.rss import dir_bytes, evict, read_throughput, run_measured, weight_files  # noqa: E402
+from bench.streaming_report import GB, HEADER, fmt_row, write_report  # noqa: E402
 
 # LLaMA-family shapes (the real models' widths; random weights)
 LABELS = {"135m": "SmolLM2-135M", "1.1b": "TinyLlama-1.1B", "7b": "LLaMA-7B", "13b": "LLaMA-13B", "70b": "LLaMA-2-70B"}
-TARGET = (
-    "CPU, TinyLlama-1.1B-shaped float32 checkpoint (≈4.4 GB), 16×128 calibration: peak RSS ≤ 1.5 GB in "
-    "streaming mode, result equal to the in-memory path"
-)
-TARGET_RSS_MB = 1.5 * GB / MB
 
 
 # ----------------------------------------------------------------------------- measurements
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
-def weight_files(path: Path) -> list[Path]:
-    return sorted(Path(path).glob("*.safetensors"))
-
-
-def evict(path: Path) -> None:
-    """Drop the checkpoint's files from the page cache (fsync first: dirty pages are not dropped)."""
-    for f in weight_files(path):
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def read_throughput(path: Path, chunk: int = 16 * MB) -> dict:
-    """Sequential read MB/s of the weight files: cold (after eviction) and warm (again, from the cache)."""
-    out = {}
-    for label in ("cold", "warm"):
-        if label == "cold":
-            evict(path)
-        total, t0 = 0, time.perf_counter()
-        for f in weight_files(path):
-            with open(f, "rb", buffering=0) as fh:
-                buf = bytearray(chunk)
-                view = memoryview(buf)
-                while n := fh.readinto(view):
-                    total += n
-        seconds = time.perf_counter() - t0
-        out[f"read_{label}_mb_s"] = round(total / MB / seconds, 1) if seconds > 0 else None
-        out[f"read_{label}_s"] = round(seconds, 2)
-    return out
-
-
-_RSS_FIELDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
-
-
-class RssSampler(threading.Thread):
-    """Polls /proc/PID/status: the largest sampled VmRSS, its anonymous / file-backed split, and when.
-
-    Sampling can miss a short spike (``os.wait4``'s ``ru_maxrss`` is the exact peak); it tells whether the
-    peak is heap (RssAnon) or mapped checkpoint pages (RssFile), and at which second of the run it came.
-    """
-
-    def __init__(self, pid: int, interval: float = 0.05):
-        super().__init__(daemon=True)
-        self.pid, self.interval, self.t0 = pid, interval, time.perf_counter()
-        self.peak = {"rss": 0, "anon": 0, "file": 0, "at_s": 0.0}
-        self.max_anon = self.max_file = 0
-        self.timeline: list[tuple[float, float, float]] = []  # (s, RSS MB, anon MB), about once a second
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            try:
-                fields = dict(line.split(":", 1) for line in Path(f"/proc/{self.pid}/status").read_text().splitlines())
-                rss, anon, file, shmem = (int(fields.get(k, "0 kB").split()[0]) for k in _RSS_FIELDS)
-                file += shmem
-            except (OSError, ValueError):
-                return
-            self.max_anon, self.max_file = max(self.max_anon, anon), max(self.max_file, file)
-            now = time.perf_counter() - self.t0
-            if not self.timeline or now - self.timeline[-1][0] >= 1.0:
-                self.timeline.append((round(now, 1), round(rss / 1024, 1), round(anon / 1024, 1)))
-            if rss > self.peak["rss"]:
-                self.peak = {"rss": rss, "anon": anon, "file": file, "at_s": time.perf_counter() - self.t0}
-            self.done.wait(self.interval)
-
-    def result(self) -> dict:
-        mb = lambda kb: round(kb / 1024, 1)  # noqa: E731
-        return {
-            "sampled_peak_rss_mb": mb(self.peak["rss"]),
-            "sampled_peak_anon_mb": mb(self.peak["anon"]),
-            "sampled_peak_file_mb": mb(self.peak["file"]),
-            "sampled_peak_at_s": round(self.peak["at_s"], 1),
-            "max_anon_mb": mb(self.max_anon),
-            "max_file_mb": mb(self.max_file),
-            "rss_timeline": self.timeline,
-        }
-
-
-def run_measured(cmd: list[str], timeout: float, env: dict, cwd: Path) -> dict:
-    """Run ``cmd``; its own peak RSS from ``os.wait4`` (this child only), wall time, stdout, stderr."""
-    import tempfile
-
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd)
-        sampler = RssSampler(proc.pid)
-        sampler.start()
-        killed = []
-        timer = threading.Timer(timeout, lambda: (killed.append(True), proc.kill()))
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-            sampler.done.set()
-            sampler.join()
-        wall = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
-        out.seek(0)
-        err.seek(0)
-        return {
-            "rc": proc.returncode,
-            "timed_out": bool(killed),
-            "wall_s": round(wall, 2),
-            "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # KiB on Linux
-            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
-            "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
-            "rss_profile": sampler.result(),
-            "stdout": out.read(),
-            "stderr": err.read(),
-        }
 
 
 def engine_label(root: Path) -> str:
@@ -343,17 +215,6 @@ def compare_outputs(a: Path, b: Path) -> dict:
 # ----------------------------------------------------------------------------- the runs
 
 
-def machine_line() -> str:
-    import torch
-
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    cpu = platform.processor() or platform.machine()
-    line = f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, torch {torch.__version__}"
-    if torch.cuda.is_available():
-        line += f", {torch.cuda.get_device_name()}"
-    return line
-
-
 def write_calibration(path: Path) -> Path:
     """Blank-line separated documents over the tiny tokenizer's words (≈40k tokens: enough for 16+8 × 128)."""
     from core.models.tiny import tiny_corpus
@@ -454,174 +315,10 @@ def _cleanup(workdir: Path, shape: str | None = None) -> None:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
 
 
-# ----------------------------------------------------------------------------- the report
+# ------------------------------------------------------------------------ the command (the page: streaming_report.py)
 
 
-def _mb(x) -> str:
-    return f"{x:,.0f}" if isinstance(x, (int, float)) and x == x else "–"
-
-
-def _mode(r: dict) -> str:
-    return r["mode"] + (f" ({r['child_env']})" if r.get("child_env") else "")
-
-
-def fmt_row(r: dict) -> str:
-    size = f"{r['checkpoint_bytes'] / GB:.2f}" if r.get("checkpoint_bytes") else "–"
-    out = f"{r['output_weight_bytes'] / GB:.2f}" if r.get("output_weight_bytes") else "–"
-    dev = _mb(r.get("engine_peak_mb")) if r.get("device", "cpu").startswith("cuda") else "–"
-    wall = f"{r['wall_s']:.1f}" if r.get("status") == "ok" else "–"
-    prune_s = f"{r['prune_s']:.1f}" if r.get("prune_s") is not None else "–"
-    rss = _mb(r.get("peak_rss_mb")) if r.get("status") == "ok" else "–"
-    read = f"{r['read_cold_mb_s']:,.0f} / {r['read_warm_mb_s']:,.0f}" if r.get("read_cold_mb_s") else "–"
-    return (
-        f"| {r['shape']} | {r['dtype']} | {r['device']} | {size} | {read} | {_mode(r)} | {r['criterion']} | "
-        f"{rss} | {dev} | {wall} | {prune_s} | {out} | {r['status']} |"
-    )
-
-
-HEADER = (
-    "| shape | dtype | device | checkpoint GB | read MB/s cold / warm | mode | criterion | peak RSS MB | "
-    "peak device MB | wall s | prune s | output GB | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-)
-
-
-def target_status(rows: list[dict], comparisons: dict) -> str:
-    sel = lambda mode: [  # noqa: E731
-        r
-        for r in rows
-        if r["shape"] == "1.1b"
-        and r["dtype"] == "float32"
-        and r["device"] == "cpu"
-        and r["mode"] == mode
-        and r["samples"] == 16
-        and r["seq_len"] == 128
-        and not r.get("child_env")
-    ]
-    stream = [r for r in sel("stream") if r["status"] == "ok"]
-    memory = [r for r in sel("memory") if r["status"] == "ok"]
-    parts = []
-    if stream:
-        worst = max(stream, key=lambda r: r["peak_rss_mb"])  # the target holds for every criterion or not at all
-        rss = worst["peak_rss_mb"]
-        verdict = "met" if rss <= TARGET_RSS_MB else "NOT met"
-        parts.append(f"streaming peak RSS {rss:,.0f} MB with {worst['criterion']}, the highest of the rows ({verdict})")
-        for r in rows:
-            if r.get("child_env") and r["shape"] == "1.1b" and r["mode"] == "stream" and r["status"] == "ok":
-                parts.append(f"with {r['child_env']}: {r['peak_rss_mb']:,.0f} MB")
-    else:
-        why = sel("stream")[0]["status"] if sel("stream") else "not run"
-        parts.append(f"streaming not measured: {why}")
-    if memory:
-        parts.append(f"in-memory peak RSS {min(r['peak_rss_mb'] for r in memory):,.0f} MB")
-    comp = [c for k, c in comparisons.items() if k.startswith("1.1b/")]
-    if comp:
-        ok = all(c["keys_equal"] and c["shapes_equal"] and c["max_abs_diff"] == 0 for c in comp)
-        worst = max(c["max_abs_diff"] for c in comp)
-        parts.append(f"result equal to in-memory: {'yes' if ok else 'NO'} (max |Δ| {worst:.3g})")
-    else:
-        parts.append("equality with the in-memory result: not compared")
-    return "; ".join(parts)
-
-
-def write_report(args, rows: list[dict], comparisons: dict, extra: dict) -> None:
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    json_path = out.with_suffix(".json")
-    old = {} if args.fresh or not json_path.exists() else json.loads(json_path.read_text())
-    key = lambda r: (r["shape"], r["dtype"], r["device"], r["mode"], r["criterion"], r.get("child_env", ""))  # noqa: E731
-    merged = {key(r): r for r in old.get("rows", [])}
-    merged.update({key(r): r for r in rows})
-    order = list(SHAPES)
-    all_rows = sorted(merged.values(), key=lambda r: (r["device"], order.index(r["shape"]), r["criterion"], r["mode"]))
-    all_comp = {**old.get("comparisons", {}), **comparisons}
-    machines = {**old.get("machines", {}), dt.date.today().isoformat(): machine_line()}
-    baseline = extra.get("baseline_rss_mb", old.get("baseline_rss_mb"))
-    status = target_status(all_rows, all_comp)
-    engines = sorted({str(r.get("engine") or f"`{r.get('engine_root')}`") for r in all_rows})
-    lines = [
-        "# Peak memory of pruning against model size: in-memory vs streaming",
-        "",
-        f"Measured {', '.join(f'{d} on {m}' for d, m in sorted(machines.items()))}. "
-        "Produced by `python bench/streaming.py` (see its docstring for the options).",
-        "",
-        "- Checkpoints: LLaMA-shaped, random weights (normal(0, 0.02), norms 1, per-tensor seeded generators), "
-        "written to disk one transformer block per safetensors shard; the project's tiny word-level tokenizer.",
-        "  Shapes: 135m = SmolLM2-135M (576/1536, 30 layers, 9/3 heads, vocab 49152, tied), 1.1b = TinyLlama-1.1B "
-        "(2048/5632, 22 layers, 32/4 heads, vocab 32000), 7b, 13b, 70b = LLaMA(-2) widths.",
-        f"- Each run: `liar prune` in a fresh process, {args.samples} calibration windows × {args.seq_len} tokens "
-        "(plus the recipe's held-aside windows) from a local text file over the tokenizer's words, "
-        f"ratio {args.ratio}, reconstruction `{args.reconstruction}`, `--execution MODE` "
-        "(a CLI without that flag runs in memory: `stream` is then n/a).",
-        "- peak RSS: `ru_maxrss` of that child alone (`os.wait4`), including the interpreter and imports"
-        + (
-            f" (≈{baseline:,.0f} MB for a process that only imports torch, transformers and the engine)"
-            if baseline
-            else ""
-        )
-        + "; mmap'ed checkpoint pages count once touched. "
-        "peak device MB: the engine's `torch.cuda.max_memory_allocated`.",
-        "- wall s: the whole child (start, imports, load, calibration, prune, save); prune s: the engine's own time. "
-        "The checkpoint's pages are evicted from the page cache before every run (`posix_fadvise`), unless `--warm`. "
-        "Wall times suffer from other load on the machine; the JSON has each child's CPU seconds and the 1-minute "
-        "load average at its end.",
-        "- read MB/s: sequential read of the checkpoint's weight files, cold (evicted) / warm (from the page cache).",
-        f"- Engine the children ran (`--engine-root`): {'; '.join(engines)}.",
-        "- output GB: the pruned checkpoint's weight files.",
-        "",
-        f"**Target**: {TARGET}.  ",
-        f"**Status**: {status}.",
-        "",
-        HEADER,
-        *[fmt_row(r) for r in all_rows],
-        "",
-    ]
-    if all_comp:
-        lines += [
-            "## In-memory vs streaming outputs",
-            "",
-            "| shape / criterion | tensors | keys equal | shapes equal | bitwise-equal tensors | max abs diff "
-            "| worst tensor |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for k, c in sorted(all_comp.items()):
-            lines.append(
-                f"| {k} | {c['tensors']} | {c['keys_equal']} | {c['shapes_equal']} | {c['bitwise_equal_tensors']} | "
-                f"{c['max_abs_diff']:.3g} | {c['worst_tensor'] or '–'} |"
-            )
-        lines.append("")
-    sampled = [r for r in all_rows if r.get("sampled_peak_rss_mb")]
-    if sampled:
-        lines += [
-            "## Where the peak is",
-            "",
-            "/proc/PID/status polled every 50 ms: the largest sampled VmRSS split into anonymous memory (heap,",
-            "tensors) and file-backed pages (the mmap'ed safetensors), the second of the run it came at, and",
-            "the largest of each part alone.",
-            "",
-            "| shape | mode | criterion | peak RSS MB (wait4) | sampled peak MB | anon MB | file MB | at s | "
-            "max anon MB | max file MB |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in sampled:
-            lines.append(
-                f"| {r['shape']} | {_mode(r)} | {r['criterion']} | {_mb(r['peak_rss_mb'])} | "
-                f"{_mb(r['sampled_peak_rss_mb'])} | {_mb(r['sampled_peak_anon_mb'])} | "
-                f"{_mb(r['sampled_peak_file_mb'])} | {r['sampled_peak_at_s']:.0f} | {_mb(r['max_anon_mb'])} | "
-                f"{_mb(r['max_file_mb'])} |"
-            )
-        lines.append("")
-    notes = [r for r in all_rows if r.get("note")]
-    if notes:
-        lines += ["Notes: " + "; ".join(sorted({f"{r['shape']} {r['mode']}: {r['note']}" for r in notes})), ""]
-    out.write_text("\n".join(lines))
-    payload = {"machines": machines, "baseline_rss_mb": baseline, "target": TARGET, "target_status": status}
-    run_args = vars(args) | {"calibration": str(args.calibration)} if rows else old.get("args")
-    payload.update(args=run_args, rows=all_rows, comparisons=all_comp)
-    json_path.write_text(json.dumps(payload, indent=2, default=str))
-    print(f"wrote {out} and {json_path.name}")
-
-
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", nargs="+", default=["135m", "1.1b"], choices=list(SHAPES))
     p.add_argument("--modes", nargs="+", default=["memory", "stream"], choices=["memory", "stream", "auto"])
@@ -677,7 +374,11 @@ def main() -> None:
     )
     p.add_argument("--engine-label", help="how the report names --engine-root (default: its git commit)")
     p.add_argument("--verify-one", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = _parser().parse_args()
     if args.verify_one:
         print("VERIFY " + json.dumps(verify_checkpoint(args.verify_one)))
         return

@@ -17,6 +17,7 @@ import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from core.models.tiny import tiny_bert, tiny_corpus, tiny_decoder  # noqa: E402
+from tests.timing import TestTimes  # noqa: E402
 
 hf_logging.disable_progress_bar()
 hf_logging.set_verbosity_error()
@@ -34,6 +35,11 @@ def pytest_addoption(parser):
         help="write the browser tests' screenshots to DIR (`make screenshots`: docs/screenshots); "
         "default: a temporary folder",
     )
+    parser.addoption("--test-time", metavar="PATH", help="write each marker's test time as JSON (tests/timing.py)")
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(TestTimes(config), "test-times")
 
 
 def pytest_collection_modifyitems(config, items):

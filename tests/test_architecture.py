@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "jobs", "app")
+PACKAGES = ("core", "jobs", "app", "bench")
 
 
 def _module_name(path: Path) -> str:

@@ -64,7 +64,7 @@ def test_no_password_is_written_into_the_compose_file():
         assert re.search(rf"^{key}=", example, re.M), key
 
 
-# --- several machines (docs/deploy.md): deploy/web.yml and deploy/gpu-host.yml ----------------------
+# --- several machines (docs/deploy-cluster.md): deploy/web.yml and deploy/gpu-host.yml ----------------------
 
 WEB = yaml.safe_load((ROOT / "deploy" / "web.yml").read_text())["services"]
 GPU_HOST = yaml.safe_load((ROOT / "deploy" / "gpu-host.yml").read_text())

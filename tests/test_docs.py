@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import render_docs
+from bench.pages import values
 from bench.render_docs import PAGES, RESULTS, ROOT, render_text
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -49,7 +50,7 @@ def _prose(text: str) -> str:
     return re.sub(r"<!-- results:[\w-]+ -->.*?<!-- /results -->", "", text, flags=re.S)
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/guide.md", "docs/deployment.md", "docs/design.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/guide.md", "docs/deploy-one-host.md", "docs/design.md"])
 def test_no_measurement_is_typed_outside_the_generated_blocks(doc):
     text = (ROOT / doc).read_text()
     if doc == "docs/design.md":  # its decisions; the older narrative sections quote their dated runs inline
@@ -68,7 +69,7 @@ def test_every_results_page_is_in_the_index_and_every_json_belongs_to_a_page():
     files = {p.name for p in RESULTS.iterdir() if p.is_file() and p.name != "README.md"}
     pages = {f for f in files if not f.endswith(".json")}
     data = {j for page in PAGES.values() for j in page.data}
-    assert pages == set(PAGES), "add the page to PAGES in bench/render_docs.py (or remove it from PAGES)"
+    assert pages == set(PAGES), "add the page to its family's PAGES in bench/pages/ (or remove it from there)"
     assert {f for f in files if f.endswith(".json")} == data
     index = (RESULTS / "README.md").read_text()
     for name, page in PAGES.items():
@@ -83,7 +84,7 @@ def test_the_gemm_rows_appear_only_when_time_json_has_their_keys(monkeypatch):
     row = dict(render_docs.time_row(128))
     for key in ("gemm_gflops", "product_seconds", "ratio_to_products", "ratio"):
         row.pop(key, None)
-    monkeypatch.setattr(render_docs, "time_row", lambda samples, name="time.json": row)
+    monkeypatch.setattr(values, "time_row", lambda samples, name="time.json": row)
     claim = "the same prune against its matrix products"
     assert render_docs.product_ratio() is None
     assert "against the machine" not in render_docs.render_readme()
@@ -102,13 +103,13 @@ def _commands(doc: Path) -> list[str]:
     return [line for line in lines if line.startswith("liar ")]
 
 
-@pytest.mark.parametrize("doc", [ROOT / "README.md", ROOT / "docs/guide.md", ROOT / "docs/deployment.md"])
+@pytest.mark.parametrize("doc", [ROOT / "README.md", ROOT / "docs/guide.md", ROOT / "docs/deploy-one-host.md"])
 def test_every_command_shown_parses(doc, capsys):
     """Each ``liar`` command of the docs is accepted by the CLI's own parser (nothing runs)."""
     from app.cli import build_parser
 
     commands = _commands(doc)
-    assert commands or doc.name == "deployment.md"
+    assert commands or doc.name == "deploy-one-host.md"
     parser = build_parser()
     for command in commands:
         argv = shlex.split(command)[1:]

@@ -299,13 +299,22 @@ def working_bytes(shape: Shape, run: Run) -> int:
     return shape.block_params * run.itemsize + batch + int(run.matrices * max(shape.ffn, shape.hidden) ** 2 * 8)
 
 
-def width_peak(shape: Shape, run: Run, mode: str, layers: int, choice: str, device: str, free: int) -> tuple[int, str]:
+@dataclass(frozen=True)
+class Place:
+    """Where the width phase runs: the device kind (``cpu`` or ``cuda``) and ``free``, the device memory a
+    run may use (what auto's choice of the activations' place compares with)."""
+
+    device: str
+    free: int = 0
+
+
+def width_peak(shape: Shape, run: Run, mode: str, layers: int, choice: str, place: Place) -> tuple[int, str]:
     """``(peak bytes, where the activations live)`` of the width pruning of ``layers`` blocks: what stays
     resident (in memory the whole model less the block counted in its work; streamed on a CPU the
     previous block while its shard is written, on a GPU nothing: the embeddings go once the first
     block's inputs exist), the activations where ``activations`` (``choice``) puts them, one block's
-    work; for a stream, the first pass (embeddings and every token's hidden state) if larger. ``free``:
-    the device memory a run may use (what auto's choice of the activations' place compares with)."""
+    work; for a stream, the first pass (embeddings and every token's hidden state) if larger."""
+    device, free = place.device, place.free
     b = run.itemsize
     if mode == "memory":
         resident = (shape.outer_params + (layers - 1) * shape.block_params) * b

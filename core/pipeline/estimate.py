@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.pipeline.costs import Shape, depth_peak, dtype_of, run_of, shape_of, width_peak, work
+from core.pipeline.costs import Place, Shape, depth_peak, dtype_of, run_of, shape_of, width_peak, work
 from core.pipeline.preflight import (
     TARGET_MAX_DEPTH,
     TARGET_MAX_WIDTH,
@@ -308,7 +308,7 @@ def _ratio_estimate(recipe: Recipe, shape: Shape, worker: Worker, device: str) -
     if width:
         wrun = run_of(recipe, shape, device, _width_ratio(recipe, shape))
         free = worker.memory - CUDA_RESERVE
-        peak, where = width_peak(shape, wrun, mode, layers, recipe.activations, device, free)
+        peak, where = width_peak(shape, wrun, mode, layers, recipe.activations, Place(device, free))
         peaks.append(peak)
     flops = work(recipe, shape, device, recompute=where in ("recompute", "host"))
     weights = shape.params * run.itemsize if mode == "memory" else 0

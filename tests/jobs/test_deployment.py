@@ -1,4 +1,4 @@
-"""A deployment across machines, with nothing shared on disk (docs/deploy.md): a web process and two
+"""A deployment across machines, with nothing shared on disk (docs/deploy-cluster.md): a web process and two
 workers, each with a data folder of its own; a real S3-compatible store (moto's server, a process on
 127.0.0.1), PostgreSQL and a Redis. One worker serves a small queue and one a big one (CPU workers
 standing in for GPU kinds).

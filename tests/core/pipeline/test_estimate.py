@@ -19,7 +19,7 @@ from core.models.loading import load_model
 from core.models.offload import activation_bytes, block_working_bytes
 from core.models.tiny import tiny_decoder
 from core.pipeline import costs, estimate
-from core.pipeline.costs import run_of, shape_of, width_peak, work
+from core.pipeline.costs import Place, run_of, shape_of, width_peak, work
 from core.pipeline.estimate import (
     CPU_BASELINE,
     H100_RECORDS,
@@ -230,7 +230,7 @@ def _reference_peak(d: int, f: int, layers: int, vocab: int) -> int:
 
 def test_peak_matches_the_tensors_listed_one_by_one():
     shape, recipe = shape_of(SMALL), _small_recipe()
-    peak, where = width_peak(shape, run_of(recipe, shape, "cpu"), "memory", shape.layers, "auto", "cpu", 0)
+    peak, where = width_peak(shape, run_of(recipe, shape, "cpu"), "memory", shape.layers, "auto", Place("cpu"))
     assert where == "device"
     assert peak == _reference_peak(64, 128, 2, 100)
 
@@ -244,7 +244,7 @@ def test_the_sizing_against_the_measured_gpu_peaks():
         obs = row["criterion"] == "obs"
         kw = dict(criterion={"name": "auto"}, reconstruction={"method": "ls", "select": "auto"}) if obs else {}
         run = run_of(bench_recipe(row["samples"], 8, **kw), shape, "cuda")
-        sized, where = width_peak(shape, run, row["mode"], shape.layers, "auto", "cuda", 141 * 10**9)
+        sized, where = width_peak(shape, run, row["mode"], shape.layers, "auto", Place("cuda", 141 * 10**9))
         assert where == row["activations"] == "device"
         resident = shape.params * 2 if row["mode"] == "memory" else 0
         ratios.append((row["peak_device_mb"] * 2**20 - resident) / (sized - resident))
