@@ -341,6 +341,21 @@ def _dense_rule(dense: list[dict[str, Any]], left: float) -> list[dict[str, Any]
     ]
 
 
+def _dense_points(dense: list[dict[str, Any]], x: str, labelled: bool) -> list[dict[str, Any]]:
+    """The dense model as a grey diamond at (``x``, its perplexity); ``labelled``: its label beside it
+    (which window length each is, when runs were measured on several)."""
+    if not dense:
+        return []
+    encoding = {"x": {"field": x, "type": "quantitative"}, "y": {"field": "value", "type": "quantitative"}}
+    tooltip = [{"field": "label", "title": "baseline"}, {"field": "value", "title": "perplexity"}]
+    diamond = {"type": "point", "shape": "diamond", "size": 140, "filled": True, "color": "#555"}
+    layers = [{"data": {"values": dense}, "mark": diamond, "encoding": {**encoding, "tooltip": tooltip}}]
+    if labelled:
+        text = {"type": "text", "align": "right", "dx": -9, "dy": -8, "fontSize": 10, "color": "#555"}
+        layers.append({"data": {"values": dense}, "mark": text, "encoding": {**encoding, "text": {"field": "label"}}})
+    return layers
+
+
 def perplexity_vs_size(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Perplexity (log scale) against the parameters kept, each run a point, the dense model too."""
     points = [p for p in _points(rows, "perplexity") if p["value"] > 0 and p["params"]]
@@ -362,18 +377,7 @@ def perplexity_vs_size(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         }
     ]
     dense = [d for d in _dense(rows) if d["params"]]
-    if dense:
-        layers.append(
-            {
-                "data": {"values": dense},
-                "mark": {"type": "point", "shape": "diamond", "size": 140, "filled": True, "color": "#555"},
-                "encoding": {
-                    "x": {"field": "params", "type": "quantitative"},
-                    "y": {"field": "value", "type": "quantitative"},
-                    "tooltip": [{"field": "label", "title": "baseline"}, {"field": "value", "title": "perplexity"}],
-                },
-            }
-        )
+    layers += _dense_points(dense, "params", _several_windows(rows))
     spec = base_spec("perplexity vs parameters kept (◆ dense)", points)
     spec["layer"] = layers
     return spec
@@ -403,18 +407,7 @@ def perplexity_vs_speed(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         },
     ]
     dense = [{**d, "speedup": 1.0} for d in _dense(rows)]
-    if dense:
-        layers.append(
-            {
-                "data": {"values": dense},
-                "mark": {"type": "point", "shape": "diamond", "size": 140, "filled": True, "color": "#555"},
-                "encoding": {
-                    "x": {"field": "speedup", "type": "quantitative"},
-                    "y": {"field": "value", "type": "quantitative"},
-                    "tooltip": [{"field": "label", "title": "baseline"}, {"field": "value", "title": "perplexity"}],
-                },
-            }
-        )
+    layers += _dense_points(dense, "speedup", _several_windows(rows))
     spec = base_spec(SPEED_TITLE, points)
     spec["title"] = _speed_title(spec["title"], rows)
     spec["layer"] = layers

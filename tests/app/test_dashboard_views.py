@@ -63,7 +63,7 @@ def test_the_runs_table_names_its_columns_for_readers():
 def test_runs_on_other_windows_are_other_series_each_with_its_dense_line(job_service):
     for seq_len, dense in ((128, 15.0), (256, 11.0)):
         for ratio in (0.2, 0.4):
-            _add(job_service, "ada", ratio, _ppl(dense * (1 + ratio), dense), seq_len=seq_len)
+            _add(job_service, "ada", ratio, _ppl(dense * (1 + ratio), dense, params_after=8.0), seq_len=seq_len)
     rows = charts.run_rows(job_service)
     assert sorted({r["window"] for r in rows}) == [128, 256]
     spec = charts.metric_vs_ratio(rows, "perplexity")
@@ -74,6 +74,9 @@ def test_runs_on_other_windows_are_other_series_each_with_its_dense_line(job_ser
     rule = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "rule")
     dense = sorted((d["label"], d["value"]) for d in rule["data"]["values"])
     assert dense == [("dense model · 128-token windows", 15.0), ("dense model · 256-token windows", 11.0)]
+    size = charts.perplexity_vs_size(rows)  # the dense diamonds say which window each is
+    labels = next(layer for layer in size["layer"] if layer["mark"]["type"] == "text")
+    assert sorted(d["label"] for d in labels["data"]["values"])[0] == "dense model · 128-token windows"
     one = [r for r in rows if r["window"] == 128]  # one window: named nowhere, as before
     spec = charts.metric_vs_ratio(one, "perplexity")
     assert {p["series"] for p in spec["data"]["values"]} == {"magnitude · liar"}
