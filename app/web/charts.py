@@ -58,7 +58,7 @@ RUN_HEADERS = {
 }
 # the runs table's column widths (% of the table, RUN_COLUMNS' order): a long speed-up text wraps in its
 # cell instead of pushing the user column off the table
-RUN_WIDTHS = ["4%", "11%", "8%", "6%", "7%", "7%", "9%", "9%", "8%", "8%", "14%", "9%"]
+RUN_WIDTHS = ["4%", "13%", "8%", "6%", "6%", "7%", "9%", "9%", "8%", "9%", "12%", "9%"]
 # dashboard metric → (axis title, log scale); the names are columns of the runs table
 METRICS = {
     "perplexity": ("perplexity (log scale)", True),
