@@ -287,6 +287,13 @@ class JobService(JobFiles):
                 out[job_id][name] = value
         return out
 
+    def evaluations(self, job_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+        """The stored evaluations of many jobs in one query: {job id: [evaluation, …]} (the dashboard
+        reads each run's perplexity windows from them)."""
+        with self.sessions() as s:
+            rows = s.execute(select(Job.id, Job.evaluations).where(Job.id.in_(job_ids)))
+            return {job_id: list(evs or []) for job_id, evs in rows}
+
     # --- control --------------------------------------------------------------------------
     def cancel(self, job_id: int, actor: Actor = OPEN) -> str:
         """QUEUED → CANCELLED at once; RUNNING → cancel flag, honoured at the next layer boundary; a

@@ -24,10 +24,18 @@ if TYPE_CHECKING:
 __all__ = ["build_app", "launch"]
 
 TITLE = "LIAR — retraining-free pruning"
-# a box's message (new_run: "field-error") in the error colour, where its help line was
+# a box's message (new_run: "field-error") in the error colour, where its help line was; a disabled button
+# grey and faded (a disabled "stop" button kept its pink and looked usable); the recipe viewer's line numbers
+# (app.web.views.numbered_yaml) in a column of their own, left out of a selection
 CSS = """
 .field-error .info-text, .field-error.prose, .field-error p { color: var(--error-text-color, #b91c1c) !important; }
 .field-error .info-text { font-weight: 600; }
+button:disabled { background: var(--neutral-200) !important; border-color: var(--neutral-300) !important;
+  color: var(--neutral-600) !important; opacity: 0.55; cursor: not-allowed !important; box-shadow: none !important; }
+.recipe-view { display: grid; grid-template-columns: max-content 1fr; column-gap: 0.8em; margin: 0;
+  padding: 0.5em; border: 1px solid var(--border-color-primary); border-radius: var(--radius-md);
+  font-family: var(--font-mono); font-size: var(--text-sm); white-space: pre; overflow-x: auto; }
+.recipe-ln { color: var(--body-text-color-subdued); text-align: right; user-select: none; }
 """
 
 

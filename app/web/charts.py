@@ -24,7 +24,7 @@ from typing import Any
 
 from app.web.figures import SPEEDUPS, measurable, speedup_of, speedup_text
 from core.evaluation.tasks import TASKS_ACC_MEAN
-from jobs.baseline import DENSE
+from jobs.baseline import DENSE, last_perplexity, window_args
 from jobs.service import JobService
 
 RUN_COLUMNS = [
@@ -41,6 +41,24 @@ RUN_COLUMNS = [
     "speedup",
     "user",
 ]
+# what the runs table's header shows for each of RUN_COLUMNS (a reader's words, not the keys)
+RUN_HEADERS = {
+    "id": "job",
+    "model": "model",
+    "criterion": "criterion",
+    "method": "method",
+    "ratio": "target ratio",
+    "achieved": "achieved",
+    "perplexity": "perplexity",
+    "dense": "dense perplexity",
+    "tasks_acc": "task accuracy (mean)",
+    "params_after": "parameters kept",
+    "speedup": "speed-up",
+    "user": "user",
+}
+# the runs table's column widths (% of the table, RUN_COLUMNS' order): a long speed-up text wraps in its
+# cell instead of pushing the user column off the table
+RUN_WIDTHS = ["4%", "13%", "8%", "6%", "6%", "7%", "9%", "9%", "8%", "9%", "12%", "9%"]
 # dashboard metric → (axis title, log scale); the names are columns of the runs table
 METRICS = {
     "perplexity": ("perplexity (log scale)", True),
@@ -55,6 +73,7 @@ SPEED_METRICS = tuple(SPEEDUPS.items())
 DASHBOARD_METRICS = list(METRICS)
 SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"  # names the version; never fetched
 WIDTH, HEIGHT = 520, 300
+SPEED_TITLE = "perplexity vs realised speed-up (◆ dense)"
 
 
 def job_link(job_id: int) -> str:
@@ -73,6 +92,7 @@ def run_rows(service: JobService, model="", method="", user="", criterion="") ->
     listed = service.list(status="SUCCEEDED", limit=1000)
     done = [j for j in listed if j.get("source_job") is None and not j.get("export_only")]  # nor is an export
     all_metrics = service.metrics([j["id"] for j in done])
+    windows = {i: _window(evs) for i, evs in service.evaluations([j["id"] for j in done]).items()}
     rows = []
     for j in done:
         if (
@@ -98,10 +118,21 @@ def run_rows(service: JobService, model="", method="", user="", criterion="") ->
                 "params_after": m.get("params_after"),
                 "user": j["submitted_by"] or "–",
                 "params_before": m.get("params_before"),
+                "window": windows.get(j["id"]),
                 **_speed(m),
             }
         )
     return rows
+
+
+def _window(evaluations: list[dict[str, Any]]) -> int | None:
+    """The window length (tokens) a run's perplexity was measured on; None if it measured none."""
+    last = last_perplexity(evaluations)
+    return None if last is None else window_args(last)["seq_len"]
+
+
+def window_label(window: int | None) -> str:
+    return f"{window}-token windows" if window else "windows unknown"
 
 
 def _speed(m: dict[str, Any]) -> dict[str, Any]:
@@ -129,7 +160,12 @@ def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**r, "speedup": r.get("speedup_text", r.get("speedup"))} for r in rows]
 
 
-def _left_off(rows: list[dict[str, Any]]) -> int:
+def table_headers() -> list[str]:
+    """The runs table's header, in the order of :data:`RUN_COLUMNS`."""
+    return [RUN_HEADERS[c] for c in RUN_COLUMNS]
+
+
+def left_off(rows: list[dict[str, Any]]) -> int:
     """How many runs recorded a speed-up the charts do not plot (not measurable, or a single timing)."""
     return sum(1 for r in rows if r.get("speed_of") and r.get("speedup") is None)
 
@@ -137,7 +173,7 @@ def _left_off(rows: list[dict[str, Any]]) -> int:
 def speed_caption(rows: list[dict[str, Any]]) -> str:
     """Why runs with a speed-up are missing from the speed charts (empty when none is): the note
     under the dashboard's charts."""
-    n = _left_off(rows)
+    n = left_off(rows)
     if not n:
         return ""
     runs = "run's" if n == 1 else "runs'"
@@ -147,24 +183,42 @@ def speed_caption(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def _several_windows(rows: list[dict[str, Any]]) -> bool:
+    """Whether the runs' perplexities come from more than one window length (not one series, then)."""
+    return len({r.get("window") for r in rows if r.get("perplexity") is not None}) > 1
+
+
 def _series(rows: list[dict[str, Any]]):
+    """A run's series: criterion · method, its model when several are shown, its window length when
+    runs were measured on several (their perplexities do not compare)."""
     several = len({r["model"] for r in rows}) > 1
-    return lambda r: " · ".join(([r["model"]] if several else []) + [r["criterion"], r["method"]])
+    windows = _several_windows(rows)
+
+    def name(r: dict[str, Any]) -> str:
+        parts = ([r["model"]] if several else []) + [r["criterion"], r["method"]]
+        return " · ".join(parts + ([window_label(r.get("window"))] if windows else []))
+
+    return name
 
 
 def _dense(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The dense model's perplexity per model (from the newest run that has it)."""
-    seen: dict[str, dict[str, Any]] = {}
+    """The dense model's perplexity per model and window length (from the newest run that has it),
+    labelled with the window length when runs were measured on several."""
+    seen: dict[tuple, dict[str, Any]] = {}
     for r in rows:
-        if r["dense"] is not None and r["model"] not in seen:
-            seen[r["model"]] = {"model": r["model"], "value": r["dense"], "params": r["params_before"]}
-    several = len(seen) > 1
-    for d in seen.values():
-        d["label"] = f"dense {d['model']}" if several else "dense model"
+        key = (r["model"], r.get("window"))
+        if r["dense"] is not None and key not in seen:
+            seen[key] = {"model": r["model"], "value": r["dense"], "params": r["params_before"]}
+            if r.get("window") is not None:
+                seen[key]["window"] = r["window"]
+    models, windows = len({m for m, _ in seen}) > 1, _several_windows(rows)
+    for (model, window), d in seen.items():
+        label = f"dense {model}" if models else "dense model"
+        d["label"] = f"{label} · {window_label(window)}" if windows else label
     return list(seen.values())
 
 
-def _base(title: str, values: list[dict[str, Any]], width: int = WIDTH) -> dict[str, Any]:
+def base_spec(title: str, values: list[dict[str, Any]], width: int = WIDTH) -> dict[str, Any]:
     return {
         "$schema": SCHEMA,
         "title": title,
@@ -173,6 +227,7 @@ def _base(title: str, values: list[dict[str, Any]], width: int = WIDTH) -> dict[
         "autosize": {"type": "fit", "contains": "padding"},
         # SVG: crisp, and its marks carry aria labels (the browser tests find the points by them)
         "usermeta": {"embedOptions": {"renderer": "svg", "actions": False}},
+        "config": {"legend": {"labelLimit": 320}},  # a series names its window length: not cut short
         "data": {"values": values},
     }
 
@@ -187,6 +242,11 @@ def _tooltip(value_title: str) -> list[dict[str, Any]]:
         {"field": "value", "type": "quantitative", "title": value_title},
         {"field": "user", "type": "nominal"},
     ]
+
+
+def _shape(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A point's shape by its window length, when runs were measured on several (else nothing)."""
+    return {"shape": {"field": "window", "type": "nominal", "title": "perplexity on"}} if _several_windows(rows) else {}
 
 
 def _points(rows: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:
@@ -205,6 +265,7 @@ def _points(rows: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:
             "speed_of": r.get("speed_of") or "blocks",
             "value": r[field],
             "user": r["user"],
+            "window": window_label(r.get("window")),
             "href": job_link(r["id"]),
         }
         for r in rows
@@ -228,7 +289,14 @@ def metric_vs_ratio(rows: list[dict[str, Any]], metric: str = "perplexity") -> d
         },
         {
             "mark": {"type": "point", "filled": True, "size": 90, "cursor": "pointer"},
-            "encoding": {"x": x, "y": y, "color": color, "tooltip": _tooltip(metric), "href": {"field": "href"}},
+            "encoding": {
+                "x": x,
+                "y": y,
+                "color": color,
+                "tooltip": _tooltip(metric),
+                "href": {"field": "href"},
+                **_shape(rows),
+            },
         },
     ]
     if metric == "speedup":  # the spread of the repeated timings: least to greatest
@@ -236,7 +304,7 @@ def metric_vs_ratio(rows: list[dict[str, Any]], metric: str = "perplexity") -> d
     dense = _dense(rows) if metric == "perplexity" else []
     if dense:
         layers += _dense_rule(dense, min(p["ratio"] for p in points))
-    spec = _base(f"{metric} vs pruning ratio", points)
+    spec = base_spec(f"{metric} vs pruning ratio", points)
     if metric == "speedup":
         spec["title"] = _speed_title(spec["title"], rows)
     spec["layer"] = layers
@@ -245,9 +313,9 @@ def metric_vs_ratio(rows: list[dict[str, Any]], metric: str = "perplexity") -> d
 
 def _speed_title(title: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """A speed chart's title, its subtitle saying what the bars are and how many runs are left off."""
-    note, n = "bars: least to greatest of each run's repeated timings", _left_off(rows)
-    left_off = f"{n} run{'s' * (n != 1)} left off: not measurable on this worker (see the note)"
-    return {"text": title, "subtitle": [note, left_off] if n else note}
+    note, n = "bars: least to greatest of each run's repeated timings", left_off(rows)
+    dropped = f"{n} run{'s' * (n != 1)} left off: not measurable on this worker (see the note)"
+    return {"text": title, "subtitle": [note, dropped] if n else note}
 
 
 def _error_bars(encoding: dict[str, Any]) -> dict[str, Any]:
@@ -274,6 +342,21 @@ def _dense_rule(dense: list[dict[str, Any]], left: float) -> list[dict[str, Any]
     ]
 
 
+def _dense_points(dense: list[dict[str, Any]], x: str, labelled: bool) -> list[dict[str, Any]]:
+    """The dense model as a grey diamond at (``x``, its perplexity); ``labelled``: its label beside it
+    (which window length each is, when runs were measured on several)."""
+    if not dense:
+        return []
+    encoding = {"x": {"field": x, "type": "quantitative"}, "y": {"field": "value", "type": "quantitative"}}
+    tooltip = [{"field": "label", "title": "baseline"}, {"field": "value", "title": "perplexity"}]
+    diamond = {"type": "point", "shape": "diamond", "size": 140, "filled": True, "color": "#555"}
+    layers = [{"data": {"values": dense}, "mark": diamond, "encoding": {**encoding, "tooltip": tooltip}}]
+    if labelled:
+        text = {"type": "text", "align": "right", "dx": -9, "dy": -8, "fontSize": 10, "color": "#555"}
+        layers.append({"data": {"values": dense}, "mark": text, "encoding": {**encoding, "text": {"field": "label"}}})
+    return layers
+
+
 def perplexity_vs_size(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Perplexity (log scale) against the parameters kept, each run a point, the dense model too."""
     points = [p for p in _points(rows, "perplexity") if p["value"] > 0 and p["params"]]
@@ -290,23 +373,13 @@ def perplexity_vs_size(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
                 "color": {"field": "series", "type": "nominal", "title": "criterion · method"},
                 "tooltip": _tooltip("perplexity"),
                 "href": {"field": "href"},
+                **_shape(rows),
             },
         }
     ]
     dense = [d for d in _dense(rows) if d["params"]]
-    if dense:
-        layers.append(
-            {
-                "data": {"values": dense},
-                "mark": {"type": "point", "shape": "diamond", "size": 140, "filled": True, "color": "#555"},
-                "encoding": {
-                    "x": {"field": "params", "type": "quantitative"},
-                    "y": {"field": "value", "type": "quantitative"},
-                    "tooltip": [{"field": "label", "title": "baseline"}, {"field": "value", "title": "perplexity"}],
-                },
-            }
-        )
-    spec = _base("perplexity vs parameters kept (◆ dense)", points)
+    layers += _dense_points(dense, "params", _several_windows(rows))
+    spec = base_spec("perplexity vs parameters kept (◆ dense)", points)
     spec["layer"] = layers
     return spec
 
@@ -331,23 +404,12 @@ def perplexity_vs_speed(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         _error_bars({"x": {**x, "field": "speedup_low"}, "x2": {"field": "speedup_high"}, "y": y}),
         {
             "mark": {"type": "point", "filled": True, "size": 90, "cursor": "pointer"},
-            "encoding": {"x": x, "y": y, "color": color, "tooltip": tooltip, "href": {"field": "href"}},
+            "encoding": {"x": x, "y": y, "color": color, "tooltip": tooltip, "href": {"field": "href"}, **_shape(rows)},
         },
     ]
     dense = [{**d, "speedup": 1.0} for d in _dense(rows)]
-    if dense:
-        layers.append(
-            {
-                "data": {"values": dense},
-                "mark": {"type": "point", "shape": "diamond", "size": 140, "filled": True, "color": "#555"},
-                "encoding": {
-                    "x": {"field": "speedup", "type": "quantitative"},
-                    "y": {"field": "value", "type": "quantitative"},
-                    "tooltip": [{"field": "label", "title": "baseline"}, {"field": "value", "title": "perplexity"}],
-                },
-            }
-        )
-    spec = _base("perplexity vs realised speed-up (◆ dense)", points)
+    layers += _dense_points(dense, "speedup", _several_windows(rows))
+    spec = base_spec(SPEED_TITLE, points)
     spec["title"] = _speed_title(spec["title"], rows)
     spec["layer"] = layers
     return spec
@@ -391,7 +453,7 @@ def layer_errors(report: list[dict[str, Any]] | None, width: int = 1000) -> dict
         "color": {"field": "when", "type": "nominal", "title": None, "sort": ["pruned", "reconstructed"]},
         "tooltip": tooltip,
     }
-    spec = _base("relative output error per pruned unit (layer order)", values, width)
+    spec = base_spec("relative output error per pruned unit (layer order)", values, width)
     spec["layer"] = [
         {"mark": {"type": "line"}, "encoding": encoding},
         {"mark": {"type": "point"}, "encoding": encoding},

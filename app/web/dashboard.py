@@ -1,7 +1,8 @@
 """The "Dashboard" tab: finished runs, filtered; a metric against the pruning ratio as in the paper's
 figures, perplexity against the parameters kept and against the realised speed-up (with its spread;
-the note under the charts says how many runs' speed-ups were not measurable, the table which), and
-the runs table (charts: ``app.web.charts``)."""
+the note under the charts says how many runs' speed-ups were not measurable, the table which; a chart
+with nothing to draw says why in its place), and the runs table, its columns named for readers
+(charts: ``app.web.charts``)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from typing import Any
 
 import gradio as gr
 
-from app.web import charts, forms
+from app.web import charts, dashboard_charts, forms
 from jobs.service import JobService
 
 HINT = "Hover a point for its job; click it (or a row of the table) to open the job."
-NO_RUNS = "No succeeded runs match these filters."
+NO_RUNS = dashboard_charts.NO_RUNS
 
 
 def vega(spec: dict[str, Any] | None):
@@ -40,20 +41,22 @@ def build(service: JobService, demo: gr.Blocks, tab: gr.Tab) -> gr.Dataframe:
     with gr.Row():
         by_speed = gr.Plot(show_label=False, elem_id="speed-plot")
     note = gr.Markdown(HINT, elem_id="dashboard-note")
-    runs = gr.Dataframe(headers=charts.RUN_COLUMNS, interactive=False, elem_id="runs-table")
+    runs = gr.Dataframe(
+        headers=charts.table_headers(),
+        column_widths=charts.RUN_WIDTHS,  # every column, the user last, within the page's width
+        interactive=False,
+        wrap=True,
+        elem_id="runs-table",
+    )
 
     def dashboard(model, method, criterion, user, metric):
         import pandas as pd
 
         rows = charts.run_rows(service, model, method, user, criterion)
         table = pd.DataFrame(charts.table_rows(rows), columns=charts.RUN_COLUMNS)
+        table.columns = charts.table_headers()
         text = " ".join(filter(None, (HINT, charts.speed_caption(rows)))) if rows else NO_RUNS
-        plots = (
-            charts.metric_vs_ratio(rows, metric),
-            charts.perplexity_vs_size(rows),
-            charts.perplexity_vs_speed(rows),
-        )
-        return *map(vega, plots), text, table
+        return *map(vega, dashboard_charts.dashboard_charts(rows, metric)), text, table
 
     gr.on(
         [refresh.click, f_metric.change, f_method.change, f_criterion.change, f_model.submit, f_user.submit]

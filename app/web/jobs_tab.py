@@ -1,6 +1,7 @@
 """The "Jobs" tab: a live table of recent jobs; select a row to follow its log and stage timings,
 cancel it, re-run it, run its failed evaluations again without pruning (``jobs.reevaluation``),
-delete it (its owner or an admin: ``jobs.access``) or open its model page."""
+delete it (its owner or an admin: ``jobs.access``; for anyone else those buttons show disabled) or open
+its model page."""
 
 from __future__ import annotations
 
@@ -22,13 +23,15 @@ def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
         value=lambda: views.job_rows(service),
         interactive=False,
         label="Jobs — select a row to follow it",
+        column_widths=views.TABLE_WIDTHS,
+        wrap=True,  # a speed target's "speed-up 1.5× (decode_b1)" wraps in its cell, not over the others
         elem_id="jobs-table",
     )
     picked = gr.State(None)
     heading = gr.Markdown(views.job_panel(service, None)[0], elem_id="job-heading")
     with gr.Row():
         cancel_btn = gr.Button("Cancel job", variant="stop", interactive=False)  # until a job that can stop is picked
-        rerun_btn = gr.Button("Re-run")
+        rerun_btn = gr.Button("Re-run", interactive=False)  # until a job of the viewer's is picked
         # usable once a succeeded job whose evaluations failed is picked; not "Re-run …": one button has that name
         reevaluate_btn = gr.Button("Re-evaluate", interactive=False)
         delete_btn = gr.Button("Delete job", interactive=False)  # until a finished job is picked
@@ -45,25 +48,29 @@ def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
     timer = gr.Timer(REFRESH_SECONDS)
     panel = [heading, log_tail, timings]
 
-    def view(job_id) -> list:
-        """The panel, then Cancel, Delete and Re-evaluate usable or not (views.job_view: one read of the job)."""
-        panel_values, buttons = views.job_view(service, job_id)
-        return [*panel_values, *(gr.update(interactive=on) for on in buttons)]
+    def view(job_id, message, request) -> list:
+        """The panel; Cancel, Delete, Re-evaluate and Re-run usable or not by whoever looks (a job of
+        someone else's shows them disabled); the action message, gone once it is stale (views.job_view)."""
+        shown = views.job_view(service, job_id, actor=login.actor(request))
+        usable = (*shown.buttons, shown.rerun)
+        stale = views.stale_message(message, shown)
+        return [*shown.panel, *(gr.update(interactive=on) for on in usable), "" if stale else gr.skip()]
 
-    def pick(evt: gr.SelectData):
+    def pick(message, evt: gr.SelectData, request: gr.Request = None):
         job_id = views.job_id_of(evt.row_value)
-        return job_id, *view(job_id)
+        return job_id, *view(job_id, message, request)
 
-    def refresh(status, job_id):
+    def refresh(status, job_id, message, request: gr.Request = None):
         rows = views.job_rows(service, status)
         if job_id is None:
-            return rows, *(gr.skip() for _ in (*panel, *states))
-        return rows, *view(job_id)
+            return rows, *(gr.skip() for _ in outputs)
+        return rows, *view(job_id, message, request)
 
-    states = [cancel_btn, delete_btn, reevaluate_btn]
-    table.select(pick, None, [picked, *panel, *states], api_name=False)
-    timer.tick(refresh, [status_filter, picked], [table, *panel, *states], api_name=False)
-    status_filter.change(refresh, [status_filter, picked], [table, *panel, *states], api_name=False)
+    states = [cancel_btn, delete_btn, reevaluate_btn, rerun_btn]  # the order of views.Buttons, then Re-run
+    outputs = [*panel, *states, job_msg]
+    table.select(pick, [job_msg], [picked, *outputs], api_name=False)
+    timer.tick(refresh, [status_filter, picked, job_msg], [table, *outputs], api_name=False)
+    status_filter.change(refresh, [status_filter, picked, job_msg], [table, *outputs], api_name=False)
 
     # the account that clicked acts (and is a re-run's submitter)
     def cancel(job_id, request: gr.Request = None):
@@ -75,9 +82,12 @@ def build(service: JobService, login: Login) -> tuple[gr.State, gr.Button]:
     def reevaluate(job_id, request: gr.Request = None):
         return views.reevaluate_job(service, job_id, login.actor(request))
 
+    def panel_of(job_id) -> list:  # the panel and its buttons for the delete question (no message)
+        return view(job_id, "", None)[:-1]
+
     actions = ((cancel_btn, cancel), (rerun_btn, rerun), (reevaluate_btn, reevaluate))
     events = [button.click(action, [picked], [job_msg], api_name=False) for button, action in actions]
-    events += question.wire(service, login, delete_btn, picked, job_msg, view, [*panel, *states])
+    events += question.wire(service, login, delete_btn, picked, job_msg, panel_of, [*panel, *states])
     for event in events:
-        event.then(refresh, [status_filter, picked], [table, *panel, *states], api_name=False)
+        event.then(refresh, [status_filter, picked, job_msg], [table, *outputs], api_name=False)
     return picked, open_btn

@@ -23,14 +23,17 @@ def build(service: JobService, login: Login) -> gr.Number:
     exports_panel.build(service, login, page_id)  # serving forms, exported after the fact
     layers = gr.Plot(show_label=False, elem_id="error-plot")
     with gr.Row():
-        page_recipe = gr.Code(label="Recipe", language="yaml")
+        with gr.Column():
+            gr.Markdown("#### Recipe")
+            page_recipe = gr.HTML(elem_id="model-recipe")  # every line numbered: views.numbered_yaml
         page_report = gr.Dataframe(
             headers=views.REPORT_HEADERS, label="Per-layer reconstruction error", interactive=False
         )
 
     def show(job_id, request: gr.Request = None):
         page = views.model_page(service, job_id, login.actor(request))
-        return page.head, page.load, page.downloads, vega(page.layers), page.recipe, page.report
+        recipe = views.numbered_yaml(page.recipe)
+        return page.head, page.load, page.downloads, vega(page.layers), recipe, page.report
 
     page_id.change(show, [page_id], [head, load, download, layers, page_recipe, page_report], api_name=False)
     page_id.change(None, [page_id], None, js=LINK_JS, api_name=False)  # the address names the open job

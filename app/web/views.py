@@ -6,6 +6,7 @@ page, by its id; every function takes what was picked (:func:`job_id_of`), or No
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -14,7 +15,7 @@ import yaml
 
 from app.web import charts, figures, listings
 from app.web.forms import bar, elapsed, shown
-from jobs.access import OPEN, Actor, Forbidden, public_error
+from jobs.access import OPEN, Actor, Forbidden, may_change, public_error
 from jobs.service import JobService, NotNow, QueueError, SubmitError
 
 # the Status filter's choices, (label, value): "all" is no filter
@@ -33,6 +34,9 @@ TABLE_COLUMNS = [
     "method",
     "criterion",
 ]
+# their widths (% of the table): a speed target's "speed-up 1.5× (decode_b1)" wraps in its cell instead of
+# widening the ratio column until the last header is cut off
+TABLE_WIDTHS = ["4%", "10%", "13%", "5%", "12%", "8%", "8%", "13%", "10%", "7%", "10%"]
 REPORT_HEADERS = ["layer", "unit", "kept", "of", "error before", "error after"]
 NOTHING_PICKED = "select a job in the table first"
 CANCELLING = "cancel requested"
@@ -143,31 +147,48 @@ class Buttons(NamedTuple):
 NO_BUTTONS = Buttons(False, False, False)
 
 
-def job_view(service: JobService, job_id, lines: int = 30) -> tuple[tuple[str, str, str], Buttons]:
-    """The picked job's panel (heading, log tail, stage timings per stage) and its :class:`Buttons`,
-    from one read of it: the Jobs tab refreshes both every few seconds."""
+class JobView(NamedTuple):
+    """What the Jobs tab shows of the picked job, from one read of it."""
+
+    panel: tuple[str, str, str]  # heading, log tail, stage timings per stage
+    buttons: Buttons  # usable for the viewer: the job's state allows it and the job is theirs (or they are an admin)
+    rerun: bool  # Re-run usable: a job is picked and it is the viewer's (or they are an admin)
+    finished: bool  # SUCCEEDED, FAILED or CANCELLED: a pending cancel's message is stale
+
+
+def job_view(service: JobService, job_id, lines: int = 30, actor: Actor = OPEN) -> JobView:
+    """The picked job's panel and which buttons ``actor`` may use (a job of someone else's shows them
+    disabled, as the service would refuse them): the Jobs tab refreshes both every few seconds."""
     job_id = job_id_of(job_id)
     if job_id is None:
-        return ("Select a job in the table to follow its log.", "", ""), NO_BUTTONS
+        return JobView(("Select a job in the table to follow its log.", "", ""), NO_BUTTONS, False, False)
     try:
         info = service.show(job_id)
     except KeyError as exc:
-        return (shown(exc.args[0]), "", ""), NO_BUTTONS
+        return JobView((shown(exc.args[0]), "", ""), NO_BUTTONS, False, False)
     tail = "\n".join(f"{x['at'][11:19]} {x['level']:7s} {x['message']}" for x in info["log"][-lines:])
     finished = info["status"] in FINISHED
     failed = info["status"] == "SUCCEEDED" and info["metrics"].get("evaluations_failed", 0) > 0
+    mine = may_change(actor, info["submitted_by"])
     buttons = Buttons(not finished and not info.get("cancel_requested"), finished, failed and not info["source_job"])
-    return (job_heading(info), tail, listings.timings_markdown(info["timings"], steps=False)), buttons
+    panel = (job_heading(info), tail, listings.timings_markdown(info["timings"], steps=False))
+    return JobView(panel, Buttons(*(on and mine for on in buttons)), mine, finished)
 
 
 def job_panel(service: JobService, job_id, lines: int = 30) -> tuple[str, str, str]:
     """(heading, log tail, stage timings per stage) of the picked job (:func:`job_view`)."""
-    return job_view(service, job_id, lines)[0]
+    return job_view(service, job_id, lines).panel
 
 
-def actions_enabled(service: JobService, job_id) -> Buttons:
-    """(Cancel, Delete, Re-evaluate) usable for the picked job (:func:`job_view`)."""
-    return job_view(service, job_id)[1]
+def actions_enabled(service: JobService, job_id, actor: Actor = OPEN) -> Buttons:
+    """(Cancel, Delete, Re-evaluate) usable by ``actor`` for the picked job (:func:`job_view`)."""
+    return job_view(service, job_id, actor=actor).buttons
+
+
+def stale_message(message: str | None, view: JobView) -> bool:
+    """Whether the action message under the buttons is out of date: a pending cancel's, once the job
+    has finished (the heading says how it ended)."""
+    return bool(message) and CANCELLING in message and view.finished
 
 
 def _refusal(exc: Exception, action: str) -> str:
@@ -295,6 +316,18 @@ def model_page(service: JobService, job_id, actor: Actor = OPEN) -> ModelPage:
         _downloads(listing, info),
         load_snippet(_card(service, job_id) if listing and listing["files"] else None, job_id),
     )
+
+
+def numbered_yaml(text: str) -> str:
+    """The Model page's recipe viewer: every line of ``text`` with its number, as HTML (all of it, however
+    long: the code editor drew only the lines near the screen, so its numbers stopped short). The numbers
+    are left out of a selection, so a copied recipe is plain YAML."""
+    lines = text.rstrip("\n").split("\n") if text else []
+    rows = "".join(
+        f'<span class="recipe-ln" aria-hidden="true">{i}</span><span class="recipe-line">{html.escape(line)}</span>'
+        for i, line in enumerate(lines, 1)
+    )
+    return f'<pre class="recipe-view">{rows}</pre>' if rows else ""
 
 
 DOWNLOADS_RESTRICTED = "Downloads on this server are for the job's owner and the administrators."

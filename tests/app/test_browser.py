@@ -436,12 +436,8 @@ def test_two_users_submit_watch_dashboard_download(browser, login_server, tmp_pa
     _cell(bob, "jobs-table", a1, 1).click()
     bob.locator("#job-timings").get_by_text("reconstruct").wait_for()
     bob.locator("#job-heading").get_by_text(re.compile("by alice")).wait_for()
-    wait_for(bob.get_by_role("button", name="Delete job").is_enabled, timeout=30, what="Delete on a finished job")
-    assert bob.get_by_role("button", name="Cancel job").is_disabled()  # a finished job cannot be cancelled
-    for button, verb in (("Re-run", "re-run"), ("Delete job", "delete")):  # not his
-        bob.get_by_role("button", name=button).click()
-        refusal = f"job {a1} is alice's: only its owner or an administrator may {verb} it"
-        bob.locator("#job-message").get_by_text(refusal).wait_for()
+    for button in ("Cancel job", "Re-run", "Delete job"):  # not his: shown disabled (the API refuses them too)
+        assert bob.get_by_role("button", name=button).is_disabled(), button
     assert {j["id"]: j["status"] for j in _jobs(url, auth) if j["id"] != a3} == dict.fromkeys(
         owners, "SUCCEEDED"
     )  # nothing changed
