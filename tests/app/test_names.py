@@ -129,3 +129,68 @@ def test_names_of_the_data_folders_files_and_jobs(named):
     assert names.text(text) == "could not read job:7/model.safetensors"
     assert names.path("models/tiny") == str(data / "models" / "tiny")
     assert names.path("texts/held.txt") == str(data / "texts" / "held.txt")
+
+
+# --- the scanner: a team's server, its every answer, page and downloaded file ----------------------
+
+
+def _scan(found: dict, what: str, content: bytes | str, prefixes: set[str]) -> None:
+    """Record in ``found`` what ``content`` (an answer, a page, a file) leaks, under ``what``."""
+    if leaked := leaks(content, prefixes):
+        found[what] = leaked
+
+
+PAGES = ("", "config", "gradio_api/info", "healthz", "login", "openapi.json", "gradio_api/app_id")
+
+
+def test_no_server_path_in_any_answer_page_or_downloaded_file(team, tmp_path_factory):
+    """Every named API answer (a submission by the model list's names and by a typed path, its
+    refusal, the job list, the job, its downloads), every downloaded file and the whole checkpoint
+    as a tar, and every page, logged in and not: none names the data folder or the temporary folder
+    it lies under."""
+    import httpx
+
+    from tests.app.test_team import _browser, _client
+
+    url, data, service = team["url"], team["data"], team["service"]
+    prefixes = server_prefixes(data, tmp_path_factory.getbasetemp())
+    found: dict[str, list[str]] = {}
+    for page in PAGES:  # nobody logged in: the login page and its refusals
+        _scan(found, f"logged out: /{page}", httpx.get(url + page).content, prefixes)
+    with _browser(url, "alice") as browser:  # the pages before any job: the New-run boxes' defaults
+        for page in PAGES:
+            _scan(found, f"alice: /{page}", browser.get(page).content, prefixes)
+    alice = _client(url, "alice")
+    texts = sorted(p.name for p in (data / "texts").glob("*.txt"))
+    model = f"models/{team['model'].name}"
+    recipe = yaml.safe_dump(_recipe(model, f"texts/{texts[0]}"))
+    answer = alice.predict(recipe, "", f"texts/{texts[-1]}", 32, api_name="/submit")
+    _scan(found, "/submit by names", json.dumps(answer), prefixes)
+    job_id = answer["id"]
+    typed = recipe.replace(model, str(team["model"]))
+    typed_id = alice.predict(typed, api_name="/submit")["id"]
+    shown = json.loads(alice.predict(typed_id, api_name="/show_job"))
+    assert shown["recipe"]["model"] == model  # a typed path under the data folder, shown by its name
+    _scan(found, "/show_job of a typed path", json.dumps(shown), prefixes)
+    with pytest.raises(Exception) as refused:
+        alice.predict(recipe.replace(texts[0], "nope.txt"), api_name="/submit")
+    _scan(found, "/submit refused", str(refused.value), prefixes)
+    assert execute(job_id, service.settings) == "SUCCEEDED", service.show(job_id)["error"]
+    shown = json.loads(alice.predict(job_id, api_name="/show_job"))
+    assert shown["recipe"]["model"] == model and shown["recipe"]["calibration"]["dataset"] == f"texts/{texts[0]}"
+    _scan(found, "/show_job", json.dumps(shown), prefixes)
+    ours = [j for j in json.loads(alice.predict(api_name="/list_jobs")) if j["id"] in (job_id, typed_id)]
+    _scan(found, "/list_jobs", json.dumps(ours), prefixes)  # (other tests' jobs may name their own folders)
+    listing = json.loads(alice.predict(job_id, api_name="/download"))
+    _scan(found, "/download", json.dumps(listing), prefixes)
+    with _browser(url, "alice") as browser:
+        for f in listing["files"]:
+            got = browser.get(f["url"])
+            assert got.status_code == 200, f["url"]
+            _scan(found, f"file {f['name']}", got.content, prefixes)
+        got = browser.get(listing["checkpoint_tar"])
+        assert got.status_code == 200
+        _scan(found, "checkpoint.tar", got.content, prefixes)
+        for page in (*PAGES, f"?job={job_id}"):
+            _scan(found, f"alice: /{page}", browser.get(page).content, prefixes)
+    assert not found, found
