@@ -49,8 +49,11 @@ def export(
     forms: list[str],
     progress: Callable,
     metrics: dict[str, Any],
+    names=None,
 ) -> tuple[Path, list[FileEntry]]:
-    """Save the checkpoint into ``out_dir`` (the attempt's folder, emptied before pruning), then write
+    """Save the checkpoint into ``out_dir`` (the attempt's folder, emptied before pruning), its files
+    naming the server's models and texts as users do (``names``, ``jobs.names``: ``config.json``'s
+    ``_name_or_path``, the model card's ``base_model``, ``recipe.yaml``, ``metrics.json``), then write
     the serving ``forms`` into it (:func:`serving_files`); returns it and its files (from its
     SHA256SUMS, the serving files included). Running out of disk space or quota while saving raises
     :class:`DiskFull`, naming the job's folder (the caller removes ``out_dir``)."""
@@ -58,6 +61,8 @@ def export(
     try:
         check_free_space(result, folder)
         checkpoint = result.save(out_dir / "checkpoint")
+        if names is not None:
+            names.checkpoint(checkpoint)
     except DiskFull:
         raise
     except Exception as exc:

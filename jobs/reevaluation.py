@@ -193,9 +193,9 @@ class Plan:
     baseline_rerun: bool  # the source's perplexity_dense belongs to one of these evaluations
 
 
-def load(sf: sessionmaker, job_id: int, store: Store) -> Plan:
+def load(sf: sessionmaker, job_id: int, store: Store, names=None) -> Plan:
     """The re-evaluation's :class:`Plan`; :class:`JobInputError` (one sentence) when its source job or
-    checkpoint is gone."""
+    checkpoint is gone. ``names`` (``jobs.names``): the server's, to find a model it names here."""
     with sf() as s:
         job = s.get(Job, job_id)
         source = s.get(Job, job.source_job_id)
@@ -208,7 +208,7 @@ def load(sf: sessionmaker, job_id: int, store: Store) -> Plan:
         if path is None:
             raise JobInputError(f"job {source.id}'s checkpoint is no longer on the server: nothing to evaluate")
         ran = source.recipe_as_run or source.recipe
-        model = source.recipe["model"]
+        model = names.path(source.recipe["model"]) if names is not None else source.recipe["model"]
         reference = job_reference(model)
         if reference is not None:
             try:
@@ -229,12 +229,19 @@ def load(sf: sessionmaker, job_id: int, store: Store) -> Plan:
 
 
 def run(
-    sf: sessionmaker, job_id: int, token: int, progress: Callable, clock: StageClock, run_evaluations, store: Store
+    sf: sessionmaker,
+    job_id: int,
+    token: int,
+    progress: Callable,
+    clock: StageClock,
+    run_evaluations,
+    store: Store,
+    names=None,
 ) -> bool:
     """Attempt ``token`` at re-evaluation ``job_id`` (``jobs.tasks``, in place of the prune):
     ``run_evaluations`` (``jobs.tasks._run_evaluations``: stage ``evaluate``, a WARNING line per
     failure) on the source's checkpoint, then :func:`record`; False if a cancel arrived meanwhile."""
-    plan = retry_on_disconnect(lambda: load(sf, job_id, store))
+    plan = retry_on_disconnect(lambda: load(sf, job_id, store, names))
     said = f"evaluating job {plan.source}'s checkpoint again (no pruning): evaluation {_numbered(plan.chosen)}"
     job_log(sf, job_id, token, said)
     failed = run_evaluations(sf, job_id, token, plan.recipe, plan.subject, plan.evaluations, progress)

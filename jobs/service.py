@@ -52,6 +52,7 @@ class JobService(JobFiles):
         self.settings.ensure_dirs()
         self.sessions = connect(self.settings.database_url)
         self.validator = Validator(self.settings, self.sessions)
+        self.names = self.validator.names  # jobs.names: the server's models and texts as users name them
         self._celery = celery_app
 
     @property
@@ -94,7 +95,8 @@ class JobService(JobFiles):
         Raises :class:`SubmitError`, or :class:`QueueError` when the broker does not take the job."""
         data, evals = self.validate(recipe, evaluations, confine, check_export, actor)
         source = queue_of(self.sessions, data.get("model"))  # model: job:N
-        queue, routed = routing.route(self.settings.queues, data, source)  # may refuse: nothing created yet
+        local = self.names.recipe(data, self.names.path)  # the estimate reads the model's files on this host
+        queue, routed = routing.route(self.settings.queues, local, source)  # may refuse: nothing created yet
         note = "; ".join(n for n in (note, routed) if n) or None
         queued = Status.QUEUED.value
         job = Job(recipe=data, evaluations=evals, submitted_by=submitted_by, group_id=group_id, status=queued)
@@ -204,7 +206,7 @@ class JobService(JobFiles):
         if submitted_by:
             q = q.where(Job.submitted_by == submitted_by)
         with self.sessions() as s:
-            return [self._summary(row) for row in s.execute(q)]
+            return [self.validator.names.public(self._summary(row)) for row in s.execute(q)]
 
     def show(self, job_id: int, internal: bool = False) -> dict[str, Any]:
         """One job: its summary, recipe, evaluations, error, metrics, report, artifacts, timings and
@@ -237,7 +239,8 @@ class JobService(JobFiles):
             )
             if internal:
                 out["traceback"] = job.traceback
-            return out
+                return out
+            return self.validator.names.public(out)  # jobs.names: models/NAME, never the server's path
 
     def owner(self, job_id: int) -> str | None:
         """Who submitted the job (``KeyError`` if there is no such job, or it was deleted)."""

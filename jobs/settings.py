@@ -233,8 +233,13 @@ class Settings:
         Not the rest of the data dir: the database, the broker's messages and every job's artifacts
         live there (a job's checkpoint is named by its id instead, ``model: job:42``). The CLI on
         one's own machine is not confined."""
-        cache = Path(os.environ.get("LIAR_CACHE", Path.home() / ".cache" / "liar")).expanduser()
-        return [r.resolve() for r in (self.uploads_dir, self.models_dir, self.texts_dir, cache, *self.data_roots)]
+        roots = (self.uploads_dir, self.models_dir, self.texts_dir, self.cache_dir, *self.data_roots)
+        return [r.resolve() for r in roots]
+
+    @property
+    def cache_dir(self) -> Path:
+        """The benchmarks' cache of models and texts (``LIAR_CACHE``), named ``cache/…`` (``jobs.names``)."""
+        return Path(os.environ.get("LIAR_CACHE", Path.home() / ".cache" / "liar")).expanduser()
 
     @property
     def broker_dir(self) -> Path:

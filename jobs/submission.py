@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from jobs.access import OPEN, Actor, Forbidden, require_owner
 from jobs.hub import missing_model
+from jobs.names import Names
 from jobs.references import job_reference, owner_and_checkpoint, upload_reference, with_local_uploads
 from jobs.settings import Settings
 
@@ -123,8 +124,29 @@ class Validator:
 
     def __init__(self, settings: Settings, sessions):
         self.settings, self.sessions = settings, sessions
+        self.names = Names(settings)
 
     def validate(
+        self,
+        recipe: dict | str | Path,
+        evaluations: list[dict] | None = None,
+        confine: bool = False,
+        check_export: bool | None = True,
+        actor: Actor = OPEN,
+    ) -> tuple[dict, list[dict]]:
+        """The recipe and evaluations as stored (:meth:`checked`), the server's models and texts by
+        their names (``jobs.names``: ``models/NAME``, typed so or as a path under the data folder);
+        a refusal names them so too."""
+        names = self.names
+        try:
+            local = names.evaluations(evaluations, names.path)
+            stored, evals = self.checked(recipe, local, confine, check_export, actor)
+        except SubmitError as exc:
+            raise SubmitError(names.text(str(exc))) from None
+        stored = names.recipe(stored, names.name)
+        return stored, names.evaluations(evals, names.name)
+
+    def checked(
         self,
         recipe: dict | str | Path,
         evaluations: list[dict] | None = None,
@@ -153,6 +175,7 @@ class Validator:
                 parsed = Recipe.load(recipe)
             else:
                 data = Recipe.parse_yaml(recipe) if isinstance(recipe, str) else recipe
+                data = self.names.recipe(data, self.names.path) if isinstance(data, dict) else data
                 reference = job_reference(data.get("model")) if isinstance(data, dict) else None
                 if reference is not None:
                     data = {**data, "model": str(self.referenced_checkpoint(reference, actor))}
@@ -166,7 +189,7 @@ class Validator:
             raise SubmitError(f"invalid recipe: {validation_message(exc)}") from None
         except (ValueError, FileNotFoundError) as exc:
             raise SubmitError(f"invalid recipe: {exc}") from None
-        evals = self.evaluations(parsed.model, evaluations or [])
+        evals = self.checked_evaluations(parsed.model, evaluations or [])
         try:  # what the model's config can tell before anything is queued (evaluation lengths included)
             preflight(parsed, [int(e["seq_len"]) for e in evals if e.get("seq_len") is not None])
             check_sources(parsed, evals, self.settings.offline)  # what the worker would read, read now
@@ -182,6 +205,16 @@ class Validator:
         return stored, evals
 
     def evaluations(self, model: str, evaluations: list[dict], confine: bool = False) -> list[dict]:
+        """:meth:`checked_evaluations` for ``model`` and ``evaluations`` that may name the server's
+        texts by their names (``jobs.names``); returned, and refused, with the names."""
+        names = self.names
+        try:
+            evals = self.checked_evaluations(names.path(model), names.evaluations(evaluations, names.path), confine)
+        except SubmitError as exc:
+            raise SubmitError(names.text(str(exc))) from None
+        return names.evaluations(evals, names.name)
+
+    def checked_evaluations(self, model: str, evaluations: list[dict], confine: bool = False) -> list[dict]:
         """``evaluations`` as stored, validated for ``model`` (a file that exists, lm-eval tasks that
         do and a causal language model to run them); ``confine``: their server paths and task folders
         checked as a web submission's are (:meth:`check_paths`). Raises :class:`SubmitError`. Also

@@ -46,6 +46,7 @@ from jobs.fencing import (
     requeue_or_fail,
     write_progress,
 )
+from jobs.names import Names
 from jobs.progress import Overall
 from jobs.reevaluation import evaluation_name
 from jobs.references import JobInputError, job_reference, owner_and_checkpoint, with_local_uploads
@@ -110,7 +111,7 @@ def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refus
     try:
         progress("starting", 0, 1)  # until "load": reading the job, importing the engine
         if retry_on_disconnect(partial(reevaluation.source_of, sf, job_id)) is not None:
-            return _reevaluate(sf, job_id, token, worker, progress, clock, settings.store())
+            return _reevaluate(sf, job_id, token, worker, progress, clock, settings)
         recipe, evaluations, named = retry_on_disconnect(partial(_load_job, sf, job_id, settings))
         if export_jobs.is_export(recipe):  # a finished job's checkpoint in serving forms, nothing pruned
             if not export_jobs.run(sf, job_id, token, worker, recipe, out_dir, progress, clock, settings):
@@ -121,10 +122,11 @@ def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refus
         forms = list(recipe.get("export") or [])
         check_export(recipe["model"], forms, recipe)  # on this worker (its llama.cpp), a hub model once downloaded
         result = _prune(recipe, progress, out_dir / "checkpoint")
-        _run_evaluations(sf, job_id, token, recipe, result, evaluations, progress)
+        names = Names(settings)
+        _run_evaluations(sf, job_id, token, recipe, result, evaluations, progress, names)
         metrics = result.summary()
         progress("export", 0, 1 + len(forms))
-        checkpoint, files = export(sf, job_id, token, result, out_dir, forms, progress, metrics)
+        checkpoint, files = export(sf, job_id, token, result, out_dir, forms, progress, metrics, names)
         progress("export", 1 + len(forms), 1 + len(forms))
         store = settings.store()
         key = publish(store, settings.data_dir, checkpoint, files, partial(progress, "upload"))
@@ -170,12 +172,14 @@ def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refus
         del result
 
 
-def _reevaluate(sf, job_id: int, token: int, worker: str, progress: Callable, clock: StageClock, store) -> str:
+def _reevaluate(sf, job_id: int, token: int, worker: str, progress: Callable, clock: StageClock, settings) -> str:
     """Attempt ``token`` at a re-evaluation (``jobs.reevaluation``): the evaluations again on its
     source job's checkpoint, nothing pruned and no folder written; its failures are :func:`_attempt`'s
     to end the job with, as a prune's are."""
     job_log(sf, job_id, token, f"started on {worker}")
-    if not reevaluation.run(sf, job_id, token, progress, clock, _run_evaluations, store):
+    names = Names(settings)
+    run_evaluations = partial(_run_evaluations, names=names)
+    if not reevaluation.run(sf, job_id, token, progress, clock, run_evaluations, settings.store(), names):
         raise JobCancelled
     return Status.SUCCEEDED.value
 
@@ -272,12 +276,13 @@ def _progress_callback(
 
 def _load_job(sf, job_id: int, settings: Settings) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
     """The job's stored recipe (a ``model: job:N`` resolved to that job's checkpoint folder, an
-    ``upload:…`` calibration set to its file, both on this host: ``jobs.references``), its
-    evaluations, and the model as the job names it."""
-    store = settings.store()
+    ``upload:…`` calibration set to its file, both on this host: ``jobs.references``; the server's
+    models and texts, ``models/NAME``, to this host's files: ``jobs.names``), its evaluations (named
+    as stored: :func:`_run_evaluations` resolves them), and the model as the job names it."""
+    store, names = settings.store(), Names(settings)
     with sf() as s:
         job = s.get(Job, job_id)
-        recipe, named = dict(job.recipe), job.recipe["model"]
+        recipe, named = names.recipe(dict(job.recipe), names.path), names.name(job.recipe["model"])
         reference = job_reference(named)
         try:
             if reference is not None:
@@ -376,6 +381,7 @@ def _run_evaluations(
     result,
     evaluations: list[dict[str, Any]],
     progress: Callable,
+    names: Names | None = None,
 ) -> list[int]:
     """Run each stored evaluation on the pruned model, adding its numbers to ``result.metrics``
     (stage ``evaluate``, one step per evaluation), and the dense model's perplexity beside them
@@ -383,9 +389,15 @@ def _run_evaluations(
     evaluation that fails costs neither the pruned model nor the job: a WARNING line says which and
     why (with an error id), ``evaluations_failed`` counts them, the job's ``failed_evaluations``
     says which (what ``jobs.reevaluation`` runs again), and the job goes on to export. Returns
-    their positions in ``evaluations``."""
+    their positions in ``evaluations``. ``names``: the server's (``jobs.names``), to read the texts
+    the evaluations name and to look the dense perplexity up by the names jobs are stored with."""
+    if names is not None:
+        recipe, stored = names.recipe(recipe, names.name), names.evaluations(evaluations, names.name)
+        evaluations = names.evaluations(evaluations, names.path)
+    else:
+        stored = evaluations
     last = baseline.last_perplexity(evaluations)
-    dense = baseline.known(sf, recipe, last) if last is not None else None
+    dense = baseline.known(sf, recipe, baseline.last_perplexity(stored)) if last is not None else None
     steps = len(evaluations) + int(last is not None and dense is None)
     failed: list[int] = []
     for i, ev in enumerate(evaluations):

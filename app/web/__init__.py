@@ -56,13 +56,13 @@ def build_app(
 
     service = service or JobService()
     login = login or Login()
-    models = default_models or []
-    texts = (default_texts or []) + forms.NAMED_SETS
+    named = lambda values: [service.names.name(v) for v in values or []]  # noqa: E731 - models/NAME, no path
+    models, texts, eval_texts = named(default_models), named(default_texts) + forms.NAMED_SETS, named(eval_texts)
     with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
         header.build(demo, login)
         with gr.Tabs() as tabs:
             with gr.Tab("New run", id="new"):
-                new_run.build(demo, service, models, texts, eval_texts or [], login)
+                new_run.build(demo, service, models, texts, eval_texts, login)
             with gr.Tab("Jobs", id="jobs"):
                 picked, open_picked = jobs_tab.build(service, login)
             with gr.Tab("Dashboard", id="dashboard") as dashboard_tab:

@@ -84,14 +84,12 @@ def build(service: JobService, login: Login) -> None:
         ``ppl_seq_len``-token windows (0: 512, or the model's positions if fewer); ``tasks``: lm-eval
         tasks to run after pruning (comma-separated; local YAMLs in ``task_dir``, one of the
         server's task folders)."""
-        evaluations = forms.api_evaluations(recipe_yaml, ppl, ppl_seq_len) + forms.task_evaluation(tasks, task_dir)
+        evaluations = forms.api_evaluations(recipe_yaml, ppl, ppl_seq_len, service.names.path)
+        evaluations += forms.task_evaluation(tasks, task_dir)
         submitter = forms.submitter(user, request)
         actor = login.actor(request)
-        return {
-            "id": service.submit(
-                recipe_yaml, submitted_by=submitter, evaluations=evaluations, confine=True, actor=actor
-            )
-        }
+        job_id = service.submit(recipe_yaml, submitted_by=submitter, evaluations=evaluations, confine=True, actor=actor)
+        return {"id": job_id}
 
     # list/show return JSON text: a JSON output holding file paths makes gradio_client try to fetch them
     @answered

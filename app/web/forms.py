@@ -482,9 +482,9 @@ def submit_form(service: JobService, form, user: str | None, actor: Actor = OPEN
     return f"✓ submitted sweep {group} of {len(ids)} jobs ({run.describe()}): jobs {', '.join(map(str, ids))}"
 
 
-def api_evaluations(recipe_yaml: str, ppl: str | None, seq_len: int | float | None) -> list[dict[str, Any]]:
+def api_evaluations(recipe_yaml: str, ppl: str | None, seq_len: int | float | None, local: Callable) -> list[dict]:
     """The perplexity evaluation an API submission asks for (none without ``ppl``); the window length
-    defaults to 512, or to the model's positions if fewer."""
+    defaults to 512, or to the model's positions if fewer (``local``: its folder here, ``jobs.names``)."""
     if not ppl:
         return []
     length = int(seq_len or 0)
@@ -495,5 +495,5 @@ def api_evaluations(recipe_yaml: str, ppl: str | None, seq_len: int | float | No
             model = Recipe.parse_yaml(recipe_yaml).get("model")
         except ValueError:
             model = None  # the service reports what is wrong with the recipe
-        length = default_eval_seq_len(model)
+        length = default_eval_seq_len(local(model))
     return [{"type": "perplexity", "dataset": str(ppl), "seq_len": length}]

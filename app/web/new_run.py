@@ -45,10 +45,11 @@ FIELDS = (*INFO, *SLOTS)
 ERROR_CLASS = "field-error"
 
 
-def _first_screen(models: list[str], texts: list[str], named: bool) -> dict:
-    """The four choices, the upload that can replace the calibration set, and (without login) a name."""
+def _first_screen(models: list[str], texts: list[str], named: bool, local) -> dict:
+    """The four choices, the upload that can replace the calibration set, and (without login) a name;
+    ``local``: the folder a model's name stands for (``jobs.names``)."""
     c = {}
-    c["model_info"] = gr.Markdown(forms.describe_model(models[0])[1] if models else "", elem_id="model-info")
+    c["model_info"] = gr.Markdown(forms.describe_model(local(models[0]))[1] if models else "", elem_id="model-info")
     with gr.Row():
         c["model"] = gr.Dropdown(
             models, value=models[0] if models else None, allow_custom_value=True, label="Model", info=INFO["model"]
@@ -145,7 +146,7 @@ def build(
 ) -> None:
     """The tab's components, inside the current ``gr.Tab`` of ``demo``, and their events (``login``: who
     submits)."""
-    c = _first_screen(models, texts, login.required)
+    c = _first_screen(models, texts, login.required, service.names.path)
     c["estimate"] = gr.Markdown(elem_id="estimate")
     with gr.Row():
         check = gr.Button("Validate")
@@ -243,7 +244,7 @@ def _wire_hints(demo: gr.Blocks, service: JobService, c: dict, advanced) -> None
     estimate, each following the boxes they depend on."""
 
     def on_model_change(name):
-        text, perplexity_applies = forms.model_hint(name, service.readable)
+        text, perplexity_applies = forms.model_hint(service.names.path(name), service.readable)
         if perplexity_applies:  # and lm-eval: both need a causal language model
             return text, gr.update(interactive=True), gr.update(interactive=True)
         return text, gr.update(value=forms.NO_EVALUATION, interactive=False), gr.update(value="", interactive=False)

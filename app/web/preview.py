@@ -43,6 +43,7 @@ def estimate_line(service: JobService, form) -> str:
         recipe = build_recipe(**values)
     except SubmitError:
         return ""
+    recipe = service.names.recipe(recipe, service.names.path)  # models/NAME: the folder it names here
     model = recipe["model"]
     local = Path(model).expanduser()
     if job_reference(model) is not None or (local.exists() and not service.readable(str(local))):
