@@ -5,7 +5,7 @@ gives (``core.serving.quantize``; iq3_xxs only with one: llama.cpp refuses it wi
 
 The pruned checkpoints are the serving page's (``bench/serving.py``, cached under ``$LIAR_CACHE/serving``);
 perplexity is llama.cpp's own (the worker's ``nll`` op) on the serving page's 20 windows of 512 tokens of
-held-out Wikipedia text. Writes docs/results/quantize.json and quantize.md (with quantize.svg).
+held-out Wikipedia text. Writes docs/results/quantize.json and quantize.md (with figures/quantize.svg).
 
     python bench/quantize.py [--threads 2] [--report-only]
 """

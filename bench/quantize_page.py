@@ -1,4 +1,4 @@
-"""docs/results/quantize.md and its picture (quantize.svg) from quantize.json (``bench/quantize.py``)."""
+"""docs/results/quantize.md and its picture (figures/quantize.svg) from quantize.json (``bench/quantize.py``)."""
 
 from __future__ import annotations
 
@@ -141,7 +141,9 @@ def fallback_lines(data: dict) -> list[str]:
 
 def write(data: dict, out: Path) -> None:
     m = data["machine"]
-    (out.with_suffix(".svg")).write_text(svg(data))
+    figure = out.parent / "figures" / out.with_suffix(".svg").name
+    figure.parent.mkdir(exist_ok=True)
+    figure.write_text(svg(data))
     lines = [
         "# Prune and quantize: bytes for quality",
         "",
@@ -153,7 +155,7 @@ def write(data: dict, out: Path) -> None:
         "gathers from the checkpoint's calibration text (128 windows of 128 tokens, one forward pass). Perplexity is "
         "llama.cpp's on 20 windows of 512 tokens of held-out Wikipedia text.",
         "",
-        "![perplexity against file size](quantize.svg)",
+        "![perplexity against file size](figures/quantize.svg)",
         "",
         *table(data),
         "",
