@@ -96,7 +96,12 @@ def serving_files(
     for i, form in enumerate(forms, start=1):
         progress("export", i, 1 + len(forms))
         try:
-            (path,) = export(checkpoint, [form], threads=len(os.sched_getaffinity(0)))
+            (path,) = export(
+                checkpoint,
+                [form],
+                threads=len(os.sched_getaffinity(0)),
+                log=lambda line, form=form: job_log(sf, job_id, token, f"export {form}: {line}"),
+            )
         except Exception as exc:  # ExportError, llama.cpp's EngineError, a full disk: the prune stands
             failed += 1
             reason = public_message(exc)

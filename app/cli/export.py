@@ -1,6 +1,7 @@
 """``liar export``: a pruned checkpoint in a serving engine's format; ``liar engines``: install the engines.
 
-liar export CKPT --format gguf [--quant f16|q8_0|q4_k_m] [--out FILE]
+liar export CKPT --format gguf [--quant f16|q8_0|q5_k_m|q4_k_m|q3_k_m|iq3_xxs|iq2_m] [--imatrix auto|none|FILE]
+            [--imatrix-text FILE] [--out FILE]
 liar engines install llama.cpp      build llama-cpp-python once (cached wheel) into its own environment
 liar engines status                 which engines this machine has
 """
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 from app.cli.common import fail
+from core.spec.recipe import GGUF_TYPES
 
 # llama.cpp built for any x86-64 CPU (no -march=native), without the network client, examples, tools or
 # tests: the library and its Python binding are all the project uses
@@ -28,11 +30,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     from core.serving import export
     from core.serving.engines import EngineError
     from core.serving.gguf_export import ExportError, export_gguf
+    from core.serving.quantize import describe_fallbacks, fallbacks, resolve_imatrix, tensor_types
     from core.serving.vllm_form import export_vllm
 
     out = Path(args.out).expanduser() if args.out else None
     if out is not None and out.exists() and not args.overwrite:
         return fail(f"{out} exists (pass --overwrite to replace it)")
+    if args.format == "vllm" and (args.imatrix != "auto" or args.imatrix_text):
+        return fail("--imatrix and --imatrix-text weight llama.cpp's quantizer: they go with --format gguf")
     try:
         if args.format == "vllm":
             path = (
@@ -41,13 +46,16 @@ def cmd_export(args: argparse.Namespace) -> int:
                 else export(args.checkpoint, ["vllm"])[0]
             )
         else:
-            path = export_gguf(args.checkpoint, out, quant=args.quant, threads=args.threads)
+            matrix, said = resolve_imatrix(args.checkpoint, args.quant, args.imatrix, args.imatrix_text)
+            path = export_gguf(args.checkpoint, out, quant=args.quant, threads=args.threads, imatrix=matrix)
     except (ExportError, EngineError) as exc:
         return fail(str(exc))
     if args.format == "vllm":
         print(f"wrote {path}; serve it with: vllm serve {path} --trust-remote-code")
-    else:
-        print(f"wrote {path} ({path.stat().st_size / 2**20:,.1f} MiB); run it with: llama-cli -m {path}")
+        return 0
+    for line in ([said] if said else []) + describe_fallbacks(fallbacks(tensor_types(path), args.quant)):
+        print(line)
+    print(f"wrote {path} ({path.stat().st_size / 2**20:,.1f} MiB); run it with: llama-cli -m {path}")
     return 0
 
 
@@ -147,10 +155,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--quant",
-        choices=["f32", "f16", "q8_0", "q4_k_m"],
+        choices=list(GGUF_TYPES),
         default="f16",
-        help="weights' type: f16 (default) or f32 written here; q8_0 / q4_k_m by llama.cpp's quantizer",
+        help="weights' type: f16 (default) or f32 written here; the others by llama.cpp's quantizer "
+        "(iq3_xxs and iq2_m need an importance matrix)",
     )
+    p.add_argument(
+        "--imatrix",
+        default="auto",
+        metavar="auto|none|FILE",
+        help="the importance matrix the quantizer weights each column's error by: auto (default) gathers it "
+        "in one forward pass over the checkpoint's calibration text (recipe.yaml), kept as imatrix.gguf; "
+        "none; or a file in llama.cpp's form (llama-imatrix's)",
+    )
+    p.add_argument("--imatrix-text", help="gather the importance matrix over this text file instead")
     p.add_argument(
         "--out", help="the .gguf file or the vLLM folder (default: inside the checkpoint: <name>-<quant>.gguf, vllm/)"
     )

@@ -9,8 +9,11 @@ cannot be pruned at that ratio, say) belongs to the form as a whole and stays in
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from jobs.submission import SubmitError
+
+K_QUANT = "k-quant rows (256)"  # the FFN width multiple's choice for round_to.k_quant
 
 
 class FieldError(SubmitError):
@@ -59,3 +62,26 @@ def field_for(error: Exception | str) -> str | None:
         return "evaluate"
     hits = [(m.start(), field) for pattern, field in _PATTERNS if (m := pattern.search(text))]
     return min(hits)[1] if hits else None
+
+
+def round_to_field(round_neurons: Any, kv_groups: Any, kv_choices: list[str]) -> dict:
+    """The recipe's ``round_to`` from the FFN width multiple (``auto``, a whole number, or
+    :data:`K_QUANT`) and the key/value groups boxes: ``{}`` for the defaults (the first of
+    ``kv_choices``), ``{"round_to": {...}}`` otherwise; :class:`FieldError` for a bad box."""
+    if round_neurons in (None, "", "auto", K_QUANT):
+        multiple: int | str = "auto"
+    else:
+        try:
+            multiple = int(round_neurons)
+        except (TypeError, ValueError):
+            multiple = 0
+        if multiple < 1:
+            message = f"FFN width multiple must be auto or a whole number ≥ 1, got {round_neurons!r}"
+            raise FieldError("round_neurons", message)
+    groups = kv_choices[0] if kv_groups in (None, "") else kv_groups
+    if groups not in kv_choices:
+        raise FieldError("kv_groups", f"key/value groups must be one of {', '.join(kv_choices)}, got {kv_groups!r}")
+    round_to: dict[str, Any] = {"neurons": multiple} if multiple != "auto" else {}
+    round_to.update({"k_quant": True} if round_neurons == K_QUANT else {})
+    round_to.update({"kv_groups": groups} if groups != kv_choices[0] else {})
+    return {"round_to": round_to} if round_to else {}

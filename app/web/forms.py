@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from app.web.fields import FieldError, field_for
+from app.web.fields import K_QUANT, FieldError, field_for, round_to_field
 from core.models.liar_families import family_of, supported_families_text, unsupported_reason
 from core.spec.criteria import CRITERIA as _CRITERIA
 from core.spec.recipe import EXPORT_FORMATS, NAMED_DATASETS, Recipe
@@ -36,7 +36,7 @@ CRITERION_LINE = (
 )
 NAMED_SETS = list(NAMED_DATASETS)
 MAX_UPLOAD_MB = 50
-ROUND_CHOICES = ["auto", 1, 8, 16, 32, 64, 128]
+ROUND_CHOICES = ["auto", 1, 8, 16, 32, 64, 128, K_QUANT]
 KV_GROUP_CHOICES = ["free", "whole", "auto"]  # round_to.kv_groups; the first is the recipe's default
 SERVING_FORMS = list(EXPORT_FORMATS)  # the recipe's export: files written into the checkpoint after it is saved
 SERVING_INFO = (
@@ -269,23 +269,7 @@ def build_recipe(
     source = upload if upload else calibration
     if not source or not str(source).strip():
         raise FieldError("calibration", "choose a calibration set or upload a .txt / .jsonl file")
-    if round_neurons in (None, "", "auto"):
-        multiple: int | str = "auto"
-    else:
-        try:
-            multiple = int(round_neurons)
-        except (TypeError, ValueError):
-            multiple = 0
-        if multiple < 1:
-            message = f"FFN width multiple must be auto or a whole number ≥ 1, got {round_neurons!r}"
-            raise FieldError("round_neurons", message)
-    groups = KV_GROUP_CHOICES[0] if kv_groups in (None, "") else kv_groups
-    if groups not in KV_GROUP_CHOICES:
-        choices = ", ".join(KV_GROUP_CHOICES)
-        raise FieldError("kv_groups", f"key/value groups must be one of {choices}, got {kv_groups!r}")
-    round_to = {"neurons": multiple} if multiple != "auto" else {}
-    round_to.update({"kv_groups": groups} if groups != KV_GROUP_CHOICES[0] else {})
-    rounding = {"round_to": round_to} if round_to else {}
+    rounding = round_to_field(round_neurons, kv_groups, KV_GROUP_CHOICES)
     fields = _record_fields(text_field, label_field)
     serving = {"export": list(export)} if export else {}  # none: the recipe stays as short as before
     if "vllm" in serving.get("export", []) and modules != "neurons":

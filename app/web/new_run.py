@@ -26,7 +26,8 @@ INFO = {
     "user": "recorded with the job",
     "modules": "blocks: whole transformer blocks (depth pruning)",
     "allocation": "auto: what the criterion needs; global: one ranking over all layers",
-    "round_neurons": "kept FFN neurons rounded to a multiple (auto: 128 on a GPU, 64 on a CPU)",
+    "round_neurons": "kept FFN neurons rounded to a multiple (auto: 128 on a GPU, 64 on a CPU; k-quant rows: "
+    "neurons in 256s and query heads × head_dim in 256s, so llama.cpp's q*_k_m keeps every pruned row on its type)",
     "kv_groups": "whole: drop query heads in whole key/value groups (auto: whole on a GPU)",
     "methods": "several → a sweep, side by side",
     "damp": "ridge term of the least-squares refit, relative to the mean diagonal",

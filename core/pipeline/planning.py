@@ -3,6 +3,8 @@ allocation of each layer's keep-sets, resolved for the model and the device."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -15,13 +17,22 @@ from core.criteria import Scores
 from core.models.adapter import Adapter, unit_costs
 from core.spec.recipe import Recipe
 
+K_BLOCK = 256  # llama.cpp's K- and i-quant block length
+
 
 def round_to(recipe: Recipe, adapter: Adapter, device: torch.device) -> tuple[int, int]:
-    """``(heads, neurons)`` multiples of the kept widths, ``auto`` resolved for this model and device."""
-    neurons = recipe.round_to.neurons
+    """``(heads, neurons)`` multiples of the kept widths, ``auto`` resolved for this model and device;
+    ``k_quant``: the multiples that keep the attention output's rows (heads × head_dim) and the down
+    projection's (neurons) 256 long, each where the model has that many to keep."""
+    neurons, heads = recipe.round_to.neurons, recipe.round_to.heads
+    if recipe.round_to.k_quant:
+        neurons = math.lcm(K_BLOCK, 1 if neurons == "auto" else neurons)
+        neurons = neurons if neurons <= adapter.n_neurons else recipe.round_to.neurons
+        per_block = K_BLOCK // math.gcd(K_BLOCK, adapter.head_dim)
+        heads = math.lcm(heads, per_block) if math.lcm(heads, per_block) <= adapter.n_heads else heads
     if neurons == "auto":
         neurons = auto_multiple(adapter.n_neurons, device.type)
-    return recipe.round_to.heads, int(neurons)
+    return heads, int(neurons)
 
 
 def resolved_kv_groups(

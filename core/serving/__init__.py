@@ -14,6 +14,7 @@ from pathlib import Path
 from core.serving.card import VLLM_DIR, list_forms
 from core.serving.gguf_export import ExportError, check_exportable, export_gguf, plan, verify_checkpoint
 from core.serving.gguf_recipe import check_recipe_gguf
+from core.serving.quantize import QUANTIZED, resolve_imatrix
 from core.spec.recipe import EXPORT_FORMATS, Recipe
 
 # form name → GGUF weight type; "vllm": vLLM's DeciLM form in the checkpoint's ``vllm/`` folder
@@ -43,7 +44,7 @@ def preflight(model_dir: str | Path, formats: list[str], engines: bool = True, r
             check_recipe_gguf(ready.plan, recipe)
     if "vllm" in formats:
         check_vllm_family(read_config(directory))
-    quantized = [f for f in formats if GGUF_FORMATS.get(f) in ("q8_0", "q4_k_m")]
+    quantized = [f for f in formats if GGUF_FORMATS.get(f) in QUANTIZED]
     if engines and quantized and llama_cpp_python() is None:
         raise ExportError(f"{quantized[0]} needs llama.cpp's quantizer, which this machine lacks: {INSTALL_HINT}")
 
@@ -74,9 +75,13 @@ def check_recipe(recipe: Recipe) -> None:
         check_recipe_gguf(plan(directory), recipe)
 
 
-def export(checkpoint: str | Path, formats: list[str], threads: int = 2) -> list[Path]:
+def export(checkpoint: str | Path, formats: list[str], threads: int = 2, log=print) -> list[Path]:
     """Write each of ``formats`` inside ``checkpoint`` (listed in its card and ``SHA256SUMS``); the
-    weights are checked against ``SHA256SUMS`` once, before the first."""
+    weights are checked against ``SHA256SUMS`` once, before the first. The quantized GGUF forms are
+    weighted by an importance matrix from the checkpoint's calibration text where it can be read
+    (``quantize.resolve_imatrix``); ``log`` gets a line on that and on each tensor that fell back from
+    its K-quant type."""
+    from core.serving.quantize import describe_fallbacks, fallbacks, tensor_types
     from core.serving.vllm_form import export_vllm
 
     _unknown(formats)
@@ -89,7 +94,12 @@ def export(checkpoint: str | Path, formats: list[str], threads: int = 2) -> list
             written.append(export_vllm(checkpoint, checkpoint / VLLM_DIR, overwrite=True, verify=False))
             list_forms(checkpoint)
         else:
-            written.append(export_gguf(checkpoint, quant=GGUF_FORMATS[f], threads=threads, verify=False))
+            quant = GGUF_FORMATS[f]
+            matrix, said = resolve_imatrix(checkpoint, quant) if quant in QUANTIZED else (None, "")
+            path = export_gguf(checkpoint, quant=quant, threads=threads, verify=False, imatrix=matrix)
+            for line in ([said] if said else []) + describe_fallbacks(fallbacks(tensor_types(path), quant)):
+                log(f"{path.name}: {line}")
+            written.append(path)
     return written
 
 

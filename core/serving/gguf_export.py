@@ -49,10 +49,9 @@ import torch
 
 from core.models.config_file import read_config
 from core.models.liar_families import FAMILIES
-from core.models.manifest import MANIFEST, file_sha256, read_manifest
 from core.models.safetensors_io import CheckpointError, CheckpointReader
 from core.models.serving_forms import SERVED_FAMILIES, SHARED, Form, checkpoint_form, gguf_architecture
-from core.serving.card import list_forms
+from core.serving.card import list_forms, verify_checkpoint
 from core.serving.gguf_vocab import Vocab, VocabError, read_vocab, write_vocab
 from core.serving.layout import (
     ExportError,
@@ -64,6 +63,7 @@ from core.serving.layout import (
     layers_of,
     rope,
 )
+from core.spec.recipe import GGUF_TYPES
 
 DTYPES = ("f16", "f32")
 GEMMA = ("gemma2", "gemma3")
@@ -282,6 +282,13 @@ def _all_tensors(src: Tensors, p: GgufPlan, factors: np.ndarray | None):
         yield "rope_freqs.weight", torch.from_numpy(factors).to("meta" if src.meta else "cpu")
 
 
+def tensors(reader, p: GgufPlan, meta: bool = False):
+    """(GGUF name, tensor) of every tensor the file holds but the rotary factors, read from ``reader``
+    (a ``CheckpointReader``, or an object that reads like one) through the conversion (``meta``:
+    shapes only)."""
+    return _all_tensors(_source(reader, meta, p), p, None)
+
+
 def _own_metadata(writer, p: GgufPlan) -> None:
     """The keys of a family's own architecture beyond LLaMA's."""
     import gguf
@@ -400,70 +407,62 @@ def write_gguf(checkpoint: str | Path | Prepared, out: str | Path, dtype: str = 
     return out
 
 
-QUANTS = ("f32", "f16", "q8_0", "q4_k_m")
+QUANTS = GGUF_TYPES
+QUANTIZED = GGUF_TYPES[2:]  # written by llama.cpp's quantizer from the f16 file
 
 
 def default_name(directory: str | Path, quant: str) -> str:
     return f"{Path(directory).expanduser().resolve().name}-{quant}.gguf"
 
 
-_HASHED: dict[tuple[str, int, int], str] = {}  # (path, size, mtime) → sha256, of the weight files hashed
-
-
-def _digest(path: Path) -> str:
-    """The file's sha256, hashed once per process while its size and modification time stay the same
-    (a job writing several forms checks the same checkpoint before each)."""
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _HASHED:
-        _HASHED[key] = file_sha256(path)
-    return _HASHED[key]
-
-
-def verify_checkpoint(directory: Path) -> None:
-    """Check the weight files against the checkpoint's ``SHA256SUMS`` (when it has one): a corrupt file
-    is named before anything is written."""
-    manifest = directory / MANIFEST
-    if not manifest.is_file():
-        return
-    try:
-        entries = read_manifest(directory)
-    except (FileNotFoundError, ValueError) as exc:
-        raise ExportError(f"the checkpoint is incomplete: {exc}") from None
-    for e in entries:
-        if e.name.endswith(".safetensors") and _digest(directory / e.name) != e.sha256:
-            raise ExportError(f"{directory / e.name} does not match its digest in {MANIFEST}: the file is corrupt")
-
-
 def export_gguf(
-    directory: str | Path, out: str | Path | None = None, quant: str = "f16", threads: int = 2, verify: bool = True
+    directory: str | Path,
+    out: str | Path | None = None,
+    quant: str = "f16",
+    threads: int = 2,
+    verify: bool = True,
+    imatrix: str | Path | None = None,
 ) -> Path:
     """The checkpoint in ``directory`` as one GGUF file at ``out`` (default: inside the checkpoint,
-    ``<name>-<quant>.gguf``, added to its ``SHA256SUMS``). ``quant`` f32 / f16 are written here;
-    q8_0 / q4_k_m are the f16 file quantized by llama.cpp's own quantizer (``liar engines install``).
+    ``<name>-<quant>.gguf``, added to its ``SHA256SUMS``). ``quant`` f32 / f16 are written here; the
+    others (``QUANTIZED``) are the f16 file quantized by llama.cpp's own quantizer (``liar engines
+    install``), weighted by the importance matrix file ``imatrix`` when given (llama.cpp's form;
+    ``core.serving.quantize.resolve_imatrix`` makes one from the checkpoint's calibration text).
     Every check runs before a byte is written; a failure leaves nothing behind."""
     from core.serving.engines import INSTALL_HINT, call_llama_cpp, llama_cpp_python
+    from core.serving.imatrix import IMATRIX_HINT, NEEDS_IMATRIX, check_fits, read
 
     if quant not in QUANTS:
         raise ExportError(f"GGUF type {quant!r} is not one of {', '.join(QUANTS)}")
     directory = Path(directory).expanduser()
     if not (directory / "config.json").is_file():
         raise ExportError(f"{str(directory)!r} is not a checkpoint folder (no config.json)")
+    if quant in NEEDS_IMATRIX and imatrix is None:
+        raise ExportError(f"{quant} needs an importance matrix: {IMATRIX_HINT}")
+    if imatrix is not None and quant not in QUANTIZED:
+        raise ExportError(f"an importance matrix weights llama.cpp's quantizer, which {quant} does not use")
+    if imatrix is not None and not Path(imatrix).expanduser().is_file():
+        raise ExportError(f"the importance matrix {str(imatrix)!r} is not a file")
     inside = out is None
     out = directory / default_name(directory, quant) if inside else Path(out).expanduser()
-    if quant in ("q8_0", "q4_k_m") and llama_cpp_python() is None:
+    if quant in QUANTIZED and llama_cpp_python() is None:
         raise ExportError(f"{quant} needs llama.cpp's quantizer, which is not installed: {INSTALL_HINT}")
     ready = check_exportable(directory)
     if verify:
         verify_checkpoint(directory)
+    if imatrix is not None:
+        columns = {n: int(t.shape[1]) for n, t in tensors(ready.reader, ready.plan, meta=True) if t.dim() == 2}
+        check_fits(read(imatrix), columns, Path(imatrix).name)
     if quant in ("f32", "f16"):
         write_gguf(ready, out, dtype=quant)
     else:
         f16 = out.with_name(f".{out.name}.f16-{os.getpid()}")
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        request = {"op": "quantize", "src": str(f16), "dst": str(tmp), "type": quant, "threads": threads}
+        request["imatrix"] = str(Path(imatrix).expanduser()) if imatrix is not None else None
         try:
             write_gguf(ready, f16, dtype="f16")
-            call_llama_cpp({"op": "quantize", "src": str(f16), "dst": str(tmp), "type": quant, "threads": threads})
+            call_llama_cpp(request)
             os.replace(tmp, out)
         finally:
             f16.unlink(missing_ok=True)

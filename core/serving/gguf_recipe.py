@@ -30,6 +30,8 @@ def _neuron_multiple(recipe: Recipe, n_ff: int) -> int:
     """The FFN width multiple the recipe rounds to on any device (``auto``: the coarser of a CPU's and a
     GPU's, which are both 1 for FFNs narrower than 128)."""
     m = recipe.round_to.neurons
+    if recipe.round_to.k_quant and n_ff >= 256:
+        return 256
     return m if m != "auto" else max(auto_multiple(n_ff, "cpu"), auto_multiple(n_ff, "cuda"))
 
 
@@ -53,6 +55,7 @@ def recipe_form(recipe: Recipe, config: dict) -> Form:
         fixes += ["round_to.heads: 1"] * (recipe.round_to.heads != 1)
     if recipe.modules in ("neurons", "both") and _neuron_multiple(recipe, config["intermediate_size"]) != 1:
         fixes.append("round_to.neurons: 1")
+    fixes += ["round_to.k_quant: false"] * (bool(fixes) and recipe.round_to.k_quant)
     method = resolved.reconstruction.method
     regrouped = heads and 1 < n_kv < n_heads and recipe.round_to.kv_groups != "whole"
     return Form(

@@ -3,7 +3,8 @@
 It imports only the standard library, numpy and ``llama_cpp``, so the environment that holds the
 engine needs nothing of ours. One request per call, as JSON in ``argv[1]``; one JSON answer on stdout:
 
-    {"op": "quantize", "src": F, "dst": F, "type": "q8_0"|"q4_k_m", "threads": N}
+    {"op": "quantize", "src": F, "dst": F, "type": T, "threads": N, "imatrix": F|null}   T: QUANT_TYPES
+    {"op": "imatrix", "path": F}                                          an importance matrix as llama.cpp reads it
     {"op": "logits", "model": F, "tokens": [[ids…], …], "out": F.npy}     every position's logits
     {"op": "nll", "model": F, "windows": [[ids…], …]}                     summed NLL of next tokens
     {"op": "tokenize", "model": F, "texts": [s, …]}
@@ -24,7 +25,11 @@ import numpy as np
 QUANT_TYPES = {
     "f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16,
     "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "q5_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M,
     "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    "q3_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M,
+    "iq3_xxs": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ3_XXS,
+    "iq2_m": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ2_M,
 }
 
 
@@ -40,10 +45,87 @@ def _load(path: str, n_ctx: int, threads: int, logits_all: bool):
     )
 
 
+class _GgufInit(ctypes.Structure):
+    _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.POINTER(ctypes.c_void_p))]
+
+
+def _ggml():
+    """llama.cpp's own GGUF reader (libggml-base, shipped with the binding), typed for the calls below."""
+    import glob
+    import os
+
+    found = glob.glob(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.*"))
+    lib = ctypes.CDLL(found[0])
+    p, c = ctypes.c_void_p, ctypes.c_char_p
+    for name, args, res in (
+        ("gguf_init_from_file", [c, _GgufInit], p), ("gguf_free", [p], None), ("ggml_free", [p], None),
+        ("gguf_find_key", [p, c], ctypes.c_int64), ("gguf_get_val_u32", [p, ctypes.c_int64], ctypes.c_uint32),
+        ("gguf_get_val_str", [p, ctypes.c_int64], c), ("ggml_get_first_tensor", [p], p),
+        ("ggml_get_next_tensor", [p, p], p), ("ggml_get_name", [p], c), ("ggml_nelements", [p], ctypes.c_int64),
+        ("ggml_get_data_f32", [p], ctypes.POINTER(ctypes.c_float)), ("gguf_find_tensor", [p, c], ctypes.c_int64),
+        ("gguf_get_tensor_type", [p, ctypes.c_int64], ctypes.c_int),
+    ):  # fmt: skip
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.argtypes, fn.restype = args, res
+    return lib
+
+
+def read_imatrix(path: str) -> tuple[dict, int]:
+    """{tensor: E[x²] per column} and the chunk count, read as llama-quantize reads a GGUF importance
+    matrix (common_imatrix_load, then the division of each tensor's sums by its count)."""
+    lib, ctx = _ggml(), ctypes.c_void_p()
+    g = lib.gguf_init_from_file(path.encode(), _GgufInit(False, ctypes.pointer(ctx)))
+    if not g:
+        raise ValueError(f"llama.cpp cannot read {path} as GGUF")
+    try:
+        key = lib.gguf_find_key(g, b"imatrix.chunk_count")
+        chunks = int(lib.gguf_get_val_u32(g, key)) if key >= 0 else 0
+        found: dict[str, list] = {}
+        t = lib.ggml_get_first_tensor(ctx)
+        while t:
+            name = lib.ggml_get_name(t).decode()
+            for suffix, slot in ((".in_sum2", 0), (".counts", 1)):
+                if name.endswith(suffix):
+                    if lib.gguf_get_tensor_type(g, lib.gguf_find_tensor(g, name.encode())) != 0:  # GGML_TYPE_F32
+                        raise ValueError(f"{name} is not float32")
+                    values = np.ctypeslib.as_array(lib.ggml_get_data_f32(t), (int(lib.ggml_nelements(t)),))
+                    found.setdefault(name[: -len(suffix)], [None, None])[slot] = values.copy()
+            t = lib.ggml_get_next_tensor(ctx, t)
+    finally:
+        lib.gguf_free(g)
+        lib.ggml_free(ctx)
+    means = {}
+    for name, (sums, counts) in found.items():
+        if sums is None or counts is None:
+            raise ValueError(f"mismatched sums and counts for {name}")
+        per = sums.reshape(len(counts), -1)
+        means[name] = np.concatenate([r / c if c > 0 else np.ones_like(r) for r, c in zip(per, counts)])
+    return {n: v.astype(np.float32) for n, v in means.items()}, chunks
+
+
+def imatrix(req: dict) -> dict:
+    means, chunks = read_imatrix(req["path"])
+    return {"ok": True, "chunks": chunks, "tensors": {n: [len(v), float(v.mean())] for n, v in means.items()}}
+
+
 def quantize(req: dict) -> dict:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = QUANT_TYPES[req["type"]]
     params.nthread = int(req.get("threads", 2))
+    keep = []  # the arrays the quantizer reads must outlive the call
+    if req.get("imatrix"):
+        means, _ = read_imatrix(req["imatrix"])
+        entries = (llama_cpp.llama_model_imatrix_data * (len(means) + 1))()
+        for i, (name, values) in enumerate(sorted(means.items())):
+            data = np.ascontiguousarray(values, dtype=np.float32)
+            keep += [name.encode(), data]
+            entries[i].name = keep[-2]
+            entries[i].data = data.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            entries[i].size = data.size
+        entries[len(means)].name = None  # the terminator llama.cpp stops at
+        params.imatrix = ctypes.cast(entries, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
+        keep.append(entries)
     rc = llama_cpp.llama_model_quantize(req["src"].encode(), req["dst"].encode(), ctypes.byref(params))
     return {"ok": rc == 0, "rc": int(rc)}
 
@@ -113,7 +195,15 @@ def info(req: dict) -> dict:
     return {"ok": True, "metadata": dict(llm.metadata)}
 
 
-OPS = {"quantize": quantize, "logits": logits, "nll": nll, "tokenize": tokenize, "speed": speed, "info": info}
+OPS = {
+    "quantize": quantize,
+    "imatrix": imatrix,
+    "logits": logits,
+    "nll": nll,
+    "tokenize": tokenize,
+    "speed": speed,
+    "info": info,
+}
 
 if __name__ == "__main__":
     request = json.loads(sys.argv[1])

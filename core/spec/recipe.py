@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from core.spec.criteria import CRITERIA, parse_options, streaming_refusal
 from core.spec.depth import TARGET_HOLDOUT, DepthConfig, SpeedTarget, hold_aside_for_target
+from core.spec.rounding import RoundTo
 
 NAMED_DATASETS = ("wikitext2", "c4", "alpaca")
 # criterion ``auto`` spends a decoder's budget non-uniformly (criterion obs, allocation global) up to
@@ -58,6 +59,8 @@ METHODS = ("none", "bias", "mask_tuning", "liar", "ls")
 # the serving forms ``export`` may ask for (written by core.serving, whose FORMATS is this tuple): GGUF for
 # llama.cpp / ollama in float16, or quantized by llama.cpp's own quantizer; vLLM's DeciLM form
 EXPORT_FORMATS = ("gguf-f16", "gguf-q8_0", "gguf-q4_k_m", "vllm")
+# GGUF weight types `liar export` writes: f32 / f16 by the export itself, the rest by llama.cpp's quantizer
+GGUF_TYPES = ("f32", "f16", "q8_0", "q5_k_m", "q4_k_m", "q3_k_m", "iq3_xxs", "iq2_m")
 
 
 class _Strict(BaseModel):
@@ -193,32 +196,6 @@ class CalibrationConfig(_Strict):
         if self.label_field is not None and (self.dataset is None or not self.dataset.endswith((".jsonl", ".json"))):
             raise ValueError("calibration.label_field needs a .jsonl or .json calibration file whose records hold it")
         return self
-
-
-class RoundTo(_Strict):
-    heads: int = Field(1, ge=1, description="kept query heads per layer: a multiple of this")
-    neurons: int | Literal["auto"] = Field(
-        "auto",
-        description="kept FFN neurons per layer: a multiple of this; 'auto' picks one that suits the device "
-        "(128 on a GPU, 64 on a CPU, smaller for narrow FFNs, none below 8) — exact widths ran slower than "
-        "dense on a GPU; 1 keeps exact widths",
-    )
-    kv_groups: Literal["free", "whole", "auto"] = Field(
-        "free",
-        description="grouped-query attention: whole — every layer drops query heads only as whole key/value "
-        "groups, so each layer is a stock GQA attention (equal groups, no key/value gather; a uniform prune "
-        "exports as the stock architecture), the budget they cost rebalanced in neurons; free — query heads "
-        "go one at a time and a layer whose groups end up unequal gathers its key/value heads by index; "
-        "auto — whole on a GPU (free there for a single key/value head, or a ratio whole groups cannot "
-        "reach), free on a CPU. No effect without grouped-query attention",
-    )
-
-    @field_validator("neurons")
-    @classmethod
-    def _positive(cls, v: int | str) -> int | str:
-        if v != "auto" and (isinstance(v, bool) or v < 1):
-            raise ValueError(f"round_to.neurons must be 'auto' or a whole number ≥ 1, got {v!r}")
-        return v
 
 
 class Recipe(_Strict):

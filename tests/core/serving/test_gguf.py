@@ -170,7 +170,7 @@ def test_refusals_name_the_problem_and_write_nothing(bpe_models, tmp_path):
         with pytest.raises(ExportError, match=message):
             export_gguf(src, quant="f16")
         _nothing_written(src, before)
-    with pytest.raises(ExportError, match="is not one of f32, f16, q8_0, q4_k_m"):
+    with pytest.raises(ExportError, match="is not one of f32, f16, q8_0, q5_k_m, q4_k_m, q3_k_m, iq3_xxs, iq2_m"):
         export_gguf(bpe_models["llama"], tmp_path / "x.gguf", quant="q3")
 
 
