@@ -23,14 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.quantize_page import TYPES, WEIGHTED, write  # noqa: E402
 from bench.serving import WORK, checkpoint, eval_windows, label, machine  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "quantize.md"
 JSON = OUT.with_suffix(".json")
 MODELS = ("dense", "0.2", "0.35", "0.5", "0.5-depth8")
-TYPES = ("f16", "q8_0", "q5_k_m", "q4_k_m", "q3_k_m", "iq3_xxs")
-WEIGHTED = ("q5_k_m", "q4_k_m", "q3_k_m", "iq3_xxs")  # types the importance matrix changes
-TARGETS = {"0.5": 0.02, "0.5-depth8": 0.05}  # q4_k_m with the matrix over f16, at most
 
 
 def cells(model: str) -> list[tuple[str, bool]]:
@@ -102,8 +100,6 @@ def main() -> None:
             JSON.write_text(json.dumps(data, indent=2) + "\n")
         data["seconds"] = round(time.perf_counter() - t0)
         JSON.write_text(json.dumps(data, indent=2) + "\n")
-    from bench.quantize_page import write
-
     write(data, OUT)
     print(OUT.read_text())
 

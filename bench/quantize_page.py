@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+TYPES = ("f16", "q8_0", "q5_k_m", "q4_k_m", "q3_k_m", "iq3_xxs")
+WEIGHTED = ("q5_k_m", "q4_k_m", "q3_k_m", "iq3_xxs")  # types the importance matrix changes
+TARGETS = {"0.5": 0.02, "0.5-depth8": 0.05}  # q4_k_m with the matrix over f16, at most
 COLOURS = {"dense": "#1f2937", "0.2": "#2563eb", "0.35": "#059669", "0.5": "#d97706", "0.5-depth8": "#dc2626"}
 W, H, PAD = 720, 440, 60
 
@@ -75,8 +78,6 @@ def _name(p: dict, data: dict) -> str:
 
 
 def findings(data: dict) -> list[str]:
-    from bench.quantize import TARGETS
-
     dense = data["models"]["dense"]["files"]
     lines = []
     for model, bound in TARGETS.items():
@@ -109,8 +110,6 @@ def findings(data: dict) -> list[str]:
 
 
 def table(data: dict) -> list[str]:
-    from bench.quantize import TYPES, WEIGHTED
-
     head = "| model | " + " | ".join(TYPES) + " |"
     lines = [head, "|---|" + "---|" * len(TYPES)]
     for row in data["models"].values():
@@ -169,3 +168,12 @@ def write(data: dict, out: Path) -> None:
         "",
     ]
     out.write_text("\n".join(lines))
+
+
+def q4_over_f16(data: dict, model: str) -> str | None:
+    """The results index's claim: q4_k_m without / with the matrix over f16, for one model."""
+    f = data.get("models", {}).get(model, {}).get("files")
+    if not f or "q4_k_m+imatrix" not in f:
+        return None
+    base = f["f16"]["perplexity"]
+    return " / ".join(f"{f[k]['perplexity'] / base - 1:+.1%}" for k in ("q4_k_m", "q4_k_m+imatrix"))

@@ -9,6 +9,7 @@ import re
 from bench.pages import quality, speed, systems
 from bench.pages.page import Page, _c, renderer
 from bench.pages.values import ONEDNN_DATE, RESULTS, data, num, page_text, product_ratio, table, time_row
+from bench.quantize_page import q4_over_f16
 
 PAGES: dict[str, Page] = {**quality.PAGES, **speed.PAGES, **systems.PAGES}
 
@@ -29,6 +30,21 @@ OPTIONAL_PAGES = {
             ),
         ),
         data=("time_avx2.json",),
+    ),
+    "quantize.md": Page(
+        "python bench/quantize.py",
+        "cpu",
+        (
+            _c(
+                "SmolLM2 at 50% (default recipe): llama.cpp q4_k_m over f16, without / with our importance matrix",
+                lambda: q4_over_f16(data("quantize.json"), "0.5"),
+            ),
+            _c(
+                "SmolLM2 at 50%, 8 blocks + width: the same",
+                lambda: q4_over_f16(data("quantize.json"), "0.5-depth8"),
+            ),
+        ),
+        data=("quantize.json",),
     ),
     # written by a whole `make test` run only (tests/timing.py): indexed once real numbers are committed
     "test_time.md": Page(
