@@ -294,9 +294,10 @@ def _prune_width(
         report=report,
         show_progress=options.show_progress,
         speed=speed,
+        checkpoints=options.checkpoints,
     )
     done = reconstruct_blocks(ctx, plan, (fit, held), split)
-    metrics = _metrics(ctx, done.plan, rounding)
+    metrics = _metrics(ctx, done.plan, rounding) | done.checkpoints
     return _result(recipe, source, before, (done.plan, plan, done.reports, done.layout), scores, metrics)
 
 
