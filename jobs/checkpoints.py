@@ -16,6 +16,7 @@ Earlier attempts' folders, checkpoints included, are removed once the job succee
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import re
@@ -77,6 +78,8 @@ class StoreCheckpoints:
             part = Path(tmp) / MANIFEST
             part.write_text(json.dumps(manifest | {"attempt": self.token}, indent=1))
             self.store.put(part, f"{self.prefix}/{MANIFEST}")  # the last object: the save exists from here
+        mb = sum(p.stat().st_size for p in files.values()) / 1e6
+        self.log(f"checkpoint saved after block {manifest['next_block']} of {manifest['blocks']} ({mb:.1f} MB)")
         for digest, key in self._sent.items():
             if digest not in keep:
                 self.store.delete(key)
@@ -126,3 +129,31 @@ class StoreCheckpoints:
                 self.store.delete(self.loaded_from)
             except OSError:
                 pass
+
+
+_STARTED = re.compile(r"^started on (?P<worker>.+)$")
+_RESUMED = re.compile(r"^resumed at block (?P<block>\d+) of (?P<n>\d+)")
+_SAVED = re.compile(r"(?:checkpoint saved|stopped) after block (?P<block>\d+) of (?P<n>\d+)")
+
+
+def attempts(log: list[dict]) -> list[dict]:
+    """The job's attempts read from its log (``jobs show``): each one's worker, the block it started
+    at (1, or where it resumed), the last block its checkpoints kept, and its minutes (to the next
+    attempt's start, or the log's last line), so the time a lost or stopped worker cost is visible."""
+    found: list[dict] = []
+    for line in log:
+        message, at = line["message"], dt.datetime.fromisoformat(line["at"])
+        if m := _STARTED.match(message):
+            found.append({"attempt": len(found) + 1, "worker": m["worker"], "start": at, "end": at})
+            found[-1] |= {"from_block": 1, "saved_block": None, "blocks": None}
+        elif found:
+            found[-1]["end"] = at
+            if m := _RESUMED.match(message):
+                found[-1] |= {"from_block": int(m["block"]), "blocks": int(m["n"])}
+            elif m := _SAVED.search(message):
+                found[-1] |= {"saved_block": int(m["block"]), "blocks": int(m["n"])}
+    for i, a in enumerate(found):
+        end = found[i + 1]["start"] if i + 1 < len(found) else a["end"]
+        a["minutes"] = round((end - a.pop("start")).total_seconds() / 60, 2)
+        a.pop("end")
+    return found

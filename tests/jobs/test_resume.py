@@ -12,6 +12,7 @@ import signal
 import pytest
 
 import jobs.tasks
+from jobs.checkpoints import attempts
 from jobs.db import Status
 from jobs.service import JobService
 from jobs.settings import Settings
@@ -97,6 +98,25 @@ def test_sigterm_saves_at_the_next_block_requeues_and_the_next_attempt_resumes(s
     assert execute(job, service.settings) == "SUCCEEDED", service.show(job)["error"]
     assert f"resumed at block {STOP_AT + 2} of 8, {STOP_AT + 1} blocks kept from attempt 1" in _log(service, job)
     assert _weights(service, job) == _weights(service, whole)
+    first, second = attempts(service.show(job)["log"])
+    assert (first["attempt"], first["from_block"], first["saved_block"], first["blocks"]) == (1, 1, STOP_AT + 1, 8)
+    assert (second["from_block"], second["blocks"]) == (STOP_AT + 2, 8) and second["saved_block"] == 7
+
+
+def test_attempts_are_read_from_the_log():
+    log = [
+        ("2026-01-01T10:00:00", "started on gpu-1:11"),
+        ("2026-01-01T10:05:00", "checkpoint saved after block 36 of 80 (3.0 MB)"),
+        ("2026-01-01T10:06:00", "worker gpu-1:11 lost (no heartbeat for 60 s); re-queued"),
+        ("2026-01-01T10:07:00", "started on gpu-2:12"),
+        ("2026-01-01T10:07:30", "resumed at block 37 of 80, 36 blocks kept from attempt 1"),
+        ("2026-01-01T10:17:00", "succeeded"),
+    ]
+    rows = attempts([{"at": at, "level": "INFO", "message": m} for at, m in log])
+    assert rows == [
+        {"attempt": 1, "worker": "gpu-1:11", "from_block": 1, "saved_block": 36, "blocks": 80, "minutes": 7.0},
+        {"attempt": 2, "worker": "gpu-2:12", "from_block": 37, "saved_block": None, "blocks": 80, "minutes": 10.0},
+    ]
 
 
 def test_without_checkpoints_a_requeued_job_starts_over(service, job_models, monkeypatch):
