@@ -131,3 +131,14 @@ def test_without_checkpoints_a_requeued_job_starts_over(service, job_models, mon
         execute(job, service.settings)
     assert execute(job, service.settings) == "SUCCEEDED", service.show(job)["error"]
     assert "resumed at" not in _log(service, job)
+
+
+@pytest.mark.parametrize("name", ["LIAR_CHECKPOINT_MINUTES", "LIAR_STOP_SECONDS"])
+@pytest.mark.parametrize("value", ["-1", "soon", "nan"])
+def test_a_bad_duration_setting_is_refused_in_one_sentence(monkeypatch, tmp_path, name, value):
+    monkeypatch.setenv("LIAR_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=rf"^{name} is '{value}'; give a number, 0 or more$"):
+        Settings.from_env()
+    monkeypatch.setenv(name, "0")
+    assert getattr(Settings.from_env(), name.removeprefix("LIAR_").lower()) == 0
