@@ -144,7 +144,9 @@ def prune(
     ``show_progress`` draws a progress bar; ``measure_speed`` times every block on one calibration
     batch, dense and pruned side by side (:class:`~core.pipeline.measure.BlockSpeed`: ``block_speedup``
     and its spread ``block_speedup_low`` / ``_high`` over ``block_speedup_repeats`` repeats,
-    ``block_seconds_dense`` / ``block_seconds_pruned`` in the metrics).
+    ``block_seconds_dense`` / ``block_seconds_pruned`` in the metrics); ``checkpoints`` (a
+    :class:`~core.pipeline.checkpoint.Checkpoints`, e.g. ``FolderCheckpoints("ckpt/")``) saves the block
+    loop's state at block boundaries and resumes from the one it holds (``core/pipeline/resume.py``).
     """
     run = RunOptions.of(options)
     recipe = as_recipe(recipe)
