@@ -23,6 +23,10 @@
 | ``LIAR_STORE_ENDPOINT`` | (the provider's)                  | an S3-compatible server, ``http://minio:9000`` |
 | ``LIAR_STORE_PRESIGN`` | ``1``                              | ``0``: downloads stream through the web app |
 | ``LIAR_RETENTION_DAYS`` | (none: keep)                      | finished jobs' files removed after this many days |
+| ``LIAR_CHECKPOINT_MINUTES`` | ``5``                         | a job saves a resume checkpoint at a block |
+|                     |                                       | boundary at most this often (0: none)     |
+| ``LIAR_STOP_SECONDS`` | ``60``                              | SIGTERM: a worker saves and requeues its job |
+|                     |                                       | within this long (jobs.checkpoints)       |
 
 The defaults need no server: SQLite and Celery's filesystem transport (which, unlike the SQLAlchemy
 transport, supports the broadcast commands behind ``revoke`` and ``inspect``).
@@ -125,6 +129,18 @@ def parse_queues(value: str) -> tuple[Queue, ...]:
     return tuple(queues)
 
 
+def _duration(name: str, default: float) -> float:
+    """A duration setting: a number, 0 or more."""
+    text = os.environ.get(name, "").strip() or str(default)
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"{name} is {text!r}; give a number, 0 or more")
+    return value
+
+
 def _paths(value: str) -> tuple[Path, ...]:
     """``a:b:c`` as paths (``~`` expanded), empty parts skipped."""
     return tuple(Path(p).expanduser() for p in value.split(os.pathsep) if p.strip())
@@ -167,6 +183,11 @@ class Settings:
     presign: bool = True  # downloads from a remote store go to users as signed addresses
     # days after which a finished job's files are removed (its record, metrics and log stay); None: kept
     retention_days: float | None = None
+    # a job's block loop saves a checkpoint (jobs.checkpoints) at a block boundary at most this often, so a
+    # lost or stopped attempt's successor resumes after it; 0: no checkpoints
+    checkpoint_minutes: float = 5.0
+    # on SIGTERM a worker finishes its block, saves and requeues the job within this long, or is let go
+    stop_seconds: float = 60.0
 
     @classmethod
     def from_env(cls, **overrides) -> Settings:
@@ -194,6 +215,8 @@ class Settings:
             store_endpoint=os.environ.get("LIAR_STORE_ENDPOINT", "").strip() or None,
             presign=os.environ.get("LIAR_STORE_PRESIGN", "1").strip().lower() not in ("0", "false", "no"),
             retention_days=float(os.environ.get("LIAR_RETENTION_DAYS") or 0) or None,
+            checkpoint_minutes=_duration("LIAR_CHECKPOINT_MINUTES", 5),
+            stop_seconds=_duration("LIAR_STOP_SECONDS", 60),
         )
         values.update(overrides)
         from core.pipeline.estimate import WORKERS  # (torch-free)

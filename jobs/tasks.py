@@ -21,7 +21,8 @@ from typing import Any
 from sqlalchemy import select
 
 from core.models.manifest import FileEntry
-from jobs import baseline, export_jobs, reevaluation
+from core.pipeline.checkpoint import StopRequested
+from jobs import baseline, export_jobs, reevaluation, stopping
 from jobs.access import public_error, public_message, public_text
 from jobs.artifacts import (
     attempt_dir,
@@ -33,6 +34,7 @@ from jobs.artifacts import (
     stored_key,
 )
 from jobs.celery_app import app
+from jobs.checkpoints import RESUME
 from jobs.db import Artifact, Job, JobLog, Status, connect, retry_on_disconnect, server_utcnow
 from jobs.disk import DiskFull, no_space_message, short_of_disk
 from jobs.exporting import ExportRefused, check_export, export
@@ -96,6 +98,7 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
         _stand_down(sf, job_id, token, settings, exc)
         return "superseded"
     finally:
+        stopping.release()
         beat.stop.set()
         gc.collect()
         _empty_cuda_cache()
@@ -107,7 +110,7 @@ def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refus
     clock = StageClock()
     progress = _progress_callback(sf, job_id, token, clock, dict(settings.stage_pause), refused)
     out_dir = attempt_dir(settings.artifacts_dir, job_id, token)
-    result = None
+    result = saves = None
     try:
         progress("starting", 0, 1)  # until "load": reading the job, importing the engine
         if retry_on_disconnect(partial(reevaluation.source_of, sf, job_id)) is not None:
@@ -121,7 +124,8 @@ def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refus
         _fresh_dir(out_dir)
         forms = list(recipe.get("export") or [])
         check_export(recipe["model"], forms, recipe)  # on this worker (its llama.cpp), a hub model once downloaded
-        result = _prune(recipe, progress, out_dir / "checkpoint")
+        saves = stopping.attempt_checkpoints(sf, job_id, token, settings, refused)
+        result = _prune(recipe, progress, out_dir / "checkpoint", saves)
         names = Names(settings)
         _run_evaluations(sf, job_id, token, recipe, result, evaluations, progress, names)
         metrics = result.summary()
@@ -136,9 +140,18 @@ def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refus
         if not store.in_place(settings.data_dir):
             _discard_local(settings, job_id, token)  # this host's copy: the store has the checkpoint
         remove_earlier_attempts(store, settings.artifacts_dir, job_id, token)
+        if saves is not None:  # the job's checkpoint is its result now
+            with contextlib.suppress(OSError):
+                store.delete(saves.prefix)
         return Status.SUCCEEDED.value
     except Superseded:
         raise
+    except StopRequested as exc:  # the worker is stopping: the checkpoint is saved, the job goes back
+        _discard(settings, job_id, token, keep=RESUME)
+        # requeued whatever the attempt count: a polite stop is not the job's failure
+        requeue_or_fail(sf, job_id, token, token + 1, f"worker {worker} stopping: {exc}")
+        _send_again(settings, job_id)
+        return Status.QUEUED.value
     except JobCancelled:
         _discard(settings, job_id, token)
         end = partial(finish, sf, job_id, token, Status.CANCELLED, _cancelled_by(sf, job_id), clock=clock)
@@ -146,7 +159,7 @@ def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refus
         _clear_job_dir(settings, job_id, token)
         return Status.CANCELLED.value
     except TRANSIENT as exc:
-        _discard(settings, job_id, token)  # the next attempt starts afresh in a folder of its own
+        _discard(settings, job_id, token, keep=RESUME)  # the next attempt resumes from the checkpoint, if any
         reason = f"transient error: {type(exc).__name__}: {exc}"
         if requeue_or_fail(sf, job_id, token, settings.max_attempts, reason):
             _clear_job_dir(settings, job_id, token)
@@ -191,13 +204,30 @@ def _discard_local(settings: Settings, job_id: int, token: int) -> None:
         job_dir(settings.artifacts_dir, job_id).rmdir()
 
 
-def _discard(settings: Settings, job_id: int, token: int) -> None:
-    """What attempt ``token`` wrote, removed: its folder on this host, and what it sent to the store."""
-    shutil.rmtree(attempt_dir(settings.artifacts_dir, job_id, token), ignore_errors=True)
+def _discard(settings: Settings, job_id: int, token: int, keep: str | None = None) -> None:
+    """What attempt ``token`` wrote, removed: its folder on this host, and what it sent to the store;
+    ``keep``: but that folder of it (its resume checkpoint, for the attempt that follows)."""
+    folder = attempt_dir(settings.artifacts_dir, job_id, token)
     store = settings.store()
+    if keep is None:
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        for child in folder.iterdir() if folder.is_dir() else ():
+            if child.name != keep or not store.in_place(settings.data_dir):
+                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
     if not store.in_place(settings.data_dir):
         with contextlib.suppress(OSError):  # an unreachable store: objects no row lists, removed later
-            store.delete(attempt_key(job_id, token))
+            for name in store.children(attempt_key(job_id, token)):
+                if name != keep:
+                    store.delete(f"{attempt_key(job_id, token)}/{name}")
+
+
+def _send_again(settings: Settings, job_id: int) -> None:
+    """The requeued job's message to the broker now (the maintenance thread re-sends it otherwise)."""
+    from jobs.service import JobService
+
+    with contextlib.suppress(Exception):
+        JobService(settings)._send(job_id)
 
 
 def _clear_job_dir(settings: Settings, job_id: int, token: int) -> None:
@@ -312,7 +342,7 @@ def _fresh_dir(out_dir: Path) -> None:
     out_dir.mkdir(parents=True)
 
 
-def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None], checkpoint: Path):
+def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None], checkpoint: Path, saves=None):
     """Run ``core.pipeline.sequential.prune`` on the recipe, reporting through ``progress``.
 
     A model read from disk or the hub is streamed (one block at a time; its shards are written under
@@ -333,9 +363,9 @@ def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None], ch
     configure_engine()  # as the liar command does (core/process.py); the choice goes into the metrics
     mode, _ = execution_mode(as_recipe(recipe), None, checkpoint)
     if mode == "stream":
-        result = prune(recipe, progress=progress, output_dir=checkpoint, measure_speed=True)
+        result = prune(recipe, progress=progress, output_dir=checkpoint, measure_speed=True, checkpoints=saves)
     else:
-        result = _prune_in_memory(recipe, progress)
+        result = _prune_in_memory(recipe, progress, saves)
     result.metrics.update(cpu_matmul.decision().metrics())
     return result
 
@@ -343,7 +373,7 @@ def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None], ch
 PREFILL_REPEATS = 5  # timed prefills a side, each one forward over 4 × 128 tokens: a median and a spread
 
 
-def _prune_in_memory(recipe: dict[str, Any], progress: Callable[[str, int, int], None]):
+def _prune_in_memory(recipe: dict[str, Any], progress: Callable[[str, int, int], None], saves=None):
     """The model loaded whole, with its end-to-end prefill speed measured before and after pruning:
     ``PREFILL_REPEATS`` timed runs a side (the model is pruned in place, so the two sides cannot be
     interleaved), the speed-up's median and its conservative spread (``core.evaluation.speed``)."""
@@ -357,7 +387,7 @@ def _prune_in_memory(recipe: dict[str, Any], progress: Callable[[str, int, int],
     progress("speed", 0, 1)
     dense = prefill_timing(model, repeats=PREFILL_REPEATS)
     progress("speed", 1, 1)
-    result = prune(recipe, model=model, tokenizer=tokenizer, progress=progress, measure_speed=True)
+    result = prune(recipe, model=model, tokenizer=tokenizer, progress=progress, measure_speed=True, checkpoints=saves)
     progress("speed", 0, 1)
     pruned = prefill_timing(result.model, repeats=PREFILL_REPEATS)
     progress("speed", 1, 1)

@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutting_down
 
 from jobs.settings import Settings
 
@@ -43,6 +43,16 @@ _stop = threading.Event()
 def _start_maintenance(sender=None, **_kwargs) -> None:
     settings = Settings.from_env()
     threading.Thread(target=_maintain, args=(settings, _stop), daemon=True, name="liar-maintenance").start()
+
+
+@worker_shutting_down.connect
+def _stop_the_job(sender=None, sig=None, how=None, **_kwargs) -> None:
+    """A warm shutdown (SIGTERM): the running job's process is told too, so that it saves a checkpoint
+    at its next block boundary and hands the job back (jobs.stopping)."""
+    from jobs.stopping import forward_to_children
+
+    if how == "Warm":
+        forward_to_children()
 
 
 def worker_queues(queues: str | None, settings: Settings) -> list[str]:

@@ -207,7 +207,21 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"{'metric':>13}: {name} = {value:g}")
     _print_artifacts(info["artifacts"])
     _print_timings(info.get("timings"))
+    _print_attempts(info.get("log") or [])
     return 0
+
+
+def _print_attempts(log: list[dict]) -> None:
+    """Each attempt's worker, blocks and minutes (where a job resumed, the time its lost run cost)."""
+    from jobs.checkpoints import attempts
+
+    for a in attempts(log):
+        of = f" of {a['blocks']}" if a["blocks"] else ""
+        kept = f", checkpoint after block {a['saved_block']}{of}" if a["saved_block"] else ""
+        print(
+            f"{'attempt':>13}: {a['attempt']} on {a['worker']}: from block {a['from_block']}{of}{kept}, "
+            f"{a['minutes']:.1f} min"
+        )
 
 
 def _print_artifacts(artifacts: list[dict]) -> None:

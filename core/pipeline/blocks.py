@@ -34,6 +34,7 @@ from core.pipeline.context import RunContext
 from core.pipeline.fitting import FitData, Reconstruction, Reports, Solved, reconstruction_for
 from core.pipeline.measure import peak_memory_mb
 from core.pipeline.result import LayerReport
+from core.pipeline.resume import Checkpointer, fingerprint
 from core.pipeline.runner import BlockRunner, KeptInputs
 from core.pipeline.scoring import hook_output_gains, split_batches
 from core.stats.accumulate import InputStats, in_residual_units
@@ -50,6 +51,7 @@ class Reconstructed:
     plan: Plan
     reports: list[LayerReport]
     layout: list[dict[str, Any]]
+    checkpoints: dict[str, Any] = field(default_factory=dict)  # saves made, and where the loop resumed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,11 +96,29 @@ def reconstruct_blocks(
     loop = _start(ctx, calibration, split)
     runner, layers = loop.data.runner, ctx.adapter.layers(ctx.model)
     last_pruned = max((i for i, lp in enumerate(plan.layers) if _prunes(loop, i, lp)), default=-1)
-    realised: list[LayerPlan] = []
-    layout: list[dict[str, Any]] = []
+    saver = None
+    if ctx.checkpoints is not None:
+        saver = Checkpointer(ctx, ctx.checkpoints, fingerprint(ctx, plan, calibration), len(layers))
+    try:
+        done = _loop_blocks(loop, plan, saver, last_pruned)
+    finally:
+        if saver is not None:
+            saver.close()
+    runner.hidden, runner.extra = [], []  # free the stored activations
+    ctx.report("reconstruct", len(layers), len(layers))
+    return done
+
+
+def _loop_blocks(loop: _Loop, plan: Plan, saver: Checkpointer | None, last_pruned: int) -> Reconstructed:
+    """Blocks from the first one not in the checkpoint (``saver``'s, if any) to the last."""
+    ctx, split = loop.run, loop.split
+    runner, layers = loop.data.runner, ctx.adapter.layers(ctx.model)
+    start, realised, layout = saver.resume(runner, split, loop.reports) if saver else (0, [], [])
     desc = f"prune+{ctx.recipe.reconstruction.method}"
-    bar = tqdm(total=len(layers), desc=desc, unit="layer", disable=not ctx.show_progress)
+    bar = tqdm(total=len(layers), initial=start, desc=desc, unit="layer", disable=not ctx.show_progress)
     for li, layer in enumerate(layers):
+        if li < start:  # kept from the checkpoint
+            continue
         ctx.report("reconstruct", li, len(layers))
         ctx.io.load(li)
         if li == len(layers) - 1:
@@ -119,10 +139,12 @@ def reconstruct_blocks(
         layout.append({"heads": lp.heads, "kv_heads": lp.kv_heads, "neurons": len(lp.neurons), "bias": block.added})
         ctx.io.done(li, layer)
         _show(bar, loop.reports, li, ctx.show_progress)
+        if saver is not None:
+            saver.after(li, runner, split, loop.reports, realised, layout)
     bar.close()
-    runner.hidden, runner.extra = [], []  # free the stored activations
-    ctx.report("reconstruct", len(layers), len(layers))
-    return Reconstructed(Plan(realised, plan.block_params, plan.target_removed), loop.reports.finish(), layout)
+    checkpoints = saver.metrics if saver is not None else {}
+    plan = Plan(realised, plan.block_params, plan.target_removed)
+    return Reconstructed(plan, loop.reports.finish(), layout, checkpoints)
 
 
 def _prune_block(loop: _Loop, block: _Block, lp: LayerPlan) -> LayerPlan:

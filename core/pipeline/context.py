@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -38,6 +39,8 @@ class RunOptions:
     progress: Progress | None = None  # called at every stage and after every block
     show_progress: bool = False  # a progress bar on the terminal
     measure_speed: bool = False  # time every block before and after pruning
+    # where block-boundary checkpoints are kept, and resumed from (core/pipeline/checkpoint.py)
+    checkpoints: Any = None
 
     def __post_init__(self) -> None:
         cal = self.calibration
@@ -45,6 +48,10 @@ class RunOptions:
             raise TypeError("calibration must be a (fit, held_aside) pair of calibration batches")
         if self.scores is not None and not isinstance(self.scores, list):
             raise TypeError("scores must be the list of an earlier result's scores, one per layer")
+        if self.checkpoints is not None and not all(
+            hasattr(self.checkpoints, m) for m in ("save", "load", "discard", "stop_requested", "note")
+        ):
+            raise TypeError("checkpoints must implement core.pipeline.checkpoint.Checkpoints")
         if self.progress is not None and not callable(self.progress):
             raise TypeError("progress must be a callable progress(stage, done, total)")
         for name in ("show_progress", "measure_speed"):
@@ -84,6 +91,15 @@ class BlockIO:
     def done(self, index: int, layer: nn.Module) -> None:
         pass
 
+    def block_files(self, upto: int) -> tuple[dict[str, tuple[Path, str]], dict[str, Any]] | None:
+        """For a checkpoint: the files that hold blocks ``0 .. upto - 1`` as written (name → (path,
+        sha256)) and what the manifest needs to restore them; None where the blocks are in memory
+        (the checkpoint saves their weights)."""
+        return None
+
+    def restore_blocks(self, files: dict[str, Path], manifest: dict[str, Any]) -> None:
+        """Put back the files :meth:`block_files` named for a checkpoint (a resumed streamed run)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class RunContext:
@@ -100,6 +116,7 @@ class RunContext:
     report: Progress = no_progress
     show_progress: bool = False
     speed: BlockSpeed | None = None  # times each block before and after pruning
+    checkpoints: Any = None  # core.pipeline.checkpoint.Checkpoints: saved at block boundaries, resumed from
 
 
 class ModelSource(Protocol):

@@ -144,7 +144,9 @@ def prune(
     ``show_progress`` draws a progress bar; ``measure_speed`` times every block on one calibration
     batch, dense and pruned side by side (:class:`~core.pipeline.measure.BlockSpeed`: ``block_speedup``
     and its spread ``block_speedup_low`` / ``_high`` over ``block_speedup_repeats`` repeats,
-    ``block_seconds_dense`` / ``block_seconds_pruned`` in the metrics).
+    ``block_seconds_dense`` / ``block_seconds_pruned`` in the metrics); ``checkpoints`` (a
+    :class:`~core.pipeline.checkpoint.Checkpoints`, e.g. ``FolderCheckpoints("ckpt/")``) saves the block
+    loop's state at block boundaries and resumes from the one it holds (``core/pipeline/resume.py``).
     """
     run = RunOptions.of(options)
     recipe = as_recipe(recipe)
@@ -294,9 +296,10 @@ def _prune_width(
         report=report,
         show_progress=options.show_progress,
         speed=speed,
+        checkpoints=options.checkpoints,
     )
     done = reconstruct_blocks(ctx, plan, (fit, held), split)
-    metrics = _metrics(ctx, done.plan, rounding)
+    metrics = _metrics(ctx, done.plan, rounding) | done.checkpoints
     return _result(recipe, source, before, (done.plan, plan, done.reports, done.layout), scores, metrics)
 
 

@@ -328,6 +328,23 @@ class WriteBlocks(BlockIO):
         s.sm.free_block(index)
         s.writer.submit(shard_name(index + 2, s.n_shards), copy.tensors, ready=copy.wait)
 
+    def block_files(self, upto: int) -> tuple[dict[str, tuple[Path, str]], dict[str, Any]]:
+        """The shards of blocks ``0 .. upto - 1`` once written (their sha256 computed as they were), and
+        the tensors each holds."""
+        s = self.source
+        s.writer.wait()
+        names = {shard_name(i + 2, s.n_shards) for i in range(upto)}
+        files = {n: (s.tmp / n, s.writer.digests[n]) for n in names}
+        return files, {"weight_map": {t: f for t, f in s.writer.weight_map.items() if f in names}}
+
+    def restore_blocks(self, files: dict[str, Path], manifest: dict[str, Any]) -> None:
+        """The checkpoint's shards into the output folder, as if this run had written them."""
+        s = self.source
+        for name, path in files.items():
+            shutil.copyfile(path, s.tmp / name)
+            s.writer.digests[name] = manifest["files"][name]
+        s.writer.weight_map.update(manifest["weight_map"])
+
 
 def _check_free_space(sm: StreamedModel, ratio: float, out: Path) -> None:
     """Refuse before writing anything when the output's disk cannot hold the pruned weights (their
