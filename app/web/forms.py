@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from app.web.fields import FieldError, field_for
+from core.models import bundled
 from core.models.liar_families import family_of, supported_families_text, unsupported_reason
 from core.spec.criteria import CRITERIA as _CRITERIA
 from core.spec.recipe import EXPORT_FORMATS, NAMED_DATASETS, Recipe
@@ -110,11 +111,18 @@ def submitter(user: str | None, request: Any = None) -> str | None:
 # --- the New-run form ----------------------------------------------------------------------------
 
 
+# windows of the held-out text a form's perplexity reads (at the calibration's length): 64 × 128 tokens
+# measure a 20% prune's change on SmolLM2 in seconds a side on two cores (the whole bundled held-out
+# text is ≈ 200k tokens: minutes a side); the API and YAML recipes choose their own
+EVAL_WINDOWS = 64
+
+
 def evaluations_for(evaluate: str | None, seq_len) -> list[dict[str, Any]]:
-    """The job's evaluations for the "Perplexity on" choice: none, or perplexity on that text."""
+    """The job's evaluations for the "Perplexity on" choice: none, or perplexity on the first
+    :data:`EVAL_WINDOWS` windows of that text."""
     if not evaluate or evaluate == NO_EVALUATION:
         return []
-    return [{"type": "perplexity", "dataset": str(evaluate), "seq_len": int(seq_len)}]
+    return [{"type": "perplexity", "dataset": str(evaluate), "seq_len": int(seq_len), "max_windows": EVAL_WINDOWS}]
 
 
 def task_evaluation(tasks, task_dir=None) -> list[dict[str, Any]]:
@@ -138,6 +146,8 @@ def describe_model(model: str | None, readable: Callable[[str], bool] | None = N
     if readable is not None and model and path.parent.exists() and not readable(str(path.parent)):
         return None, "⚠ that folder is outside the folders this server reads from"
     if not path.is_file():
+        if (note := bundled.status(path.parent)) is not None:  # a bundled model being prepared
+            return None, note
         if not model:
             return None, f"Supported families: {supported_families_text()}"
         return None, "hub id or unknown directory: checked when the job starts"

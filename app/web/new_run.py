@@ -249,6 +249,8 @@ def _wire_hints(demo: gr.Blocks, service: JobService, c: dict, advanced) -> None
         return text, gr.update(value=forms.NO_EVALUATION, interactive=False), gr.update(value="", interactive=False)
 
     c["model"].change(on_model_change, [c["model"]], [c["model_info"], c["evaluate"], c["tasks"]], api_name=False)
+    # again at each page load: a bundled model still being prepared at start says so until it is ready
+    demo.load(on_model_change, [c["model"]], [c["model_info"], c["evaluate"], c["tasks"]], api_name=False)
 
     chosen = gr.State(c["calibration"].value)  # the set the upload replaced, back when it is removed
 
