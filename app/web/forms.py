@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 import yaml
 
 from app.web.fields import FieldError, field_for
-from core.models import bundled
 from core.models.liar_families import family_of, supported_families_text, unsupported_reason
 from core.spec.criteria import CRITERIA as _CRITERIA
 from core.spec.recipe import EXPORT_FORMATS, NAMED_DATASETS, Recipe
@@ -65,6 +64,7 @@ RECIPE_FIELDS = (
     "export",
 )
 NO_EVALUATION = "(none)"
+EVAL_WINDOWS = 64  # held-out windows a form's perplexity reads (all of the bundled text: minutes a side)
 MAX_FORM_JOBS = 48  # ratios × methods one form submission may queue (a bigger grid: `liar sweep` or the API)
 KEEP_RECIPE_FILES = 200  # validated recipes kept for download (the oldest go first)
 
@@ -111,15 +111,8 @@ def submitter(user: str | None, request: Any = None) -> str | None:
 # --- the New-run form ----------------------------------------------------------------------------
 
 
-# windows of the held-out text a form's perplexity reads (at the calibration's length): 64 × 128 tokens
-# measure a 20% prune's change on SmolLM2 in seconds a side on two cores (the whole bundled held-out
-# text is ≈ 200k tokens: minutes a side); the API and YAML recipes choose their own
-EVAL_WINDOWS = 64
-
-
 def evaluations_for(evaluate: str | None, seq_len) -> list[dict[str, Any]]:
-    """The job's evaluations for the "Perplexity on" choice: none, or perplexity on the first
-    :data:`EVAL_WINDOWS` windows of that text."""
+    """The job's evaluations for the "Perplexity on" choice: none, or perplexity on that text's start."""
     if not evaluate or evaluate == NO_EVALUATION:
         return []
     return [{"type": "perplexity", "dataset": str(evaluate), "seq_len": int(seq_len), "max_windows": EVAL_WINDOWS}]
@@ -146,8 +139,6 @@ def describe_model(model: str | None, readable: Callable[[str], bool] | None = N
     if readable is not None and model and path.parent.exists() and not readable(str(path.parent)):
         return None, "⚠ that folder is outside the folders this server reads from"
     if not path.is_file():
-        if (note := bundled.status(path.parent)) is not None:  # a bundled model being prepared
-            return None, note
         if not model:
             return None, f"Supported families: {supported_families_text()}"
         return None, "hub id or unknown directory: checked when the job starts"

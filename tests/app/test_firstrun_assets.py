@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from app.cli import firstrun
-from app.web import forms
+from app.web.new_run import model_line
 from core.data import wikipedia
 from core.models import bundled
 
@@ -76,8 +76,8 @@ def test_real_assets_first_while_the_model_is_prepared_then_ready(installed, mon
     assert texts[0].endswith("texts/wikipedia-calibration.txt") and evals[0].endswith("texts/wikipedia-heldout.txt")
     assert fake.args[1:3] == ["-m", "core.models.bundled"] and fake.args[3] == models[0]
     assert any(line.startswith("preparing SmolLM2-135M-Instruct once") for line in said)
-    kind, line = forms.describe_model(models[0])  # the line above the model picker
-    assert kind is None and line.startswith("⏳ SmolLM2-135M-Instruct is being prepared")
+    line, _ = model_line(models[0])  # the line above the model picker
+    assert line.startswith("⏳ SmolLM2-135M-Instruct is being prepared")
     fake.done.set()
     _wait()
     assert said[-1] == "SmolLM2-135M-Instruct is ready"
@@ -93,4 +93,4 @@ def test_a_failed_preparation_is_said_on_the_page(installed, monkeypatch):
     _wait()
     reason = "could not prepare SmolLM2-135M-Instruct: No space left on device"
     assert said[-1] == f"⚠ {reason}"
-    assert forms.describe_model(models[0])[1] == f"⚠ SmolLM2-135M-Instruct could not be prepared: {reason}"
+    assert model_line(models[0])[0] == f"⚠ SmolLM2-135M-Instruct could not be prepared: {reason}"
