@@ -81,12 +81,14 @@ A100_OVER_H100 = 312 / 989
 # of its four rows. The share depends on the CPU's GEMM rate against its memory: 0.80 on the AMD EPYC
 # measured on 2026-11-27, so there the estimate runs about a quarter long.
 CPU_PRODUCT_SHARE = (13.79 / 26.22 + 28.91 / 46.86 + 58.43 / 93.24 + 101.10 / 177.33) / 4
-# the job around the prune (docs/results/first_run.json, SmolLM2-135M on 2 cores): a fresh process that
-# imports torch and transformers and opens the job, and the checkpoint read and written; the perplexity
-# windows' tokens where the text's size caps them (SmolLM2's tokenizer on the bundled Wikipedia text)
+# the job around the prune: a fresh process that imports torch and transformers and opens the job, and
+# the checkpoint read and written. Provisional: a default SmolLM2 job's log on a 2-core machine at load
+# average 7 read "starting 19.9 s, load 5.3 s"; these are that machine's share when idle, until
+# bench/first_run.py measures them (docs/results/first_run.md). BYTES_PER_TOKEN: the bundled Wikipedia
+# text's 3.09 MB are ≈ 720k SmolLM2 tokens, for the windows a text's size caps
 JOB_START_S = 8.0
 CHECKPOINT_BYTES_PER_S = 200 * 2**20
-BYTES_PER_TOKEN = 3.9
+BYTES_PER_TOKEN = 4.3
 # a CPU process's memory before any model: docs/results/streaming.md measured ≈ 387 MB for one that only
 # imports torch, transformers and the engine; an in-memory run also maps the checkpoint's pages (same page)
 CPU_BASELINE = 387 * 2**20
@@ -320,7 +322,7 @@ def with_job_time(result: Estimate, shape: Shape, worker: Worker, evaluations: l
     evaluation = evaluation_flops(evaluations, shape.params, after) / worker.dense_rate
     extra = JOB_START_S + size / CHECKPOINT_BYTES_PER_S + evaluation
     basis = (
-        f"{result.basis}; plus the job around it (docs/results/first_run.md): {JOB_START_S:g} s to start, the "
+        f"{result.basis}; plus the job around it (bench/first_run.py): {JOB_START_S:g} s to start, the "
         f"checkpoint read and written at {CHECKPOINT_BYTES_PER_S / 2**20:.0f} MiB/s, {evaluation:.3g} s of perplexity"
     )
     return replace(result, seconds=result.seconds + extra, basis=basis)
