@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import random
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -35,28 +34,9 @@ CACHE = Path(os.environ.get("LIAR_CACHE", Path.home() / ".cache" / "liar"))
 
 def _from_gguf(out: Path, src: str, gguf: str, family: str) -> Path:
     """Dequantise a GGUF file to float32 and save it as a normal Hugging Face directory at ``out``."""
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from core.models.bundled import convert_gguf
 
-    from core.models.liar_families import FAMILIES
-
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)
-    # save_pretrained refuses GGUF-loaded models: rebuild a clean one from the same weights
-    fam = FAMILIES[family]
-    cfg = getattr(transformers, fam.config_class)(
-        **{k: v for k, v in model.config.to_dict().items() if k not in ("quantization_config", "_name_or_path")}
-    )
-    clean = getattr(transformers, fam.model_classes["AutoModelForCausalLM"])(cfg)
-    clean.load_state_dict(model.state_dict(), strict=False)  # a tied head has no tensor of its own
-    clean.tie_weights()
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    clean.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    tmp.rename(out)
-    return out
+    return convert_gguf(out, Path(src) / gguf, family)
 
 
 def smollm2_dir() -> Path:
@@ -123,32 +103,11 @@ def qwen25_coder_dir() -> Path:
 
 def wikipedia_split(eval_fraction: float = 0.3, seed: int = 0) -> tuple[Path, Path]:
     """(calibration.txt, evaluation.txt): whole articles, blank-line separated, disjoint."""
-    calib, evaluation = CACHE / "wiki-calibration.txt", CACHE / "wiki-evaluation.txt"
-    if calib.exists() and evaluation.exists():
-        return calib, evaluation
-    import bz2
+    from core.data.wikipedia import prepare  # the split the app prepares for its first run
 
-    import gensim
-    from gensim.corpora.wikicorpus import extract_pages, filter_wiki
-
-    path = os.path.join(
-        os.path.dirname(gensim.__file__),
-        "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
+    return prepare(
+        CACHE / "wiki-calibration.txt", CACHE / "wiki-evaluation.txt", seed=seed, eval_fraction=eval_fraction
     )
-    docs = [
-        (t, filter_wiki(x))
-        for t, x, _ in extract_pages(bz2.BZ2File(path), filter_namespaces=("0",))
-        if not x.lower().startswith("#redirect")
-    ]
-    docs = [(t, re.sub(r"\n{3,}", "\n\n", x).strip()) for t, x in docs if len(x) > 500]
-    random.Random(seed).shuffle(docs)
-    n_eval = round(len(docs) * eval_fraction)
-    CACHE.mkdir(parents=True, exist_ok=True)
-    # one article per block: collapse its blank lines so the .txt reader sees whole articles
-    fmt = lambda part: "\n\n".join(re.sub(r"\n\s*\n", "\n", x) for _, x in part)  # noqa: E731
-    evaluation.write_text(fmt(docs[:n_eval]))
-    calib.write_text(fmt(docs[n_eval:]))
-    return calib, evaluation
 
 
 def minilm_base_dir() -> Path:

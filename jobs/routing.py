@@ -33,11 +33,12 @@ def queue_names(queues: tuple[Queue, ...]) -> tuple[str, ...]:
     return tuple(q.name for q in queues) or (DEFAULT_QUEUE,)
 
 
-def queue_worker(queue: Queue):
-    """The estimate's worker class for ``queue``, with the queue's memory."""
+def queue_worker(queue: Queue, gemm_rate: float | None = None):
+    """The estimate's worker class for ``queue``, with the queue's memory (a CPU queue at ``gemm_rate``,
+    what its workers reported, else a nominal rate)."""
     from core.pipeline.estimate import worker_class
 
-    w = worker_class(queue.klass, gemm_rate=_NOMINAL_GEMM if queue.klass == "cpu" else None)
+    w = worker_class(queue.klass, gemm_rate=(gemm_rate or _NOMINAL_GEMM) if queue.klass == "cpu" else None)
     return dataclasses.replace(w, memory=queue.memory) if queue.memory is not None else w
 
 

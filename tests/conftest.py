@@ -8,6 +8,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+# the app servers offer the tiny random model only: no test pays for preparing SmolLM2 (app/cli/firstrun.py)
+os.environ.setdefault("LIAR_BUNDLED", "tiny")
 # Some virtual machines advertise AMX but do not enable it for processes: oneDNN's AMX bfloat16
 # kernels then die with SIGILL. Capping the ISA keeps the bfloat16 tests on AVX-512 kernels.
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")

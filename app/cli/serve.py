@@ -12,27 +12,10 @@ from pathlib import Path
 
 
 def bundled_assets(data_dir: Path) -> tuple[list[str], list[str], list[str]]:
-    """A tiny demo model and text (made on first start), plus real assets if the benchmarks cached them."""
-    from core.models.tiny import tiny_corpus, tiny_decoder
+    """The New-run pickers' models, calibration texts and held-out texts (``app.cli.firstrun``)."""
+    from app.cli.firstrun import bundled_assets as assets
 
-    models_dir, texts_dir = data_dir / "models", data_dir / "texts"
-    texts_dir.mkdir(parents=True, exist_ok=True)
-    tiny = models_dir / "tiny-llama-demo"
-    if not (tiny / "config.json").exists():
-        tiny_decoder(tiny)
-    text, held = texts_dir / "tiny-demo.txt", texts_dir / "tiny-demo-heldout.txt"
-    if not text.exists():
-        text.write_text("\n\n".join(tiny_corpus(80)))
-    if not held.exists():
-        held.write_text("\n\n".join(tiny_corpus(20, seed=1)))
-    models, texts, evals = [str(tiny)], [str(text)], [str(held)]
-    cache = Path(os.environ.get("LIAR_CACHE", Path.home() / ".cache" / "liar"))
-    if (cache / "SmolLM2-135M-Instruct" / "config.json").exists():
-        models.append(str(cache / "SmolLM2-135M-Instruct"))
-    if (cache / "wiki-calibration.txt").exists():
-        texts.append(str(cache / "wiki-calibration.txt"))
-        evals.append(str(cache / "wiki-evaluation.txt"))
-    return models, texts, evals
+    return assets(data_dir, say=lambda line: print(line, flush=True))
 
 
 def cmd_app(args: argparse.Namespace) -> int:

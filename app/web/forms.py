@@ -64,6 +64,7 @@ RECIPE_FIELDS = (
     "export",
 )
 NO_EVALUATION = "(none)"
+EVAL_WINDOWS = 64  # held-out windows a form's perplexity reads (all of the bundled text: minutes a side)
 MAX_FORM_JOBS = 48  # ratios × methods one form submission may queue (a bigger grid: `liar sweep` or the API)
 KEEP_RECIPE_FILES = 200  # validated recipes kept for download (the oldest go first)
 
@@ -111,10 +112,10 @@ def submitter(user: str | None, request: Any = None) -> str | None:
 
 
 def evaluations_for(evaluate: str | None, seq_len) -> list[dict[str, Any]]:
-    """The job's evaluations for the "Perplexity on" choice: none, or perplexity on that text."""
+    """The job's evaluations for the "Perplexity on" choice: none, or perplexity on that text's start."""
     if not evaluate or evaluate == NO_EVALUATION:
         return []
-    return [{"type": "perplexity", "dataset": str(evaluate), "seq_len": int(seq_len)}]
+    return [{"type": "perplexity", "dataset": str(evaluate), "seq_len": int(seq_len), "max_windows": EVAL_WINDOWS}]
 
 
 def task_evaluation(tasks, task_dir=None) -> list[dict[str, Any]]:

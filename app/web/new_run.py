@@ -15,6 +15,7 @@ import gradio as gr
 
 from app.web import forms, preview, recipe_box
 from app.web.auth import Login
+from core.models import bundled
 from jobs.service import JobService
 
 # the one-line help under each box; a box's error replaces it until the box is fixed
@@ -46,11 +47,19 @@ FIELDS = (*INFO, *SLOTS)
 ERROR_CLASS = "field-error"
 
 
+def model_line(name: str | None, readable=None, local=lambda name: name) -> tuple[str, bool]:
+    """The line above the model picker and whether perplexity applies (``forms.model_hint``), or the
+    sentence of a bundled model still being prepared, or whose preparation failed (``core.models.bundled``);
+    ``local``: the folder a model's name stands for (``jobs.names``)."""
+    note = bundled.status(local(name)) if name else None
+    return (note, True) if note else forms.model_hint(local(name), readable)
+
+
 def _first_screen(models: list[str], texts: list[str], named: bool, local) -> dict:
     """The four choices, the upload that can replace the calibration set, and (without login) a name;
     ``local``: the folder a model's name stands for (``jobs.names``)."""
     c = {}
-    c["model_info"] = gr.Markdown(forms.describe_model(local(models[0]))[1] if models else "", elem_id="model-info")
+    c["model_info"] = gr.Markdown(model_line(models[0], None, local)[0] if models else "", elem_id="model-info")
     with gr.Row():
         c["model"] = gr.Dropdown(
             models, value=models[0] if models else None, allow_custom_value=True, label="Model", info=INFO["model"]
@@ -245,12 +254,14 @@ def _wire_hints(demo: gr.Blocks, service: JobService, c: dict, advanced) -> None
     estimate, each following the boxes they depend on."""
 
     def on_model_change(name):
-        text, perplexity_applies = forms.model_hint(service.names.path(name), service.readable)
+        text, perplexity_applies = model_line(name, service.readable, service.names.path)
         if perplexity_applies:  # and lm-eval: both need a causal language model
             return text, gr.update(interactive=True), gr.update(interactive=True)
         return text, gr.update(value=forms.NO_EVALUATION, interactive=False), gr.update(value="", interactive=False)
 
     c["model"].change(on_model_change, [c["model"]], [c["model_info"], c["evaluate"], c["tasks"]], api_name=False)
+    # again at each page load: a bundled model still being prepared at start says so until it is ready
+    demo.load(on_model_change, [c["model"]], [c["model_info"], c["evaluate"], c["tasks"]], api_name=False)
 
     chosen = gr.State(c["calibration"].value)  # the set the upload replaced, back when it is removed
 

@@ -3,10 +3,12 @@ current choices) and the engine's estimate of the run (``core.pipeline.estimate`
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 from typing import Any
 
-from app.web.forms import NO_EVALUATION, RECIPE_FIELDS, build_recipe, parse_amount
+from app.web.forms import NO_EVALUATION, RECIPE_FIELDS, build_recipe, evaluations_for, parse_amount
 from jobs.references import job_reference
 from jobs.service import JobService, SubmitError
 
@@ -31,16 +33,41 @@ def advanced_title(values: dict[str, Any]) -> str:
 def estimate_line(service: JobService, form) -> str:
     """The engine's estimate of the run the form describes (``core.pipeline.estimate``) on the queue
     the job would be routed to (``LIAR_QUEUES``, :mod:`jobs.routing`), or else on this server's worker
-    class (``LIAR_WORKER_CLASS``), as one line above Submit; empty while the form
-    cannot make a recipe (Validate says why), or names a job's checkpoint or a folder this server
-    may not read. A sweep is estimated at its first ratio."""
+    class (``LIAR_WORKER_CLASS``), at the GEMM rate its workers reported at their start
+    (:func:`reported_rate`), as one line above Submit; empty while the form cannot make a recipe
+    (Validate says why), or names a job's checkpoint or a folder this server may not read. A sweep is
+    estimated at its first ratio."""
+    found = _estimate(service, form)
+    if isinstance(found, str):
+        return found
+    result, amount, queue = found
+    if not result.ok:
+        return f"Estimate: {result.error}"
+    first = (
+        f" (for ratio {amount[0]:g}, the first of {len(amount)})"
+        if isinstance(amount, list) and len(amount) > 1
+        else ""
+    )
+    line = f"Estimate{first}: {result.summary()}" + (f" (queue {queue})" if queue else "")
+    return line + (f" — ⚠ {result.fit_note}" if result.fits is False and result.fit_note else "")
+
+
+def estimate_seconds(service: JobService, form) -> float | None:
+    """The estimated seconds of the form's job (None where :func:`estimate_line` shows none)."""
+    found = _estimate(service, form)
+    return None if isinstance(found, str) or not found[0].ok else found[0].seconds
+
+
+def _estimate(service: JobService, form):
+    """(the estimate, the ratio box's amount, the queue) of the form's run, or the line to show instead."""
     from core.pipeline.estimate import estimate
 
-    *fields, _evaluate, _tasks, _task_dir, methods = form
+    *fields, evaluate, _tasks, _task_dir, methods = form
     values = dict(zip(RECIPE_FIELDS, fields, strict=True))
     try:
         amount = parse_amount(values["ratio"])
         recipe = build_recipe(**values)
+        evaluations = evaluations_for(evaluate, recipe["calibration"]["max_seq_length"])
     except SubmitError:
         return ""
     recipe = service.names.recipe(recipe, service.names.path)  # models/NAME: the folder it names here
@@ -54,25 +81,46 @@ def estimate_line(service: JobService, form) -> str:
         worker, queue = _worker_for(service, recipe)
     except SubmitError as exc:  # no queue has the memory: said before Submit
         return f"Estimate: ⚠ {exc}"
-    result = estimate(recipe, worker)
-    if not result.ok:
-        return f"Estimate: {result.error}"
-    first = (
-        f" (for ratio {amount[0]:g}, the first of {len(amount)})"
-        if isinstance(amount, list) and len(amount) > 1
-        else ""
-    )
-    line = f"Estimate{first}: {result.summary()}" + (f" (queue {queue})" if queue else "")
-    return line + (f" — ⚠ {result.fit_note}" if result.fits is False and result.fit_note else "")
+    return estimate(recipe, worker, evaluations=evaluations), amount, queue
+
+
+# how often the web process asks the workers for their GEMM rates (one broadcast, ASK_SECONDS long); a
+# worker still probing is asked again sooner
+ASK_EVERY, ASK_AGAIN, ASK_SECONDS = 60.0, 5.0, 0.5
+_asked: dict[str, tuple[float, dict[str, Any]]] = {}  # broker URL → (when, the workers' answers)
+
+
+def reported_rate(service: JobService, queue: str | None = None) -> float | None:
+    """The float32 GEMM rate (FLOP/s) the CPU workers (of ``queue``, when given) reported at their
+    start (``jobs.workerinfo``); None when none has."""
+    from jobs.health import BrokerDown, ask_workers
+    from jobs.workerinfo import COMMAND, gemm_rate_of
+
+    url, now = service.settings.broker_url, time.monotonic()
+    at, answers = _asked.get(url, (-math.inf, {}))
+    again = ASK_AGAIN if any((a.get("device") or {}).get("kind") == "probing" for a in answers.values()) else ASK_EVERY
+    if now - at > again:
+        try:
+            answers = ask_workers(service.celery, COMMAND, ASK_SECONDS)
+        except BrokerDown:
+            answers = {}
+        _asked[url] = (now, answers)
+    return gemm_rate_of(answers, queue)
 
 
 def _worker_for(service: JobService, recipe: dict[str, Any]):
     """(the worker class to estimate on, the queue's name or None): the queue routing would pick, or
-    the server's one worker class; raises SubmitError when no queue has the memory."""
+    the server's one worker class; a CPU class at its workers' reported GEMM rate. Raises SubmitError
+    when no queue has the memory."""
+    from core.pipeline.estimate import worker_class
     from jobs import routing
 
     queues = service.settings.queues
     if not queues:
-        return service.settings.worker_class, None
+        name = service.settings.worker_class
+        rate = reported_rate(service) if name == "cpu" else None
+        return (worker_class(name, gemm_rate=rate) if rate else name), None
     name, _ = routing.route(queues, recipe)
-    return routing.queue_worker(next(q for q in queues if q.name == name)), name
+    queue = next(q for q in queues if q.name == name)
+    rate = reported_rate(service, name) if queue.klass == "cpu" else None
+    return routing.queue_worker(queue, gemm_rate=rate), name

@@ -48,9 +48,17 @@ class Roster:
         with self._lock:
             for name, answer in answers.items():
                 if isinstance(answer, dict):
-                    self._seen[name] = (now, answer)
+                    self._seen[name] = (now, self._with_known_device(name, answer))
             self._seen = {n: v for n, v in self._seen.items() if now - v[0] <= self.forget_after}
             return [(name, now - at, answer) for name, (at, answer) in sorted(self._seen.items())]
+
+    def _with_known_device(self, name: str, answer: dict[str, Any]) -> dict[str, Any]:
+        """``answer``, but with the device this worker reported before when it now says ``probing``
+        (a device does not change while its worker runs)."""
+        known = self._seen.get(name, (0.0, {}))[1].get("device") or {}
+        if (answer.get("device") or {}).get("kind") == "probing" and known.get("kind") not in (None, "probing"):
+            return {**answer, "device": known}
+        return answer
 
 
 def worker_row(name: str, age: float, info: dict[str, Any]) -> list[str]:

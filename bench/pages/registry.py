@@ -7,6 +7,7 @@ import json
 import re
 
 from bench.pages import quality, speed, systems
+from bench.pages.first_run import first_run_ratio
 from bench.pages.page import Page, _c, renderer
 from bench.pages.values import ONEDNN_DATE, RESULTS, data, num, page_text, product_ratio, table, time_row
 from bench.quantize_page import q4_over_f16
@@ -45,6 +46,13 @@ OPTIONAL_PAGES = {
             ),
         ),
         data=("quantize.json",),
+    ),
+    "first_run.md": Page(
+        "python bench/first_run.py",
+        "jobs",
+        (_c("the first run's default job: real time over the estimate before Submit", lambda: first_run_ratio(0)),),
+        cpu_times=True,
+        data=("first_run.json",),
     ),
     # written by a whole `make test` run only (tests/timing.py): indexed once real numbers are committed
     "test_time.md": Page(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
@@ -81,6 +81,14 @@ A100_OVER_H100 = 312 / 989
 # of its four rows. The share depends on the CPU's GEMM rate against its memory: 0.80 on the AMD EPYC
 # measured on 2026-11-27, so there the estimate runs about a quarter long.
 CPU_PRODUCT_SHARE = (13.79 / 26.22 + 28.91 / 46.86 + 58.43 / 93.24 + 101.10 / 177.33) / 4
+# the job around the prune: a fresh process that imports torch and transformers and opens the job, and
+# the checkpoint read and written. Provisional: a default SmolLM2 job's log on a 2-core machine at load
+# average 7 read "starting 19.9 s, load 5.3 s"; these are that machine's share when idle, until
+# bench/first_run.py measures them (docs/results/first_run.md). BYTES_PER_TOKEN: the bundled Wikipedia
+# text's 3.09 MB are ≈ 720k SmolLM2 tokens, for the windows a text's size caps
+JOB_START_S = 8.0
+CHECKPOINT_BYTES_PER_S = 200 * 2**20
+BYTES_PER_TOKEN = 4.3
 # a CPU process's memory before any model: docs/results/streaming.md measured ≈ 387 MB for one that only
 # imports torch, transformers and the engine; an in-memory run also maps the checkpoint's pages (same page)
 CPU_BASELINE = 387 * 2**20
@@ -257,7 +265,7 @@ def params_after(recipe: Recipe, shape: Shape, heads_cut: float) -> int:
     return after
 
 
-def estimate(recipe: Recipe | dict | str | Path, worker: str | Worker) -> Estimate:
+def estimate(recipe: Recipe | dict | str | Path, worker: str | Worker, evaluations: list | None = None) -> Estimate:
     """The :class:`Estimate` of ``recipe`` run as a job (its result saved) on ``worker`` (a name of
     :data:`WORKERS`, or a :class:`Worker`). Never raises for a bad recipe, model or worker name: the
     result then carries ``error``, one sentence the web form shows."""
@@ -276,8 +284,48 @@ def estimate(recipe: Recipe | dict | str | Path, worker: str | Worker) -> Estima
     except (ValueError, OSError) as exc:
         return Estimate(model, name, error=f"cannot estimate: {exc}")
     if recipe.target is not None:
-        return _target_estimate(recipe, shape, w, device)
-    return _ratio_estimate(recipe, shape, w, device)
+        result = _target_estimate(recipe, shape, w, device)
+    else:
+        result = _ratio_estimate(recipe, shape, w, device)
+    # the job around the prune is measured on CPU workers only (a GPU class's rates time the prune alone)
+    return with_job_time(result, shape, w, evaluations or []) if w.device == "cpu" else result
+
+
+def evaluation_flops(evaluations: list, params_before: int, params_after: int) -> float:
+    """FLOPs of a job's perplexity evaluations: a forward pass of the pruned model over each one's
+    tokens, and of the dense model over the last one's (the baseline, ``jobs.baseline``), two FLOPs
+    per parameter and token. Tokens: ``max_windows × seq_len``, capped by a local text's size at
+    :data:`BYTES_PER_TOKEN`; a named set without ``max_windows`` is not counted (its size is not known
+    offline)."""
+    tokens = []
+    for ev in evaluations:
+        if not isinstance(ev, dict) or ev.get("type", "perplexity") != "perplexity":
+            continue
+        seq, windows = int(ev.get("seq_len") or 512), ev.get("max_windows")
+        text = Path(str(ev.get("dataset", ""))).expanduser()
+        in_text = text.stat().st_size / BYTES_PER_TOKEN // seq if text.is_file() else math.inf
+        tokens.append(min(windows or math.inf, in_text) * seq)
+    tokens = [t for t in tokens if math.isfinite(t)]
+    if not tokens:
+        return 0.0
+    return 2.0 * (params_after * sum(tokens) + params_before * tokens[-1])
+
+
+def with_job_time(result: Estimate, shape: Shape, worker: Worker, evaluations: list) -> Estimate:
+    """``result`` with the job's time around the prune added: a fresh process's start, reading the
+    model and writing the checkpoint (:data:`JOB_START_S`, :data:`CHECKPOINT_BYTES_PER_S`), and the
+    perplexity evaluations at the worker's rate for model-dtype products."""
+    if not result.ok:
+        return result
+    after = result.params_after if result.params_after is not None else result.params_range[1]
+    size = (shape.params + after) * _bytes(result.dtype or "float32")
+    evaluation = evaluation_flops(evaluations, shape.params, after) / worker.dense_rate
+    extra = JOB_START_S + size / CHECKPOINT_BYTES_PER_S + evaluation
+    basis = (
+        f"{result.basis}; plus the job around it (bench/first_run.py): {JOB_START_S:g} s to start, the "
+        f"checkpoint read and written at {CHECKPOINT_BYTES_PER_S / 2**20:.0f} MiB/s, {evaluation:.3g} s of perplexity"
+    )
+    return replace(result, seconds=result.seconds + extra, basis=basis)
 
 
 def _config(model: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ class Launch:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LIAR_")}
         env.update(
             LIAR_DATA_DIR=str(data),
+            LIAR_BUNDLED="tiny",  # the tiny demo model and text only: no SmolLM2 prepared per test server
             LIAR_WORKER_MAX_TASKS_PER_CHILD="20",
             GRADIO_ANALYTICS_ENABLED="False",
             PYTHONPATH=str(Path(__file__).resolve().parents[2]),

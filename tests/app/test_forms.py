@@ -189,7 +189,8 @@ def test_lm_eval_tasks_from_the_form_reach_the_job(job_service, llama_dir, bert_
 
 def test_evaluations_for():
     assert evaluations_for(None, 128) == [] and evaluations_for("(none)", 128) == []
-    assert evaluations_for("held.txt", "64") == [{"type": "perplexity", "dataset": "held.txt", "seq_len": 64}]
+    ev = {"type": "perplexity", "dataset": "held.txt", "seq_len": 64, "max_windows": forms.EVAL_WINDOWS}
+    assert evaluations_for("held.txt", "64") == [ev]
 
 
 # --- model descriptions --------------------------------------------------------------------------

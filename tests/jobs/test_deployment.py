@@ -120,6 +120,7 @@ def deployment(tmp_path_factory, job_models):
             LIAR_LEASE_SECONDS=str(LEASE),
             LIAR_MAX_ATTEMPTS="2",
             LIAR_WORKER_MAX_TASKS_PER_CHILD="100",
+            LIAR_BUNDLED="tiny",  # the web process offers the tiny demo only: no SmolLM2 prepared here
             LIAR_DATA_ROOTS=str(job_models["quick"].parent),
             OMP_NUM_THREADS="1",
             PYTHONPATH=str(ROOT),
