@@ -175,8 +175,8 @@ class JobService(JobFiles):
             axes["reconstruction"] = list(methods)
         if criteria:  # another criterion name keeps the recipe's criterion options
             axes["criterion"] = [{"name": name, "options": base["criterion"]["options"]} for name in criteria]
-        try:
-            cells = expand_grid(base, axes)
+        try:  # the cells are validated as recipes: on this host's files, not on the stored names
+            cells = expand_grid(self.validator.names.recipe(base, self.validator.names.path), axes)
         except GridError as exc:
             raise SubmitError(f"invalid recipe: {'; '.join(exc.problems)}") from None
         recipes = [

@@ -104,6 +104,15 @@ def test_a_typed_path_under_the_data_folder_is_stored_and_shown_by_its_name(name
     assert service.show(again)["recipe"] == service.show(job_id)["recipe"]
 
 
+def test_a_sweep_named_by_the_model_list_submits_every_cell(named):
+    """The grid's cells are validated on the files the names stand for, and stored by the names."""
+    group, ids = named.submit_sweep(_recipe(), ratios=[0.2, 0.3], evaluations=EVALUATION, confine=True)
+    assert len(ids) == 2 and group
+    for job_id in ids:
+        recipe = named.show(job_id)["recipe"]
+        assert recipe["model"] == "models/tiny" and recipe["calibration"]["dataset"] == "texts/cal.txt"
+
+
 def test_a_refusal_names_the_servers_files_by_their_names(named):
     service = named
     data = service.settings.data_dir
