@@ -19,12 +19,15 @@ QUEUE = "liar"
 
 def result_backend(settings: Settings) -> str:
     """Where a task that returns a value (``jobs.generation``'s) leaves it: a folder beside the
-    filesystem broker's, or the Redis that is the broker."""
+    filesystem broker's, or the Redis that is the broker (in memory for an in-process broker)."""
     if settings.broker_url.startswith("filesystem://"):
         folder = settings.broker_dir / "results"
         folder.mkdir(parents=True, exist_ok=True)
         return f"file://{folder.resolve()}"
-    return settings.broker_url
+    if settings.broker_url.startswith(("redis://", "rediss://")):
+        return settings.broker_url
+    # an in-process broker (tests) keeps results in memory too; another broker answers over its own queues
+    return "cache+memory://" if settings.broker_url.startswith("memory://") else "rpc://"
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
