@@ -301,7 +301,7 @@ def test_a_job_writes_its_serving_files_into_the_checkpoint(service, job_models,
 def test_an_export_that_fails_after_the_prune_keeps_the_checkpoint(service, job_models, serving_models, monkeypatch):
     import core.serving
 
-    def refuse(checkpoint, forms, threads=2):
+    def refuse(checkpoint, forms, threads=2, log=print):
         raise core.serving.ExportError("llama.cpp did not answer 'quantize' within 600 s")
 
     monkeypatch.setattr(core.serving, "export", refuse)
