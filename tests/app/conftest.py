@@ -61,7 +61,17 @@ class Launch:
                 assert self.proc.poll() is None, self.log.read_text()[-3000:]
                 return False
 
+        def routed():  # the download and health routes are added just after the app starts serving
+            try:
+                with urllib.request.urlopen(self.url + "healthz", timeout=5):
+                    return True
+            except urllib.error.HTTPError as exc:
+                return exc.code != 404  # 503: a part is down, which some tests set up on purpose
+            except OSError:
+                return False
+
         wait_for(serves, timeout=180, every=0.1, what="the app to answer")
+        wait_for(routed, timeout=60, every=0.1, what="the app's own routes")
         return self.proc, self.url
 
 
