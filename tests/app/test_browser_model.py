@@ -15,25 +15,11 @@ import pytest
 
 from jobs.tasks import execute
 from tests.app.conftest import PASSWORDS
-from tests.app.test_browser import ARGS, CHROMIUM, LONG, _new_page  # noqa: F401  (browser's settings)
+from tests.app.test_browser import LONG, _new_page, browser  # noqa: F401  (the module's Chromium)
 from tests.app.test_generate_api import queue_worker, route_to
 from tests.jobs.conftest import wait_for
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from pathlib import Path
-
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is required for the browser tests (.ci/run installs Debian's chromium)")
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +36,7 @@ def pruned_job(team, llama_dir, corpus):
         yield job_id
 
 
-def _log_in(browser, url: str, user: str, job_id: int):
+def _log_in(browser, url: str, user: str, job_id: int):  # noqa: F811
     pg = _new_page(browser, f"{url}?job={job_id}")
     pg.get_by_label("username").fill(user)
     pg.get_by_label("password").fill(PASSWORDS[user])
@@ -59,7 +45,7 @@ def _log_in(browser, url: str, user: str, job_id: int):
     return pg
 
 
-def test_the_prompt_box_and_the_serving_forms(browser, team, pruned_job, screenshots_dir):
+def test_the_prompt_box_and_the_serving_forms(browser, team, pruned_job, screenshots_dir):  # noqa: F811
     url, service = team["url"], team["service"]
     bob = _log_in(browser, url, "bob", pruned_job)
     if "job=" not in bob.url:  # the login page may drop the address's query
