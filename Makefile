@@ -41,10 +41,13 @@ demo: $(STAMP)
 # the web app's in Chromium (markers slow, integration, browser: pyproject.toml)
 # It ends with the 25 slowest tests and the time per marker; `make test TEST_TIME=docs/results/test_time.json`
 # also writes that table (then `python bench/test_time.py` renders docs/results/test_time.md from it)
+# Tests run in TEST_PROCESSES processes side by side (one per core, at most 4; a test file stays in one
+# process, so a module's browser, app servers and models are started once)
+TEST_PROCESSES ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 test: $(STAMP) $(ENGINES) $(FIRSTRUN)
 	$(BIN)/ruff check core jobs app tests bench
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q --durations=25 $(if $(TEST_TIME),--test-time $(TEST_TIME))
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile --durations=25 $(if $(TEST_TIME),--test-time $(TEST_TIME))
 
 # the engine's logic in under two minutes: tests/core, the CLI's and the cross-cutting tests, without
 # the slow matrices (every family, criterion or reconstruction; streamed twins), servers or a browser

@@ -44,6 +44,9 @@ class TestTimes:
         self.classes.update({item.nodeid: marker_class(item) for item in items})
 
     def pytest_runtest_logreport(self, report) -> None:
+        # under xdist the controlling process collects nothing: the report's keywords carry the markers
+        if report.nodeid not in self.classes:
+            self.classes[report.nodeid] = next((m for m in MARKERS if m in report.keywords), "unmarked")
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
 
     def summary(self) -> dict:
@@ -56,6 +59,8 @@ class TestTimes:
             "machine": f"{cpu_model()}, {os.cpu_count()} cores",
             "python": platform.python_version(),
             "wall_seconds": round(time.monotonic() - self.started, 1),
+            # test processes side by side (`make test`: pytest-xdist's -n); the marker sums add them up
+            "processes": int(getattr(self.config.option, "numprocesses", None) or 1),
             "markers": [
                 {"marker": m, "tests": len(rows[m]), "seconds": round(sum(rows[m]), 1)}
                 for m in (*MARKERS, "unmarked")

@@ -120,24 +120,6 @@ class Stack:
             proc.wait(timeout=30)
 
 
-REDIS_START = (
-    "redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save '' --appendonly no "
-    "--dir /var/lib/redis --logfile /var/log/redis/ci.log"
-)
-
-
-def restart_redis() -> None:
-    """Stop the local Redis without saving (its queues are lost) and start it again."""
-    import redis
-
-    try:
-        redis.Redis.from_url(REDIS).shutdown(nosave=True)
-    except redis.exceptions.ConnectionError:
-        pass  # shutdown closes the connection
-    subprocess.run(REDIS_START, shell=True, check=True)
-    wait_for(_redis_available, timeout=30, what="Redis to come back")
-
-
 def wait_for(predicate, timeout: float = 120.0, every: float = 0.3, what: str = "condition"):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -205,8 +187,9 @@ def stack(request, tmp_path):
         import redis
 
         database = postgres_database()
-        db_index = 1 + int(uuid.uuid4().int % 15)
-        broker = f"{REDIS}/{db_index}"
+        # one database per test process (`make test` runs several): a process runs one stack at a time
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+        broker = f"{REDIS}/{1 + int(worker.removeprefix('gw')) % 15}"
         redis.Redis.from_url(broker).flushdb()
         env.update(LIAR_DATABASE_URL=database.__enter__(), LIAR_BROKER_URL=broker)
 
