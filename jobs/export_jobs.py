@@ -34,6 +34,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from core.spec.recipe import EXPORT_FORMATS
 from jobs.access import OPEN, Actor, Forbidden, NotNow, public_text, require_owner
 from jobs.artifacts import checkpoint_files, job_dir, publish, remove_earlier_attempts
 from jobs.db import Artifact, Job, Status, retry_on_disconnect
@@ -47,13 +48,8 @@ EXPORT_ONLY = "export_only"  # the stored recipe's mark
 KIND = "export"  # the artifact row of an export job's folder
 FOLDER = "export"
 # the forms, in the order the page offers them (core.serving.FORMATS; torch-free names here)
-LABELS = {
-    "gguf-f16": "GGUF f16 (llama.cpp)",
-    "gguf-q8_0": "GGUF q8_0 (llama.cpp)",
-    "gguf-q4_k_m": "GGUF q4_k_m (llama.cpp)",
-    "vllm": "vLLM (DeciLM form)",
-}
-GGUF_QUANT = {"gguf-f16": "f16", "gguf-q8_0": "q8_0", "gguf-q4_k_m": "q4_k_m"}
+GGUF_QUANT = {f: f.removeprefix("gguf-") for f in EXPORT_FORMATS if f.startswith("gguf-")}
+LABELS = {**{f: f"GGUF {quant} (llama.cpp)" for f, quant in GGUF_QUANT.items()}, "vllm": "vLLM (DeciLM form)"}
 UNFINISHED = (Status.QUEUED.value, Status.RUNNING.value)
 
 

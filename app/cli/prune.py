@@ -398,8 +398,9 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="FORM",
         help="also write the checkpoint in this serving form after saving it (repeat for several; the recipe's "
-        "export): gguf-f16, gguf-q8_0 or gguf-q4_k_m — GGUF for llama.cpp and ollama, q4_k_m about a quarter of "
-        "f16's size, the quantized ones by llama.cpp's quantizer (liar engines install llama.cpp) — or vllm, a "
+        "export): gguf-f16, gguf-q8_0, gguf-q5_k_m, gguf-q4_k_m, gguf-q3_k_m, gguf-iq3_xxs or gguf-iq2_m — GGUF "
+        "for llama.cpp and ollama, q4_k_m about a quarter of f16's size, the quantized ones by llama.cpp's "
+        "quantizer (liar engines install llama.cpp) with an importance matrix from the calibration text — or vllm, a "
         "folder vLLM serves (needs query_heads: uniform); checked against the model before pruning",
     )
 

@@ -14,12 +14,13 @@ from pathlib import Path
 from core.serving.card import VLLM_DIR, list_forms
 from core.serving.gguf_export import ExportError, check_exportable, export_gguf, plan, verify_checkpoint
 from core.serving.gguf_recipe import check_recipe_gguf
+from core.serving.imatrix import NEEDS_IMATRIX
 from core.serving.quantize import QUANTIZED, resolve_imatrix
 from core.spec.recipe import EXPORT_FORMATS, Recipe
 
 # form name → GGUF weight type; "vllm": vLLM's DeciLM form in the checkpoint's ``vllm/`` folder
-GGUF_FORMATS = {"gguf-f16": "f16", "gguf-q8_0": "q8_0", "gguf-q4_k_m": "q4_k_m"}
 FORMATS = EXPORT_FORMATS  # the names live in core.spec, which recipes validate with (torch-free)
+GGUF_FORMATS = {f: f.removeprefix("gguf-") for f in FORMATS if f.startswith("gguf-")}
 
 
 def _unknown(names: list[str]) -> None:
@@ -47,6 +48,23 @@ def preflight(model_dir: str | Path, formats: list[str], engines: bool = True, r
     quantized = [f for f in formats if GGUF_FORMATS.get(f) in QUANTIZED]
     if engines and quantized and llama_cpp_python() is None:
         raise ExportError(f"{quantized[0]} needs llama.cpp's quantizer, which this machine lacks: {INSTALL_HINT}")
+    weighted = [f for f in formats if GGUF_FORMATS.get(f) in NEEDS_IMATRIX]
+    if weighted and not _has_calibration(directory) and recipe is None:
+        raise ExportError(
+            f"{weighted[0]} needs an importance matrix, gathered over the checkpoint's calibration text, and "
+            f"{directory.name} names none (no recipe.yaml with a calibration set)"
+        )
+
+
+def _has_calibration(directory: Path) -> bool:
+    """Whether the checkpoint names the calibration set an importance matrix is gathered over."""
+    from core.spec.recipe import Recipe
+
+    try:
+        calibration = Recipe.load(directory / "recipe.yaml").calibration
+    except (OSError, ValueError):
+        return False
+    return bool(calibration.dataset or calibration.texts)
 
 
 def preflight_model(

@@ -23,7 +23,7 @@ Example::
     device: auto
     activations: auto        # GPU: calibration activations on the device, or in host memory when too big
     query_heads: free        # uniform: every layer keeps as many query heads (vLLM's form needs it)
-    export: []               # serving files written into the checkpoint: gguf-f16 | gguf-q8_0 | gguf-q4_k_m | vllm
+    export: []               # serving files written into the checkpoint: gguf-f16 | gguf-q8_0 | gguf-q4_k_m | … | vllm
 """
 
 from __future__ import annotations
@@ -58,9 +58,10 @@ MAX_CALIBRATION_TOKENS = 2**24  # samples × sequence length: ≈ 137 GB of a 7B
 METHODS = ("none", "bias", "mask_tuning", "liar", "ls")
 # the serving forms ``export`` may ask for (written by core.serving, whose FORMATS is this tuple): GGUF for
 # llama.cpp / ollama in float16, or quantized by llama.cpp's own quantizer; vLLM's DeciLM form
-EXPORT_FORMATS = ("gguf-f16", "gguf-q8_0", "gguf-q4_k_m", "vllm")
 # GGUF weight types `liar export` writes: f32 / f16 by the export itself, the rest by llama.cpp's quantizer
 GGUF_TYPES = ("f32", "f16", "q8_0", "q5_k_m", "q4_k_m", "q3_k_m", "iq3_xxs", "iq2_m")
+# the forms a recipe's export names: a GGUF of each type but f32 (llama.cpp), and vLLM's DeciLM form
+EXPORT_FORMATS = (*(f"gguf-{t}" for t in GGUF_TYPES if t != "f32"), "vllm")
 
 
 class _Strict(BaseModel):
@@ -265,7 +266,8 @@ class Recipe(_Strict):
         default_factory=list,
         description=f"serving files written into the checkpoint after it is saved, each listed in its "
         f"SHA256SUMS and model card: any of {', '.join(EXPORT_FORMATS)} (GGUF runs in llama.cpp and ollama; "
-        "q4_k_m is about a quarter of f16's size; the quantized forms need llama.cpp where the run happens). "
+        "q4_k_m is about a quarter of f16's size; the quantized forms need llama.cpp where the run happens and are "
+        "weighted by an importance matrix from the calibration text; iq3_xxs and iq2_m cannot do without one). "
         "Checked against the model before any pruning; a form named twice is written once",
     )
 

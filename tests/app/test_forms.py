@@ -523,7 +523,10 @@ def test_uploads_are_stored_in_the_data_dir_by_content(job_service, tmp_path):
 def test_serving_files_land_in_the_recipe_and_its_yaml(job_service, tmp_path_factory, tmp_path):
     from core.models.tiny import tiny_decoder
 
-    assert forms.SERVING_FORMS == ["gguf-f16", "gguf-q8_0", "gguf-q4_k_m", "vllm"]  # the recipe's names, in its order
+    assert forms.SERVING_FORMS == [
+        *(f"gguf-{t}" for t in ("f16", "q8_0", "q5_k_m", "q4_k_m", "q3_k_m", "iq3_xxs", "iq2_m")),
+        "vllm",
+    ]  # the recipe's names, in its order
     assert build_recipe(**_fields(tmp_path, export=["vllm"]))["query_heads"] == "uniform"  # what vLLM needs
     assert "export" not in build_recipe(**_fields(tmp_path))  # none ticked: the recipe stays as before
     base = tmp_path_factory.mktemp("serving")

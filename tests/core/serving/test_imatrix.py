@@ -175,6 +175,17 @@ def test_refusals_name_the_problem_and_write_nothing(checkpoints, tmp_path):
     assert {p.name for p in ckpt.iterdir()} == before
 
 
+def test_an_i_quant_form_is_refused_before_anything_runs_where_no_calibration_set_is_named(checkpoints):
+    from core.serving import FORMATS, GGUF_FORMATS, preflight
+
+    assert {"gguf-q5_k_m", "gguf-q3_k_m", "gguf-iq3_xxs", "gguf-iq2_m"} <= set(FORMATS)
+    assert GGUF_FORMATS["gguf-iq2_m"] == "iq2_m"
+    with pytest.raises(ExportError, match="gguf-iq2_m needs an importance matrix, gathered over the checkpoint's"):
+        preflight(checkpoints["crafted"], ["gguf-q4_k_m", "gguf-iq2_m"], engines=False)
+    preflight(checkpoints["crafted"], ["gguf-q3_k_m"], engines=False)  # a K type goes without one
+    preflight(checkpoints["pruned"], ["gguf-iq2_m"], engines=False)  # its recipe names the calibration text
+
+
 def test_auto_gathers_from_the_recipes_calibration_text(checkpoints, tmp_path):
     ckpt = checkpoints["pruned"]
     matrix, said = resolve_imatrix(ckpt, "iq3_xxs", "auto")

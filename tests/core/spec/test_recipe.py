@@ -272,13 +272,16 @@ def test_export_names_serving_forms_and_round_trips(llama_dir, corpus):
     assert Recipe.from_yaml(one).export == ["gguf-q8_0"]
 
 
+FORMS = "gguf-f16, gguf-q8_0, gguf-q5_k_m, gguf-q4_k_m, gguf-q3_k_m, gguf-iq3_xxs, gguf-iq2_m, vllm"
+
+
 @pytest.mark.parametrize(
     ("export", "message"),
     [
-        (["gguf"], "export: 'gguf' is not a serving form; choose from gguf-f16, gguf-q8_0, gguf-q4_k_m, vllm"),
+        (["gguf"], f"export: 'gguf' is not a serving form; choose from {FORMS}"),
         (
             ["gguf-f16", "vllm-fp8", "q4"],
-            "export: 'vllm-fp8', 'q4' are not serving forms; choose from gguf-f16, gguf-q8_0, gguf-q4_k_m, vllm",
+            f"export: 'vllm-fp8', 'q4' are not serving forms; choose from {FORMS}",
         ),
         (3, "export: Input should be a valid list"),
     ],
