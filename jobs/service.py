@@ -387,6 +387,14 @@ class JobService(JobFiles):
             raise NotNow(
                 f"job {busy} is evaluating job {job_id}'s checkpoint: cancel it first, then delete job {job_id}"
             )
+        unfinished = Job.status.in_((Status.QUEUED.value, Status.RUNNING.value))
+        named = Job.recipe["model"].as_string() == f"job:{job_id}"
+        reader = s.scalar(select(Job.id).where(named, unfinished).order_by(Job.id).limit(1))
+        if reader is not None:  # an export-only job (or any other that names model: job:N), not yet done
+            raise NotNow(
+                f"job {reader} reads job {job_id}'s checkpoint (model: job:{job_id}) and has not finished: "
+                f"wait for it or cancel it, then delete job {job_id}"
+            )
         return job
 
     def force_cancel(self, job_id: int) -> None:

@@ -119,6 +119,27 @@ def test_a_deleted_job_is_a_tombstone_that_every_route_names(tmp_path, job_model
     assert service.list(status="DELETED") == []  # a status filter does not bring them back either
 
 
+def test_a_checkpoint_another_job_still_reads_is_not_deleted(tmp_path, job_models):
+    """An export-only job (``model: job:N``), queued or running, holds its source: deleting the source
+    is refused in one sentence until it has finished (the page's question first, then the delete)."""
+    from core.models.tiny import tiny_decoder
+    from jobs import export_jobs
+    from jobs.access import NotNow
+    from jobs.tasks import execute
+
+    bpe = tiny_decoder(tmp_path / "models" / "bpe", tokenizer="bpe")  # a GGUF holds a byte-level BPE tokenizer
+    service = _service(tmp_path, f"sqlite:///{tmp_path / 'jobs.db'}")
+    done = service.submit(recipe(job_models, model=str(bpe)), submitted_by="alice")
+    assert execute(done, service.settings) == "SUCCEEDED"
+    export = export_jobs.submit(service, done, ["gguf-f16"])
+    for action in (service.delete, service.deletion):
+        with pytest.raises(NotNow, match=rf"^job {export} reads job {done}'s checkpoint \(model: job:{done}\) and "):
+            action(done)
+    assert execute(export, service.settings) == "SUCCEEDED"
+    service.delete(done)  # both finished: the source goes
+    assert service.show(done, internal=True)["status"] == "DELETED"
+
+
 def _at_0006(url: str) -> None:
     """A database at revision 0006 with jobs 1–3 (job 3 deleted the old way: its row gone), job 4's
     re-evaluation of job 5 (deleted too) and job 2 naming ``model: job:6``, each with rows beside it."""
