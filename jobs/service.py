@@ -357,6 +357,11 @@ class JobService(JobFiles):
 
         return self._queue(build)
 
+    def export(self, job_id: int, forms: str | list[str], actor: Actor = OPEN) -> int:
+        """Queue an export-only job writing ``forms`` from a succeeded job's checkpoint, nothing pruned
+        again (:mod:`jobs.export_jobs`); its id. Refusals in one sentence, nothing created."""
+        return export_jobs.submit(self, job_id, forms, actor)
+
     def delete(self, job_id: int, actor: Actor = OPEN) -> None:
         """Delete a finished job: every file it wrote, and its row becomes a tombstone that keeps its
         id, its metrics, who deleted it and when (``jobs.tombstones``). Only its owner or an admin

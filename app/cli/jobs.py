@@ -9,6 +9,7 @@ liar jobs show ID [--json]      (the checkpoint's files with size and sha256; se
 liar jobs cancel|rerun|delete ID
 liar jobs expire [--days N]     (retention now: old jobs' files removed, their records kept)
 liar jobs reevaluate ID [--evaluations all|1,3]   (a succeeded job's evaluations again, without pruning)
+liar jobs export ID --form gguf-q4_k_m [--form …]  (a succeeded job's checkpoint for serving, without pruning)
 
 Against the database (``LIAR_DATABASE_URL``) as its operator, or with ``--server URL`` (or
 ``LIAR_SERVER``) against a running app as one of its accounts, under its rules (``app.cli.remote``).
@@ -305,6 +306,15 @@ def cmd_reevaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    try:
+        new = _service(args).export(args.id, args.form)
+    except _refusals() as exc:
+        return _said(exc)
+    print(f"job {args.id}: its checkpoint exported as {', '.join(args.form)} by job {new} (nothing is pruned)")
+    return 0
+
+
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from jobs.db import SchemaError, upgrade
     from jobs.settings import Settings
@@ -392,7 +402,17 @@ def register(sub) -> None:
         help="'all', or numbers as the job's log gives them (1,3); default: the ones that failed (all if none did)",
     )
     e.set_defaults(func=cmd_reevaluate)
-    for verb in (s, ls, sh, c, d, r, e):
+    ex = jsub.add_parser("export", help="write a succeeded job's checkpoint in a serving form, without pruning")
+    ex.add_argument("id", type=int)
+    ex.add_argument(
+        "--form",
+        action="append",
+        required=True,
+        help="a serving form (repeat for several): gguf-f16, gguf-q8_0, gguf-q5_k_m, gguf-q4_k_m, gguf-q3_k_m, "
+        "gguf-iq3_xxs, gguf-iq2_m or vllm",
+    )
+    ex.set_defaults(func=cmd_export)
+    for verb in (s, ls, sh, c, d, r, e, ex):
         verb.add_argument(
             "--server",
             default=os.environ.get("LIAR_SERVER"),

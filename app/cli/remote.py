@@ -102,6 +102,9 @@ class RemoteJobs:
     def reevaluate(self, job_id: int, evaluations: str | None = None, confine: bool = True) -> int:
         return self._call("/reevaluate_job", job_id, evaluations or "")["id"]  # confined by the server
 
+    def export(self, job_id: int, forms: str | list[str]) -> int:
+        return self._call("/export_job", job_id, forms if isinstance(forms, str) else ",".join(forms))["id"]
+
     def delete(self, job_id: int) -> None:
         self._call("/delete_job", job_id)
 

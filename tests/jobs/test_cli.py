@@ -190,3 +190,36 @@ def test_show_lists_the_files_and_the_stage_timings(tmp_path, job_models, monkey
     assert main(["jobs", "expire", "--days", "1"]) == 0
     assert capsys.readouterr().out.strip() == f"files removed of 1 job finished more than 1 day ago: job {job_id}"
     assert service.show(job_id)["artifacts"] == [] and not Path(checkpoint["path"]).exists()
+
+
+def test_export_writes_a_finished_checkpoint_for_serving_or_says_why_not(tmp_path, job_models, monkeypatch, capsys):
+    """`liar jobs export ID --form F`: an export-only job of a succeeded job's checkpoint; a job not yet
+    finished, an unknown form and a form the checkpoint cannot take are one sentence each, exit 2."""
+    from core.models.tiny import tiny_decoder
+    from jobs.settings import Settings
+    from jobs.tasks import execute
+
+    monkeypatch.setenv("LIAR_DATA_DIR", str(tmp_path / "data"))
+    for k in ("LIAR_DATABASE_URL", "LIAR_BROKER_URL"):
+        monkeypatch.delenv(k, raising=False)
+    bpe = tiny_decoder(tmp_path / "data" / "models" / "bpe", tokenizer="bpe")  # a GGUF holds a BPE tokenizer
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(recipe(job_models, model=str(bpe))))
+    assert main(["jobs", "submit", str(good), "--json"]) == 0
+    job_id = json.loads(capsys.readouterr().out)["id"]
+    assert main(["jobs", "export", str(job_id), "--form", "gguf-f16"]) == 2
+    assert f"job {job_id} is QUEUED" in capsys.readouterr().err
+    assert execute(job_id, Settings.from_env()) == "SUCCEEDED"
+    assert main(["jobs", "export", str(job_id), "--form", "gguf-q9"]) == 2
+    err = capsys.readouterr().err
+    assert "'gguf-q9'" in err and "gguf-iq2_m" in err and "Traceback" not in err
+    assert main(["jobs", "export", str(job_id), "--form", "gguf-f16", "--form", "gguf-q8_0"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"job {job_id}: its checkpoint exported as gguf-f16, gguf-q8_0 by job ")
+    export = int(out.split("by job ")[1].split()[0])
+    assert main(["jobs", "export", str(job_id), "--form", "gguf-f16"]) == 2
+    assert f"job {export} already exports job {job_id}'s checkpoint as gguf-f16" in capsys.readouterr().err
+    assert execute(export, Settings.from_env()) == "SUCCEEDED"
+    info = json.loads((main(["jobs", "show", str(export), "--json"]), capsys.readouterr().out)[1])
+    names = {a["name"] for a in info["artifacts"] if a["kind"] == "file"}
+    assert {f"liar-job-{job_id}-f16.gguf", f"liar-job-{job_id}-q8_0.gguf", "SHA256SUMS"} <= names
