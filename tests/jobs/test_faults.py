@@ -281,6 +281,9 @@ def test_cancel_during_calibration_a_layer_and_evaluation(faults, job_models):
     service = faults.service()
     pauses = {"calibration": 3, "reconstruct": 2, "evaluate": 3}
     stage_of = {faults.start_worker(LIAR_STAGE_PAUSE=f"{k}={v}").pid: k for k, v in pauses.items()}
+    # all three consuming before any job is queued: a worker up first would otherwise take a second job
+    # once its first is cancelled (seen on a loaded machine), and no job would reach the third's stage
+    wait_for(lambda: faults.worker_log().count(" ready.") >= len(pauses), timeout=120, what="three ready workers")
     evaluation = [{"type": "perplexity", "dataset": str(job_models["calib"]), "seq_len": 32}]
     jobs = [service.submit(recipe(job_models), evaluations=evaluation) for _ in pauses]
     in_stage = {"calibration": lambda i: i["stage"] == "calibration", "reconstruct": in_layer(1)}
