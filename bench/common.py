@@ -112,6 +112,19 @@ def child_result(cmd: list[str], what: str, env: dict[str, str] | None = None) -
     return json.loads(line[-1][7:])
 
 
+def layer_errors(report: list) -> dict[str, float]:
+    """The mean relative output errors of a prune's attention and FFN projections, before and after."""
+    att = [r for r in report if r.module == "attention"]
+    ffn = [r for r in report if r.module == "ffn"]
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    return {
+        "attn_err_before": mean([r.error_before for r in att]),
+        "attn_err_after": mean([r.error_after for r in att]),
+        "ffn_err_before": mean([r.error_before for r in ffn]),
+        "ffn_err_after": mean([r.error_after for r in ffn]),
+    }
+
+
 def save_json(path: Path, state: dict) -> None:
     """``state`` into ``path`` through a temporary sibling, so an interrupted write leaves the last whole file."""
     tmp = path.with_name(path.name + ".tmp")

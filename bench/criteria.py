@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.common import cpu_line, write_page  # noqa: E402
+
 OUT = ROOT / "docs" / "results" / "criteria.md"
 METHODS = ("none", "bias", "liar", "ls")
 
@@ -129,9 +130,7 @@ def load_rows(path: Path) -> dict[str, dict]:
 
 
 def write(rows: dict[str, dict], ratios: list[float], eval_windows: int) -> None:
-    import torch
-
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} (CPU)"
+    machine = cpu_line(suffix=" (CPU)")
     dense = rows.get("dense", {}).get("perplexity")
     lines = [
         "# Criteria × reconstruction on SmolLM2-135M",
@@ -165,13 +164,7 @@ def write(rows: dict[str, dict], ratios: list[float], eval_windows: int) -> None
     if failed:
         lines += ["", "Failed cells (re-run to retry):", ""]
         lines += [f"- {r['criterion']} / {r['method']} @ {r['ratio']}: `{r['error'].splitlines()[-1]}`" for r in failed]
-    OUT.write_text("\n".join(lines) + "\n" + _analysis_placeholder())
-    OUT.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": list(rows.values())}, indent=2))
-
-
-def _analysis_placeholder() -> str:
-    path = OUT.with_name("criteria-notes.md")
-    return "\n" + path.read_text() if path.exists() else ""
+    write_page(OUT, lines, rows, machine)
 
 
 def main() -> None:

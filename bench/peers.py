@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import CACHE  # noqa: E402
+from bench.common import save_json  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "peers.md"
 WORKERS = ROOT / "bench" / "peers_worker"
@@ -268,13 +269,6 @@ def fit_knobs(cell: dict, state: dict) -> None:
     cell["knobs"]["pruning_ratio"] = state["fits"][fkey]["pruning_ratio"]
 
 
-def save(state: dict) -> None:
-    path = OUT.with_suffix(".json")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(path)
-
-
 def run(args) -> dict:
     path = OUT.with_suffix(".json")
     state = json.loads(path.read_text()) if path.exists() else {}
@@ -300,7 +294,7 @@ def run(args) -> dict:
                         x: cell[x] for x in ("label", "model", "tool", "variant")
                     }
                     state["cells"][k].update(ratio=cell["ratio"], date=dt.date.today().isoformat())
-                    save(state)
+                    save_json(path, state)
                     continue
         env_key = f"{cell['model']}|{cell['tool']}"
         cell["dense_eval"] = env_key not in state["dense"]
@@ -314,7 +308,7 @@ def run(args) -> dict:
         print(
             "   ", {x: row.get(x) for x in ("perplexity", "accuracy", "removed", "prune_seconds", "error")}, flush=True
         )
-        save(state)
+        save_json(path, state)
     return state
 
 

@@ -111,7 +111,7 @@ def _table(state: dict, model: str, ratio: float) -> list[str]:
     return lines + [_row_line(r, metric, ref, dense) for r in rows] + [""]
 
 
-def write_report(state: dict, out: Path, notes: str = "", pending: list[str] | None = None) -> str:
+def write_report(state: dict, out: Path, pending: list[str] | None = None) -> str:
     dates = sorted({r.get("date", "") for r in state["cells"].values()} - {""})
     lines = [
         "# Side by side with Torch-Pruning and NVIDIA ModelOpt",
@@ -122,9 +122,7 @@ def write_report(state: dict, out: Path, notes: str = "", pending: list[str] | N
         "Versions: " + "; ".join(_versions(state)) + ".",
         "",
     ]
-    notes_file = out.with_name("peers-notes.md")
-    head = notes_file.read_text() if notes_file.exists() else notes
-    lines += [head, "", "## Dense models in every environment", "", *_dense_lines(state), "", "## Results", ""]
+    lines += ["", "", "## Dense models in every environment", "", *_dense_lines(state), "", "## Results", ""]
     for model in MODELS:
         for ratio in sorted({r["ratio"] for r in state["cells"].values() if r["model"] == model}):
             lines += _table(state, model, ratio)

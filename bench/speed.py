@@ -30,7 +30,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
-from bench.common import configure_as_cli, machine, median_time, quiet_transformers  # noqa: E402
+from bench.common import child_result, configure_as_cli, machine, median_time, quiet_transformers  # noqa: E402
 from bench.speed_report import _label, _machine_line, _out_paths, write_latency, write_time  # noqa: E402
 from core.spec.recipe import ACTIVATIONS  # noqa: E402
 
@@ -56,12 +55,7 @@ ISA_ENV: dict[str, dict[str, str]] = {
 def _child(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     """Run this script in a fresh process for one measurement; returns its RESULT line."""
     cmd = [sys.executable, __file__, args.command, "--threads", str(args.threads), *extra]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **ISA_ENV[getattr(args, "isa", "default")]}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode or not line:
-        sys.exit(f"measurement {' '.join(extra)} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(line[-1][7:])
+    return child_result(cmd, f"measurement {' '.join(extra)}", ISA_ENV[getattr(args, "isa", "default")])
 
 
 def _recipe(samples: int, seq_len: int, ratio: float, batch_size: int, activations: str = "auto") -> dict[str, Any]:
