@@ -101,6 +101,21 @@ def span(values: list[int]) -> str:
     return f"{min(values)}–{max(values)}" if min(values) != max(values) else str(values[0])
 
 
+def flags(args: argparse.Namespace, *names: str) -> list[str]:
+    """The options ``names`` of ``args`` as a command line gives them again (for a measuring process):
+    ``--name value``, ``--name v1 v2`` for a list, ``--name`` alone for a switch that is on; none unset."""
+    out = []
+    for name in names:
+        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        if isinstance(value, bool):
+            out += [flag] * value
+        elif isinstance(value, list):
+            out += [flag, *map(str, value)]
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
+
+
 def child_result(cmd: list[str], what: str, env: dict[str, str] | None = None) -> dict:
     """Run ``cmd``, a measurement in a fresh process that prints its row as ``RESULT {json}``: that row, or
     exit naming ``what`` with the end of the process's stderr."""

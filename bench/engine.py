@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, smollm2_recipe, wikipedia_split  # noqa: E402
-from bench.common import child_result, cpu_line, layer_errors  # noqa: E402
+from bench.common import child_result, cpu_line, flags, layer_errors  # noqa: E402
 
 METHODS = ("none", "bias", "liar", "ls")
 RATIOS = (0.2, 0.5)
@@ -108,8 +108,7 @@ def main() -> None:
     rows = []
     for method, ratio, damp in configs:
         cmd = [sys.executable, __file__, "--one", "--method", method, "--ratio", str(ratio), "--damp", str(damp)]
-        for flag in PASSED:
-            cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+        cmd += flags(args, *PASSED)
         row = child_result(cmd, f"run {method}@{ratio}")
         row["damp"] = damp
         if method == "liar" and ratio < 1e-3:

@@ -55,6 +55,7 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import flags  # noqa: E402
 from bench.random_llama import INIT_STD, tensor_specs, write_config_and_tokenizer  # noqa: E402
 from bench.shapes import LLAMA_SHAPES  # noqa: E402
 from core.spec.recipe import ACTIVATIONS  # noqa: E402
@@ -293,11 +294,8 @@ def load_in_memory(directory: Path, device: str, dtype):
 
 
 def passthrough(args) -> list[str]:
-    out = ["--device", args.device, "--ratio", str(args.ratio), "--criterion", args.criterion]
-    out += ["--method", args.method, "--select", args.select, "--activations", args.activations]
-    out += ["--seq-len", str(args.seq_len), "--holdout", str(args.holdout)]
-    out += ["--profile", args.profile] if args.profile else []
-    return out + (["--workdir", args.workdir] if args.workdir else [])
+    passed = ("device", "ratio", "criterion", "method", "select", "activations", "seq_len", "holdout", "profile")
+    return flags(args, *passed, "workdir")
 
 
 def machine() -> str:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
-from bench.common import cell_parser, cpu_line, run_cells, span, write_page  # noqa: E402
+from bench.common import cell_parser, cpu_line, flags, run_cells, span, write_page  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "kv_groups.md"
 
@@ -129,8 +129,7 @@ def main() -> None:
     p.add_argument("--round-heads", type=int, default=1, help="round_to.heads of the pruned cells")
     p.add_argument("--cell", dest="cell_groups", default="dense", help=argparse.SUPPRESS)
     args = p.parse_args()
-    common = ["--round-heads", str(args.round_heads), "--threads", str(args.threads)]
-    common += ["--eval-windows", str(args.eval_windows)]
+    common = flags(args, "round_heads", "threads", "eval_windows")
     cells = [
         (_key(g, r, args.round_heads), ["--cell", g, "--ratio", str(r), *common])
         for g, r in [("dense", 0.0)] + [(g, r) for r in args.ratios for g in args.groups]

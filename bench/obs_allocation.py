@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cell_parser, cpu_line, run_cells, span, write_page  # noqa: E402
+from bench.common import cell_parser, cpu_line, flags, run_cells, span, write_page  # noqa: E402
 from bench.unseen import both_rounded  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "obs_allocation.md"
@@ -175,15 +175,15 @@ def main() -> None:
     p.add_argument("--paper", action="store_true", help="measure only paper-exact FLAP + LIAR at each ratio")
     p.add_argument("--auto", action="store_true", help="measure only today's default (criterion auto) at each ratio")
     args = p.parse_args()
-    flags = ["--model", args.model, "--norm", args.norm, "--threads", str(args.threads)]
+    given = flags(args, "model", "norm", "threads")
     only = "auto" if args.auto else "paper" if args.paper else None
     cells = []
     if only:  # one recipe at each ratio, no obs cells
-        cells = [(f"{args.model}|{only}|{r}|0.0|-", ["--recipe", only, "--ratio", str(r), *flags]) for r in args.ratios]
+        cells = [(f"{args.model}|{only}|{r}|0.0|-", ["--recipe", only, "--ratio", str(r), *given]) for r in args.ratios]
     for r, c in [] if only else [(r, c) for r in args.ratios for c in args.caps]:
         if args.default:  # uniform shares at the same target, measured by this script
-            cells.append((f"{args.model}|default|{r}|0.0|-", ["--recipe", "default", "--ratio", str(r), *flags]))
-        cells.append((f"{args.model}|obs|{r}|{c}|{args.norm}", ["--ratio", str(r), "--cap", str(c), *flags]))
+            cells.append((f"{args.model}|default|{r}|0.0|-", ["--recipe", "default", "--ratio", str(r), *given]))
+        cells.append((f"{args.model}|obs|{r}|{c}|{args.norm}", ["--ratio", str(r), "--cap", str(c), *given]))
     run_cells(__file__, args, one, OUT, key, list(dict(cells).items()), write, both_rounded)
 
 

@@ -39,11 +39,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
-from bench.common import child_result, configure_as_cli, machine, median_time, quiet_transformers  # noqa: E402
+from bench.common import child_result, configure_as_cli, flags, machine, median_time, quiet_transformers  # noqa: E402
 from bench.speed_report import _label, _machine_line, _out_paths, write_latency, write_time  # noqa: E402
 from core.spec.recipe import ACTIVATIONS  # noqa: E402
 
 SAMPLES = (128, 256, 512, 1024)
+# the options of ``latency`` each model's measuring process gets as they were given
+LATENCY_PASSED = ("decode_prompt", "new_tokens", "warmup", "repeats", "prune_samples", "batches", "prompts")
+LATENCY_PASSED += ("decode_batches", "compile")
 # ``--isa avx2``: the kernels a CPU without AVX-512 runs (torch's own and oneDNN's capped at AVX2), set
 # in each measuring process before torch starts
 ISA_ENV: dict[str, dict[str, str]] = {
@@ -228,9 +231,7 @@ def cmd_time(args: argparse.Namespace) -> None:
     print("| samples | prune s | per-layer s | solves s | peak RSS MB |")
     rows = []
     for n in args.samples:
-        extra = ["--one", str(n), "--seq-len", str(args.seq_len), "--ratio", str(args.ratio)]
-        extra += ["--activations", args.activations]
-        row = _child(args, extra + ["--batch-size", str(args.batch_size)])
+        row = _child(args, ["--one", str(n), *flags(args, "seq_len", "ratio", "activations", "batch_size")])
         rows.append(row)
         print(
             f"| {n} | {row['prune_seconds']:.1f} | {row['layer_seconds']:.1f} | {row['solve_seconds']:.2f} | "
@@ -398,18 +399,7 @@ def cmd_latency(args: argparse.Namespace) -> None:
         f"{r}:{n}:{g}" for r in args.ratios for n in args.round_neurons for g in args.kv_groups
     ]
     for spec in models:
-        extra = ["--one", spec, "--decode-prompt", str(args.decode_prompt), "--new-tokens", str(args.new_tokens)]
-        extra += [
-            "--warmup",
-            str(args.warmup),
-            "--repeats",
-            str(args.repeats),
-            "--prune-samples",
-            str(args.prune_samples),
-        ]
-        extra += ["--batches", *map(str, args.batches), "--prompts", *map(str, args.prompts)]
-        extra += ["--decode-batches", *map(str, args.decode_batches)] + ["--compile"] * args.compile
-        row = _child(args, extra)
+        row = _child(args, ["--one", spec, *flags(args, *LATENCY_PASSED)])
         rows.append(row)
         prefill = ", ".join(f"b{p['batch']}×{p['prompt']}: {p['tokens_per_s']:,.0f} tok/s" for p in row["prefill"])
         d = row["decode"]
