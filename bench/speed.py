@@ -255,6 +255,40 @@ def _structure(model) -> dict[str, Any]:
     return {"heads_per_layer": heads, "ffn_per_layer": ffn, "kv_index_layers": indexed}
 
 
+def build(spec: str, samples: int) -> tuple[Any, Any, dict[str, Any]]:
+    """A model of ``spec`` (in eval mode), its tokenizer and its row: ``0`` (dense),
+    ``RATIO:FFN_MULTIPLE:KV_GROUPS[:HEADS_MULTIPLE]`` (magnitude + LIAR, uniform shares, pruned with
+    ``samples`` calibration windows), or ``RATIO:default`` (the default recipe at that ratio: criterion
+    auto, its allocation, OBS selection, ls, widths rounded for the CPU)."""
+    from core.models.loading import load_model
+    from core.pipeline.sequential import prune
+
+    ratio, rounding, groups, heads = (spec.split(":") + ["", "", ""])[:4]
+    row: dict[str, Any] = {"ratio": float(ratio)}
+    if rounding == "default":
+        row["default"] = True
+    else:
+        row.update(round_neurons=int(rounding or 1), kv_groups=groups or "free", round_heads=int(heads or 1))
+    if row["ratio"] == 0:
+        model, tok, _ = load_model(str(smollm2_dir()), "float32", "cpu")
+        row["achieved_ratio"] = 0.0
+    else:
+        recipe = _recipe(samples, 128, row["ratio"], 16)
+        if row.get("default"):
+            for key in ("criterion", "reconstruction", "round_to"):  # the defaults instead of the paper's
+                recipe.pop(key)
+        else:
+            recipe["round_to"] = {
+                "neurons": row["round_neurons"],
+                "kv_groups": row["kv_groups"],
+                "heads": row["round_heads"],
+            }
+        result = prune(recipe)
+        model, tok, row["achieved_ratio"] = result.model, result.tokenizer, result.achieved_ratio
+    row.update(params=sum(p.numel() for p in model.parameters()), **_structure(model))
+    return model.eval(), tok, row
+
+
 def _decode(model, ids, args: argparse.Namespace) -> tuple[dict[str, Any], list[int]]:
     """Batch-1 greedy decode of ``args.new_tokens`` after the prompt ``ids``, one step at a time through the
     cache: its timings, and the tokens of the last repetition (``generate`` must give the same)."""
@@ -292,37 +326,14 @@ def latency_one(args: argparse.Namespace) -> dict[str, Any]:
     """One model (dense, or pruned in memory at ``--ratio``): prefill, decode and generate timings."""
     import torch
 
-    from core.models.loading import load_model
-    from core.pipeline.sequential import prune
-
     torch.set_num_threads(args.threads)
     quiet_transformers()
     configure_as_cli()  # the prune as the CLI runs it; the timed forwards are the stock model's
-    ratio, rounding, groups, heads = (args.one.split(":") + ["", "", ""])[:4]
-    ratio, round_neurons, groups, round_heads = float(ratio), int(rounding or 1), groups or "free", int(heads or 1)
-    if ratio > 0:
-        recipe = _recipe(args.prune_samples, 128, ratio, 16)
-        recipe["round_to"] = {"neurons": round_neurons, "kv_groups": groups, "heads": round_heads}
-        result = prune(recipe)
-        model, tok = result.model, result.tokenizer
-        achieved = result.achieved_ratio
-    else:
-        model, tok, _ = load_model(str(smollm2_dir()), "float32", "cpu")
-        achieved = 0.0
-    model.eval()
+    model, tok, row = build(args.one, args.prune_samples)
+    row["prefill"] = []
     _, evaluation = wikipedia_split()
     text = evaluation.read_text()[:400_000]
     stream = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
-    row: dict[str, Any] = {
-        "ratio": ratio,
-        "round_neurons": round_neurons,
-        "kv_groups": groups,
-        "round_heads": round_heads,
-        "achieved_ratio": achieved,
-        "params": sum(p.numel() for p in model.parameters()),
-        **_structure(model),
-        "prefill": [],
-    }
 
     def prompt(batch: int, length: int) -> torch.Tensor:
         return torch.stack([stream[i * length : (i + 1) * length] for i in range(batch)])

@@ -34,43 +34,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
 from bench.common import machine, quiet_transformers  # noqa: E402
-from bench.speed import _recipe, _structure  # noqa: E402
+from bench.speed import build  # noqa: E402
 from bench.speed_report import _label, _machine_line  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "latency_kv_groups.md"
-
-
-def build(spec: str, samples: int) -> tuple[Any, dict[str, Any]]:
-    """A model of ``spec`` and its row: ``0`` (dense), ``RATIO:FFN_MULTIPLE:KV_GROUPS[:HEADS_MULTIPLE]``
-    (magnitude + LIAR, uniform shares, as ``bench/speed.py``), or ``RATIO:default`` (the default recipe
-    at that ratio: criterion auto, its allocation, OBS selection, ls, widths rounded for the CPU)."""
-    from core.models.loading import load_model
-    from core.pipeline.sequential import prune
-
-    ratio, rounding, groups, heads = (spec.split(":") + ["", "", ""])[:4]
-    row: dict[str, Any] = {"ratio": float(ratio)}
-    if rounding == "default":
-        row["default"] = True
-    else:
-        row.update(round_neurons=int(rounding or 1), kv_groups=groups or "free", round_heads=int(heads or 1))
-    if row["ratio"] == 0:
-        model, _, _ = load_model(str(smollm2_dir()), "float32", "cpu")
-        row["achieved_ratio"] = 0.0
-    else:
-        recipe = _recipe(samples, 128, row["ratio"], 16)
-        if row.get("default"):
-            for key in ("criterion", "reconstruction", "round_to"):  # the defaults instead of the paper's
-                recipe.pop(key)
-        else:
-            recipe["round_to"] = {
-                "neurons": row["round_neurons"],
-                "kv_groups": row["kv_groups"],
-                "heads": row["round_heads"],
-            }
-        result = prune(recipe)
-        model, row["achieved_ratio"] = result.model, result.achieved_ratio
-    row.update(params=sum(p.numel() for p in model.parameters()), **_structure(model))
-    return model.eval(), row
 
 
 def _decode_steps(model, ids, steps: int) -> float:
@@ -206,7 +173,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     quiet_transformers()
     built = [build(spec, args.prune_samples) for spec in args.models]
-    models, rows = [m for m, _ in built], [r for _, r in built]
+    models, rows = [m for m, _, _ in built], [r for _, _, r in built]
     for model, row in zip(models, rows):
         n_kv = range(model.config.num_key_value_heads)
         row["kv_heads_per_layer"] = [len(getattr(ly.self_attn, "liar_kv_heads", n_kv)) for ly in model.model.layers]
