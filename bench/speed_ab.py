@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
-from bench.common import machine, quiet_transformers  # noqa: E402
+from bench.common import machine, quiet_transformers, span  # noqa: E402
 from bench.speed import build  # noqa: E402
 from bench.speed_report import _label, _machine_line  # noqa: E402
 
@@ -128,7 +128,6 @@ def write(rows: list[dict[str, Any]], args, mach: dict[str, Any], compile_errors
     ]
     for r in rows:
         heads, kv = r["heads_per_layer"], r.get("kv_heads_per_layer", [])
-        span = lambda v: "–" if not v else (f"{min(v)}–{max(v)}" if min(v) != max(v) else str(v[0]))  # noqa: E731
         lines.append(
             f"| {_label(r)} | {r['params']:,} | {span(heads)} / {span(kv)} | {span(r['ffn_per_layer'])} | "
             f"{r['kv_index_layers']} of {len(heads)} |"

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.common import span
 from bench.pages.values import floor_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,12 +175,6 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
     return out
 
 
-def _span(values: list[int]) -> str:
-    if not values:
-        return "–"
-    return f"{min(values)}–{max(values)}" if min(values) != max(values) else str(values[0])
-
-
 def _label(r: dict[str, Any]) -> str:
     if r["ratio"] == 0:
         return "dense"
@@ -224,7 +219,7 @@ def write_latency(rows: list[dict[str, Any]], args: argparse.Namespace, mach: di
         "|---|---|---|---|---|",
     ]
     lines += [
-        f"| {_label(r)} | {r['params']:,} | {_span(r['heads_per_layer'])} | {_span(r['ffn_per_layer'])} | "
+        f"| {_label(r)} | {r['params']:,} | {span(r['heads_per_layer'])} | {span(r['ffn_per_layer'])} | "
         f"{r['kv_index_layers']} of {len(r['heads_per_layer'])} |"
         for r in rows
     ]
