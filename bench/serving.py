@@ -179,8 +179,7 @@ def machine(threads: int) -> dict:
 
 
 def evaluated(key: str, src: Path, batch_size: int) -> tuple[dict, dict, list[list[int]]]:
-    """The checkpoint ``src`` of model ``key``: its row (the dense model's, or its ``prune.json``), our
-    perplexity of it (``core.perplexity``, float32) and the token ids of the evaluation windows."""
+    """Model ``key``'s row (or its ``prune.json``), our perplexity of ``src`` and the windows' token ids."""
     import torch
 
     from core import perplexity
@@ -198,8 +197,7 @@ def evaluated(key: str, src: Path, batch_size: int) -> tuple[dict, dict, list[li
 
 
 def llama_nll(path: Path, windows: list[list[int]], threads: int, tokens: int | None = None) -> dict:
-    """llama.cpp's negative log-likelihood of ``windows`` under the GGUF at ``path`` (the worker's ``nll``
-    op) and its perplexity; ``tokens``: how many tokens ours counted on the same windows (checked)."""
+    """llama.cpp's ``nll`` of ``windows`` under ``path`` and its perplexity (``tokens``: ours, checked)."""
     from core.serving.engines import call_llama_cpp
 
     got = call_llama_cpp({"op": "nll", "model": str(path), "windows": windows, "threads": threads})
