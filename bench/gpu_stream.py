@@ -44,7 +44,6 @@ import math
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import flags  # noqa: E402
 from bench.random_llama import INIT_STD, tensor_specs, write_config_and_tokenizer  # noqa: E402
+from bench.rss import run_measured  # noqa: E402
 from bench.shapes import LLAMA_SHAPES  # noqa: E402
 from core.spec.recipe import ACTIVATIONS  # noqa: E402
 
@@ -385,35 +385,16 @@ def main() -> None:
 
 
 def measured_child(args, run: str) -> dict:
-    """``run_child`` with the child's own peak RSS (``os.wait4``)."""
+    """One run in a child process (``bench/rss.py``'s ``run_measured``: its own peak RSS from ``os.wait4``)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", run, *passthrough(args)]
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=ROOT)
-        deadline = t0 + args.timeout
-        status = None
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                proc.kill()
-                _, status, usage = os.wait4(proc.pid, 0)
-                status = None
-                break
-            time.sleep(0.2)
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    wall = time.perf_counter() - t0
-    if status is None:
-        return {"run": run, "status": f"timeout after {args.timeout:.0f} s", "stderr": stderr[-2000:]}
-    rows = [line for line in stdout.splitlines() if line.startswith("{")]
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0 or not rows:
-        return {"run": run, "status": f"failed (exit {code})", "stderr": stderr[-3000:]}
+    res = run_measured(cmd, args.timeout, dict(os.environ), ROOT)
+    if res["timed_out"]:
+        return {"run": run, "status": f"timeout after {args.timeout:.0f} s", "stderr": res["stderr"][-2000:]}
+    rows = [line for line in res["stdout"].splitlines() if line.startswith("{")]
+    if res["rc"] != 0 or not rows:
+        return {"run": run, "status": f"failed (exit {res['rc']})", "stderr": res["stderr"][-3000:]}
     row = json.loads(rows[-1])
-    row.update(status="ok", wall_s=round(wall, 1), peak_rss_mb=round(usage.ru_maxrss / 1024))
+    row.update(status="ok", wall_s=round(res["wall_s"], 1), peak_rss_mb=round(res["peak_rss_mb"]))
     return row
 
 
