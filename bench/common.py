@@ -127,6 +127,17 @@ def child_result(cmd: list[str], what: str, env: dict[str, str] | None = None) -
     return json.loads(line[-1][7:])
 
 
+def finished_job(service, job_id: int, limit: float) -> dict:
+    """A job's ``show`` once it has ended (succeeded, failed or cancelled), asked every 2 s; exit after ``limit`` s."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        job = service.show(job_id)
+        if job["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            return job
+        time.sleep(2)
+    raise SystemExit(f"job {job_id} did not finish within {limit:.0f} s")
+
+
 def layer_errors(report: list) -> dict[str, float]:
     """The mean relative output errors of a prune's attention and FFN projections, before and after."""
     att = [r for r in report if r.module == "attention"]

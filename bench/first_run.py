@@ -23,6 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.common import finished_job  # noqa: E402
+
 OUT = ROOT / "docs" / "results" / "first_run.json"
 PAGE = ROOT / "docs" / "results" / "first_run.md"
 PAGE_TEXT = """# The first run: SmolLM2-135M-Instruct on the Wikipedia text, estimate against real time
@@ -57,16 +59,6 @@ def form_values(data: Path, **changes) -> tuple:
     )  # fmt: skip
     values.update(changes)
     return (*(values[f] for f in forms.RECIPE_FIELDS), evals[0], "", "", ["ls"])
-
-
-def _wait(service, job_id: int, limit: float = 3600) -> dict:
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        job = service.show(job_id)
-        if job["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-            return job
-        time.sleep(2)
-    raise SystemExit(f"job {job_id} did not finish within {limit:.0f} s")
 
 
 def _worker_rate(service, limit: float = 120) -> float:
@@ -104,7 +96,7 @@ def run(data: Path, runs=RUNS) -> dict:
             said = forms.submit_form(service, form, "bench", OPEN)
             if not said.startswith("✓ submitted job "):
                 raise SystemExit(f"{label}: {said}")
-            job = _wait(service, int(said.rsplit(" ", 1)[1]))
+            job = finished_job(service, int(said.rsplit(" ", 1)[1]), 3600)
             m = job.get("metrics") or {}
             speed = next((k for k in SPEEDUPS if m.get(k) is not None), None)
             median, low, high = speedup_of(m, speed) if speed else (None, None, None)
