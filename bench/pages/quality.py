@@ -44,7 +44,6 @@ PAGES: dict[str, Page] = {
             ),
         ),
         cpu_times=True,
-        data=("engine.json",),
     ),
     "criteria.md": Page(
         "python bench/criteria.py",
@@ -59,7 +58,6 @@ PAGES: dict[str, Page] = {
                 lambda: f"{num(dense_criteria()[0], 2)} on {dense_criteria()[1]:,} tokens",
             ),
         ),
-        data=("criteria.json",),
     ),
     "obs_allocation.md": Page(
         "python bench/obs_allocation.py",
@@ -72,7 +70,6 @@ PAGES: dict[str, Page] = {
             _c("Gemma 3 270M at 50%: default (cap 1.2×) / uncapped / uniform", _gemma_50),
         ),
         cpu_times=True,
-        data=("obs_allocation.json",),
     ),
     "unseen.md": Page(
         "python bench/unseen.py",
@@ -84,7 +81,6 @@ PAGES: dict[str, Page] = {
             ),
         ),
         cpu_times=True,
-        data=("unseen.json",),
     ),
     "head_ratio.md": Page(
         "python bench/head_ratio.py",
@@ -96,7 +92,6 @@ PAGES: dict[str, Page] = {
             ),
         ),
         cpu_times=True,
-        data=("head_ratio.json",),
     ),
     "kv_groups.md": Page(
         "python bench/kv_groups.py",
@@ -108,7 +103,6 @@ PAGES: dict[str, Page] = {
             ),
         ),
         cpu_times=True,
-        data=("kv_groups.json",),
     ),
     "peers.md": Page(
         "make bench-peers",
@@ -128,7 +122,6 @@ PAGES: dict[str, Page] = {
             ),
         ),
         cpu_times=True,
-        data=("peers.json",),
     ),
     "minilm.md": Page(
         "python bench/minilm.py",
@@ -140,7 +133,6 @@ PAGES: dict[str, Page] = {
             ),
         ),
         cpu_times=True,
-        data=("minilm.json",),
     ),
     "minilm-select.md": Page(
         "python bench/minilm.py --out docs/results/minilm-select.md --methods ls --select criterion|obs",
@@ -152,7 +144,6 @@ PAGES: dict[str, Page] = {
             ),
         ),
         cpu_times=True,
-        data=("minilm-select.json",),
     ),
     "minilm-draws.md": Page(
         "python bench/minilm_draws.py",
@@ -164,6 +155,5 @@ PAGES: dict[str, Page] = {
             ),
         ),
         cpu_times=True,
-        data=("minilm-draws.json",),
     ),
 }

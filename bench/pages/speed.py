@@ -39,7 +39,6 @@ PAGES: dict[str, Page] = {
             _c("the same prune against its matrix products at the measured GEMM rate", product_ratio),
         ),
         cpu_times=True,
-        data=("time.json",),
     ),
     "cpu_matmul.md": Page(
         "python bench/cpu_matmul.py --threads 2 --tokens 2048",
@@ -50,12 +49,12 @@ PAGES: dict[str, Page] = {
                 lambda: pair(span(matmul_speedups("proj")), span(matmul_speedups("gram"))),
             ),
         ),
-        data=("cpu_matmul.json",),
     ),
     "gram_precision.md": Page(
         "python bench/gram_precision.py --device cpu",
         "cpu",
         (_c("largest relative error of a Gram against float64", lambda: f"{max(gram_errors()):.2e}"),),
+        data=(),  # no JSON: the page itself holds its numbers
     ),
     "latency.md": Page(
         "make bench-latency",
@@ -67,7 +66,6 @@ PAGES: dict[str, Page] = {
             ),
         ),
         stale="measured 2026-11-21 with transformers 5.23.0, before the later engine changes",
-        data=("latency.json",),
     ),
     "latency_default.md": Page(
         f"{SPEED_AB} --compile",
@@ -78,13 +76,11 @@ PAGES: dict[str, Page] = {
                 lambda: " / ".join(times(latency_default(r, "b8x128_speedup")) for r in (0.2, 0.5)),
             ),
         ),
-        data=("latency_default.json",),
     ),
     "latency_kv_groups.md": Page(
         "python bench/speed_ab.py --compile",
         "cpu",
         (_c("whole vs free key/value groups: speed", lambda: "table on the page"),),
-        data=("latency_kv_groups.json",),
     ),
     "streaming.md": Page(
         "python bench/streaming.py",
@@ -100,7 +96,6 @@ PAGES: dict[str, Page] = {
             ),
         ),
         cpu_times=True,
-        data=("streaming.json",),
     ),
     "streamed_eval.md": Page(
         "python bench/streamed_eval.py",
@@ -112,7 +107,6 @@ PAGES: dict[str, Page] = {
             ),
         ),
         cpu_times=True,
-        data=("streamed_eval.json",),
     ),
     "serving.md": Page(
         "python bench/serving.py",
@@ -125,13 +119,11 @@ PAGES: dict[str, Page] = {
                 serving_levers,
             ),
         ),
-        data=("serving.json",),
     ),
     "serving_vllm.md": Page(
         "python bench/serving_vllm.py",
         "cpu",
         (_c("vLLM (CPU) serving SmolLM2's vLLM form at 50%: greedy tokens equal to transformers'", vllm_same),),
-        data=("serving_vllm.json",),
     ),
     "depth.md": Page(
         "python bench/depth.py",
@@ -142,7 +134,6 @@ PAGES: dict[str, Page] = {
                 depth_ls_over_plain,
             ),
         ),
-        data=("depth.json",),
     ),
     "depth_speed.md": Page(
         "python bench/depth_speed.py",
@@ -155,7 +146,6 @@ PAGES: dict[str, Page] = {
             _c("SmolLM2 8 of 30 blocks + width to 50%: the same", lambda: depth_speed_claim("depth 8 + width, 50%")),
             _c("SmolLM2 8 of 30 blocks (ls stand-in): the same", lambda: depth_speed_claim("depth 8 (27%)")),
         ),
-        data=("depth_speed.json",),
     ),
     "depth_gemma3.md": Page(
         "python bench/depth.py --model gemma3 --blocks 4 --no-timing",
@@ -167,7 +157,6 @@ PAGES: dict[str, Page] = {
                 lambda: depth_plain_spans("depth_gemma3.json"),
             ),
         ),
-        data=("depth_gemma3.json",),
     ),
     "depth_speed_gemma3.md": Page(
         "python bench/depth_speed.py --model gemma3 --no-timing",
@@ -182,7 +171,6 @@ PAGES: dict[str, Page] = {
                 lambda: quality_pair("depth_speed_gemma3.json", "width 50%", "depth 4 + width, 50%, none"),
             ),
         ),
-        data=("depth_speed_gemma3.json",),
     ),
     "depth_qwen25.md": Page(
         "python bench/depth.py --model qwen25 --blocks 6 --no-timing --selections angular sleb ours",
@@ -198,7 +186,6 @@ PAGES: dict[str, Page] = {
                 lambda: depth_plain_spans("depth_qwen25.json"),
             ),
         ),
-        data=("depth_qwen25.json",),
     ),
     "depth_speed_qwen25.md": Page(
         "python bench/depth_speed.py --model qwen25 --no-timing",
@@ -217,7 +204,6 @@ PAGES: dict[str, Page] = {
                 lambda: quality_pair("depth_speed_qwen25.json", "width 50%", "depth 6 + width, 50%"),
             ),
         ),
-        data=("depth_speed_qwen25.json",),
     ),
     "speed_target.md": Page(
         "python bench/speed_target.py",
@@ -226,6 +212,5 @@ PAGES: dict[str, Page] = {
             _c("SmolLM2, target 1.3× batch-1 decode on this CPU: the pick", lambda: speed_target_claim(1.3)),
             _c("SmolLM2, target 1.5× batch-1 decode on this CPU: the pick", lambda: speed_target_claim(1.5)),
         ),
-        data=("speed_target.json",),
     ),
 }

@@ -49,7 +49,6 @@ PAGES: dict[str, Page] = {
         "python bench/query_heads.py",
         "cpu",
         (_c("SmolLM2 default recipe vs query_heads uniform (vLLM's form), perplexity at 20% / 50%", query_heads_cost),),
-        data=("query_heads.json",),
     ),
     "block_reads.md": Page(
         "python bench/block_reads.py --shape 7b --layers 4 --dtype bfloat16",
@@ -60,7 +59,6 @@ PAGES: dict[str, Page] = {
                 lambda: f"{num(block_read('block_reads.json', 1), 2)} GB/s",
             ),
         ),
-        data=("block_reads.json",),
     ),
     "block_reads_gpu_host.md": Page(
         "python bench/block_reads.py --shape 7b --layers 4 --dtype bfloat16 --device cuda",
@@ -71,13 +69,11 @@ PAGES: dict[str, Page] = {
                 lambda: f"{num(block_read('block_reads_gpu_host.json', 4), 1)} GB/s",
             ),
         ),
-        data=("block_reads_gpu_host.json",),
     ),
     "peak_memory.md": Page(
         "python bench/peak_memory.py",
         "cpu",
         (_c("the FFN's refit at 7B widths, memory beyond the Gram: before / after", _refit_peak),),
-        data=("peak_memory.json",),
     ),
     "families.md": Page(
         "python bench/families.py",
@@ -91,7 +87,6 @@ PAGES: dict[str, Page] = {
             ),
         ),
         cpu_times=True,
-        data=("families.json",),
     ),
     "load.md": Page(
         "python bench/load.py",
@@ -102,7 +97,6 @@ PAGES: dict[str, Page] = {
                 lambda: f"{num(max(r['p95_s'] for r in data('load.json')['rows']), 2)} s",
             ),
         ),
-        data=("load.json",),
     ),
     "reliability.md": Page(
         "pytest -s tests/jobs/test_faults.py",
@@ -113,6 +107,7 @@ PAGES: dict[str, Page] = {
                 lambda: f"{len(md_table('reliability.md', 'case'))} cases, table on the page",
             ),
         ),
+        data=(),  # no JSON: the page itself holds its numbers
     ),
     "gpu_liar.md": Page(
         "python bench/gpu_liar.py --shape 7b|13b|30b --samples 128 1024",
@@ -141,6 +136,7 @@ PAGES: dict[str, Page] = {
                 LIAR_H200,
             ),
         ),
+        data=(),  # no JSON: the page itself holds its numbers
     ),
     "gpu_stream.md": Page(
         "python bench/gpu_stream.py (bash bench/gpu_all.sh)",
@@ -151,12 +147,12 @@ PAGES: dict[str, Page] = {
                 lambda: pair(f"{gb(gpu_stream(S70)['peak_device_mb'])} GB", f"{num(gpu_stream(S70)['total_s'], 0)} s"),
             ),
         ),
-        data=("gpu_stream.json",),
     ),
     "gpu_stream_profile.txt": Page(
         "python bench/gpu_stream.py --profile",
         "gpu",
         (_c("torch.profiler table of the 7B streamed run", lambda: "profile"),),
+        data=(),  # no JSON: the page itself holds its numbers
     ),
     "gpu_latency.md": Page(
         "python bench/gpu_latency.py",
@@ -188,5 +184,6 @@ PAGES: dict[str, Page] = {
         "python bench/gpu_check.py",
         "gpu",
         (_c("GPU path checks passed", _gpu_checks),),
+        data=(),  # no JSON: the page itself holds its numbers
     ),
 }
