@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import zlib
 from collections.abc import Callable, Iterator
@@ -48,13 +49,7 @@ def tensor_specs(shape: str) -> Iterator[tuple[int | None, str, tuple[int, ...]]
 
 
 def param_count(shape: str) -> int:
-    total = 0
-    for _, _, dims in tensor_specs(shape):
-        n = 1
-        for x in dims:
-            n *= x
-        total += n
-    return total
+    return sum(math.prod(dims) for _, _, dims in tensor_specs(shape))
 
 
 def generated_weights(shape: str, seed: int = 0, dtype: str = "float32", device: str = "cpu") -> Callable:
