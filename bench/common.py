@@ -127,6 +127,15 @@ def child_result(cmd: list[str], what: str, env: dict[str, str] | None = None) -
     return json.loads(line[-1][7:])
 
 
+def heldout(model, tok, windows: int = 20, text: Path | None = None) -> dict:
+    """``core.perplexity`` on ``windows`` windows of 512 tokens of ``text`` (default: the Wikipedia
+    evaluation articles, ``bench/assets.py``): the benchmarks' held-out protocol."""
+    from bench.assets import wikipedia_split
+    from core import perplexity
+
+    return perplexity(model, tok, str(text or wikipedia_split()[1]), seq_len=512, batch_size=4, max_windows=windows)
+
+
 def finished_job(service, job_id: int, limit: float) -> dict:
     """A job's ``show`` once it has ended (succeeded, failed or cancelled), asked every 2 s; exit after ``limit`` s."""
     end = time.monotonic() + limit

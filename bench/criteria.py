@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_line, write_page  # noqa: E402
+from bench.common import cpu_line, heldout, write_page  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "criteria.md"
 METHODS = ("none", "bias", "liar", "ls")
@@ -79,12 +79,12 @@ def run_criterion(name: str, cells: list[tuple[str, float]], eval_windows: int, 
     import torch
 
     from bench.assets import smollm2_dir, smollm2_recipe, wikipedia_split
-    from core import perplexity, prune
+    from core import prune
     from core.models.loading import load_model
 
     _, crit, modules, allocation = SETUPS[name]
     model_dir = smollm2_dir()
-    calib, evaluation = wikipedia_split()
+    calib, _ = wikipedia_split()
     scores = None
     for method, ratio in cells:
         torch.manual_seed(0)
@@ -97,7 +97,7 @@ def run_criterion(name: str, cells: list[tuple[str, float]], eval_windows: int, 
             on_row({"criterion": name, "method": method, "ratio": ratio, "error": f"{type(exc).__name__}: {exc}"})
             continue
         scores = result.scores
-        ppl = perplexity(result.model, tok, str(evaluation), seq_len=512, batch_size=4, max_windows=eval_windows)
+        ppl = heldout(result.model, tok, eval_windows)
         on_row(
             {
                 "criterion": name,
@@ -112,12 +112,11 @@ def run_criterion(name: str, cells: list[tuple[str, float]], eval_windows: int, 
 
 
 def dense_row(eval_windows: int) -> dict:
-    from bench.assets import smollm2_dir, wikipedia_split
-    from core import perplexity
+    from bench.assets import smollm2_dir
     from core.models.loading import load_model
 
     model, tok, _ = load_model(str(smollm2_dir()), "float32", "cpu")
-    ppl = perplexity(model, tok, str(wikipedia_split()[1]), seq_len=512, batch_size=4, max_windows=eval_windows)
+    ppl = heldout(model, tok, eval_windows)
     return {"criterion": "dense", "method": "dense", "ratio": 0.0, "perplexity": ppl["perplexity"]}
 
 

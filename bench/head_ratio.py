@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cell_parser, cpu_line, run_cells, span, write_page  # noqa: E402
+from bench.common import cell_parser, cpu_line, heldout, run_cells, span, write_page  # noqa: E402
 from bench.kv_groups import default_recipe  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "head_ratio.md"
@@ -37,11 +37,9 @@ def one(args) -> dict:
     """One cell, in a child process: prune with the given split and evaluate."""
     import torch
 
-    from bench.assets import wikipedia_split
-    from core import perplexity, prune
+    from core import prune
 
     torch.set_num_threads(args.threads)
-    _, evaluation = wikipedia_split()
     recipe = default_recipe(args.ratio, "free") | {"head_ratio": _split(args.split)}
     result = prune(recipe)
     row = {
@@ -53,7 +51,7 @@ def one(args) -> dict:
         "kv_heads": sorted({len(lp.kv_heads) for lp in result.plan.layers}),
         "ffn": sorted({len(lp.neurons) for lp in result.plan.layers}),
     }
-    ppl = perplexity(result.model, result.tokenizer, str(evaluation), seq_len=512, batch_size=4, max_windows=20)
+    ppl = heldout(result.model, result.tokenizer)
     return row | {"perplexity": ppl["perplexity"], "eval_tokens": ppl["tokens"]}
 
 

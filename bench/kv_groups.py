@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
-from bench.common import cell_parser, cpu_line, flags, run_cells, span, write_page  # noqa: E402
+from bench.common import cell_parser, cpu_line, flags, heldout, run_cells, span, write_page  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "kv_groups.md"
 
@@ -60,11 +60,10 @@ def one(args) -> dict:
     """One cell, in a child process: prune (or load the dense model) and evaluate."""
     import torch
 
-    from core import perplexity, prune
+    from core import prune
     from core.models.loading import load_model
 
     torch.set_num_threads(args.threads)
-    _, evaluation = wikipedia_split()
     if args.cell_groups == "dense":
         model, tok, _ = load_model(str(smollm2_dir()), "float32", "cpu")
         row = {"groups": "dense", "ratio": 0.0}
@@ -83,7 +82,7 @@ def one(args) -> dict:
             "kv_index_layers": s["kv_index_layers"],
             "round_to_neurons": s["round_to_neurons"],
         }
-    ppl = perplexity(model, tok, str(evaluation), seq_len=512, batch_size=4, max_windows=args.eval_windows)
+    ppl = heldout(model, tok, args.eval_windows)
     row.update(perplexity=ppl["perplexity"], eval_tokens=ppl["tokens"])
     return row
 

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cell_parser, cpu_line, run_cells, span, write_page  # noqa: E402
+from bench.common import cell_parser, cpu_line, heldout, run_cells, span, write_page  # noqa: E402
 from bench.kv_groups import default_recipe  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "unseen.md"
@@ -72,20 +72,12 @@ def both_texts(model, tok) -> dict[str, float]:
     from bench.assets import rotten_tomatoes_split, wikipedia_split
 
     texts = (("wikipedia", wikipedia_split()[1]), ("rotten_tomatoes", rotten_tomatoes_split()["test"]))
-    return {name: _perplexity(model, tok, path) for name, path in texts}
+    return {name: heldout(model, tok, text=path)["perplexity"] for name, path in texts}
 
 
 def wikipedia_perplexity(model, tok) -> float:
     """:func:`both_texts`' Wikipedia column alone (half the evaluation, for pages that quote only it)."""
-    from bench.assets import wikipedia_split
-
-    return _perplexity(model, tok, wikipedia_split()[1])
-
-
-def _perplexity(model, tok, path) -> float:
-    from core import perplexity
-
-    return perplexity(model, tok, str(path), seq_len=512, batch_size=4, max_windows=20)["perplexity"]
+    return heldout(model, tok)["perplexity"]
 
 
 def write(rows: dict[str, dict], args) -> None:
