@@ -89,6 +89,18 @@ def median_time(fn: Callable[[], Any], warmup: int, repeats: int) -> tuple[float
     return statistics.median(times), times
 
 
+def best_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
+    """The least seconds of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones (other work only adds time)."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def spread(xs: list[float], digits: int = 0) -> str:
     """``median (min–max)``, as the pages print a cell's timings."""
     return f"{statistics.median(xs):,.{digits}f} ({min(xs):,.{digits}f}–{max(xs):,.{digits}f})"

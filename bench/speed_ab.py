@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
-from bench.common import machine, quiet_transformers, span  # noqa: E402
+from bench.common import best_time, machine, quiet_transformers, span  # noqa: E402
 from bench.speed import build  # noqa: E402
 from bench.speed_report import _label, _machine_line  # noqa: E402
 
@@ -53,12 +53,6 @@ def _decode_steps(model, ids, steps: int) -> float:
     return 1000 * statistics.median(times)
 
 
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
 def rounds(models: list, prompts: dict[str, Any], args, compiled: list | None) -> list[list[dict[str, float]]]:
     """``args.rounds`` rounds, each timing every model once in turn: seconds per prefill, ms per step."""
     import torch
@@ -71,10 +65,7 @@ def rounds(models: list, prompts: dict[str, Any], args, compiled: list | None) -
         for i, model in enumerate(models):
             with torch.inference_mode():
                 m = {
-                    k: min(
-                        _timed(lambda ids=ids, model=model: model(input_ids=ids, use_cache=True))
-                        for _ in range(args.inner)
-                    )
+                    k: best_time(lambda ids=ids, model=model: model(input_ids=ids, use_cache=True), args.inner, 0)
                     for k, ids in prompts.items()
                 }
                 m["decode_ms"] = _decode_steps(model, prompts["b1x128"], args.steps)
