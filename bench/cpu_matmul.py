@@ -12,7 +12,6 @@ differs). Writes docs/results/cpu_matmul.md + .json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from functools import partial
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import best_time, machine  # noqa: E402
+from bench.common import best_time, machine, today  # noqa: E402
 from bench.speed_report import _machine_line  # noqa: E402
 from core.kernels import cpu_matmul  # noqa: E402
 from core.stats.accumulate import _edges  # noqa: E402
@@ -110,7 +109,7 @@ def write(rows: list[dict], args: argparse.Namespace, mach: dict, auto: cpu_matm
     lines = [
         "# Float32 CPU matrix products: torch's BLAS against oneDNN",
         "",
-        f"Measured {dt.date.today().isoformat()} on {_machine_line(mach)}. Produced by `python bench/cpu_matmul.py"
+        f"Measured {today()} on {_machine_line(mach)}. Produced by `python bench/cpu_matmul.py"
         f" --threads {args.threads} --tokens {args.tokens}`.",
         "",
         f"Each product of a {args.tokens}-token batch, best of {args.repeats} runs after two warm-ups: `F.linear` "

@@ -12,7 +12,6 @@ it stopped. Each criterion's cells run in one process, scoring the model once (`
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_line, heldout, write_page  # noqa: E402
+from bench.common import cpu_line, heldout, today, write_page  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "criteria.md"
 METHODS = ("none", "bias", "liar", "ls")
@@ -134,7 +133,7 @@ def write(rows: dict[str, dict], ratios: list[float], eval_windows: int) -> None
     lines = [
         "# Criteria × reconstruction on SmolLM2-135M",
         "",
-        f"Updated {dt.date.today().isoformat()} on {machine}. Produced by `python bench/criteria.py` (resumable).",
+        f"Updated {today()} on {machine}. Produced by `python bench/criteria.py` (resumable).",
         "",
         "Setup as in `engine.md`: 128 windows × 128 tokens of calibration from 70% of the Wikipedia articles,",
         f"damping 0.001, perplexity on the other 30% ({eval_windows} windows of 512 tokens)"

@@ -24,7 +24,6 @@ speed rounds would measure the other work.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
 import sys
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import DECODERS  # noqa: E402
-from bench.common import header  # noqa: E402
+from bench.common import header, today  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "depth_speed.md"
 # name: (modules, ratio, depth blocks, depth reconstruction); SmolLM2 has 30 blocks
@@ -200,10 +199,10 @@ def quality_only(args, js: Path) -> None:
     default = [n for n in RECIPES if n not in TIMED] if args.model == "smollm2" else ["dense", *recipes]
     for name in args.only or default:
         if name == "dense":
-            row = dense_row(args.model) | {"date": dt.date.today().isoformat()}
+            row = dense_row(args.model) | {"date": today()}
         else:
             result = prune(recipe_for(name, args.model))
-            row = pruned_row(name, result) | {"date": dt.date.today().isoformat()}
+            row = pruned_row(name, result) | {"date": today()}
             if result.metrics.get("depth_reconstruction"):
                 row["depth_reconstruction"] = result.metrics["depth_reconstruction"]
             del result

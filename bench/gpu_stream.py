@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import math
 import os
@@ -54,7 +53,7 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import flags  # noqa: E402
+from bench.common import flags, today  # noqa: E402
 from bench.random_llama import INIT_STD, tensor_specs, write_config_and_tokenizer  # noqa: E402
 from bench.rss import run_measured  # noqa: E402
 from bench.shapes import LLAMA_SHAPES  # noqa: E402
@@ -370,7 +369,7 @@ def main() -> None:
     for run in args.runs:
         key = f"{run}|{args.criterion}|{args.activations}"
         row = measured_child(args, run)
-        row.update(key=key, date=dt.date.today().isoformat())
+        row.update(key=key, date=today())
         print(json.dumps(row), flush=True)
         rows = [r for r in rows if r.get("key") != key] + [row]
         path.write_text(json.dumps(rows, indent=1) + "\n")

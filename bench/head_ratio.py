@@ -15,14 +15,13 @@ process, one at a time; finished cells are kept (resumable).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cell_parser, cpu_line, heldout, run_cells, span, write_page  # noqa: E402
+from bench.common import cell_parser, cpu_line, heldout, run_cells, span, today, write_page  # noqa: E402
 from bench.kv_groups import default_recipe  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "head_ratio.md"
@@ -65,7 +64,7 @@ def write(rows: dict[str, dict], args) -> None:
     lines = [
         "# Splitting a layer's share between heads and neurons (`head_ratio`, SmolLM2-135M)",
         "",
-        f"Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/head_ratio.py`.",
+        f"Measured {today()} on {machine}. Produced by `python bench/head_ratio.py`.",
         "",
         "The default recipe (magnitude counts, uniform allocation, OBS selection + `ls`, FFN widths ×64, free",
         "key/value groups); every row of a ratio removes the same parameters, only the split differs:",

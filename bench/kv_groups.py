@@ -15,7 +15,6 @@ The speed of the same models: ``python bench/speed.py latency --kv-groups free w
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
-from bench.common import cell_parser, cpu_line, flags, heldout, run_cells, span, write_page  # noqa: E402
+from bench.common import cell_parser, cpu_line, flags, heldout, run_cells, span, today, write_page  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "kv_groups.md"
 
@@ -97,7 +96,7 @@ def write(rows: dict[str, dict], args) -> None:
     lines = [
         "# Whole key/value groups vs free query heads: quality (SmolLM2-135M)",
         "",
-        f"Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/kv_groups.py`.",
+        f"Measured {today()} on {machine}. Produced by `python bench/kv_groups.py`.",
         "",
         "The default recipe (magnitude counts, uniform allocation, OBS selection + `ls`, FFN widths `auto` = ×64",
         "on a CPU), `round_to.kv_groups` free or whole; 128 × 128 calibration tokens, perplexity on",

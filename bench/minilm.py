@@ -16,7 +16,6 @@ stopped; the table goes to ``docs/results/minilm.md``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import platform
@@ -28,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import layer_errors, save_json  # noqa: E402
+from bench.common import layer_errors, save_json, today  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "minilm.md"
 METHODS = ("none", "bias", "liar", "ls")
@@ -208,7 +207,7 @@ def run(args) -> dict:
                     "prune_seconds": round(result.seconds, 2),
                     "eval_seconds": round(eval_s, 2),
                     **layer_errors(result.report),
-                    "date": dt.date.today().isoformat(),
+                    "date": today(),
                     "machine": _machine(),
                 }
                 state["cells"][key] = row
@@ -238,7 +237,7 @@ def write_report(state: dict, out: Path) -> str:
     dense = state["dense"]["accuracy"]
     ft = state.get("finetune", {})
     st = state["settings"]
-    dates = sorted({c["date"] for c in cells}) or [dt.date.today().isoformat()]
+    dates = sorted({c["date"] for c in cells}) or [today()]
     machines = sorted({c["machine"] for c in cells})
     lines = [
         "# Pruning a fine-tuned encoder: MiniLM sentiment classifier (Table 2 analogue)",

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cell_parser, cpu_line, flags, run_cells, span, write_page  # noqa: E402
+from bench.common import cell_parser, cpu_line, flags, run_cells, span, today, write_page  # noqa: E402
 from bench.unseen import both_rounded  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "obs_allocation.md"
@@ -91,13 +91,12 @@ REFERENCE = {  # ratio: (paper-exact FLAP + LIAR, uniform shares) on (Wikipedia,
 
 
 def write(rows: dict[str, dict], args) -> None:
-    import datetime as dt
 
     machine = cpu_line(args.threads)
     lines = [
         "# Non-uniform allocation from OBS error curves: `criterion: obs` (SmolLM2-135M, Gemma 3 270M)",
         "",
-        f"Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/obs_allocation.py`.",
+        f"Measured {today()} on {machine}. Produced by `python bench/obs_allocation.py`.",
         "",
         "`criterion: obs` with `allocation: global` (per-layer counts from the dense model's OBS error",
         "curves), then OBS selection + `ls`; uniform: every layer the same share, `head_ratio: auto`",

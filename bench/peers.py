@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import CACHE  # noqa: E402
-from bench.common import save_json  # noqa: E402
+from bench.common import save_json, today  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "peers.md"
 WORKERS = ROOT / "bench" / "peers_worker"
@@ -293,7 +293,7 @@ def run(args) -> dict:
                     state["cells"][k] = {"error": str(exc)} | {
                         x: cell[x] for x in ("label", "model", "tool", "variant")
                     }
-                    state["cells"][k].update(ratio=cell["ratio"], date=dt.date.today().isoformat())
+                    state["cells"][k].update(ratio=cell["ratio"], date=today())
                     save_json(path, state)
                     continue
         env_key = f"{cell['model']}|{cell['tool']}"
@@ -301,7 +301,7 @@ def run(args) -> dict:
         print(f"[{dt.datetime.now():%H:%M:%S}] {k} ...", flush=True)
         row = call_worker(cell)
         row.update(label=cell["label"], model=cell["model"], tool=cell["tool"], variant=cell["variant"])
-        row.update(ratio=cell["ratio"], date=dt.date.today().isoformat())
+        row.update(ratio=cell["ratio"], date=today())
         if "dense" in row:
             state["dense"][env_key] = row.pop("dense") | {"env": row.get("env")}
         state["cells"][k] = row

@@ -32,7 +32,6 @@ so an interrupted run resumes with the next model.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
@@ -46,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.assets import CACHE, smollm2_dir, wikipedia_split  # noqa: E402
 from bench.common import machine as torch_machine  # noqa: E402
+from bench.common import today  # noqa: E402
 from bench.serving_report import DIAGNOSTIC, JSON, MODELS, OUT, QUANTS, label, model_fields, ratio_of, summary, write  # noqa: E402
 
 WORK = CACHE / "serving"
@@ -240,7 +240,7 @@ def quality(args) -> dict:
         kept.parent.mkdir(parents=True, exist_ok=True)
         kept.write_text(json.dumps(row, indent=2))
     return {
-        "date": dt.date.today().isoformat(),
+        "date": today(),
         "machine": machine(args.threads),
         "protocol": {"seq_len": SEQ_LEN, "windows": WINDOWS, "text": "Wikipedia evaluation articles"},
         "models": models,
@@ -297,7 +297,7 @@ def gemma(args) -> dict:
             print(f"Gemma 3 {label(key)} {quant}: ours {ours['perplexity']:.3f}, llama.cpp "
                   f"{row['gguf'][quant]['perplexity']:.3f}", flush=True)  # fmt: skip
         rows[key] = row
-    return {"date": dt.date.today().isoformat(), "machine": machine(args.threads), "models": rows}
+    return {"date": today(), "machine": machine(args.threads), "models": rows}
 
 
 def speed(args) -> dict:
@@ -325,7 +325,7 @@ def speed(args) -> dict:
         rounds.append({"cells": cells, "load_average": os.getloadavg()[0]})
         print(f"round {i + 1}: " + ", ".join(f"{k} {v['decode_tok_s']:.0f}" for k, v in cells.items()), flush=True)
     return {
-        "date": dt.date.today().isoformat(),
+        "date": today(),
         "machine": machine(args.threads),
         "settings": {
             "rounds": args.rounds,

@@ -20,7 +20,6 @@ compiled once per model before the rounds; ``bench/compiled_decode.py``).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import statistics
@@ -33,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
-from bench.common import best_time, machine, quiet_transformers, span  # noqa: E402
+from bench.common import best_time, machine, quiet_transformers, span, today  # noqa: E402
 from bench.speed import build  # noqa: E402
 from bench.speed_report import _label, _machine_line  # noqa: E402
 
@@ -104,7 +103,7 @@ def write(rows: list[dict[str, Any]], args, mach: dict[str, Any], compile_errors
         if any(r.get("default") for r in rows)
         else "# Latency with whole key/value groups vs free query heads (SmolLM2-135M, CPU, interleaved)",
         "",
-        f"Measured {dt.date.today().isoformat()} on {_machine_line(mach)}. Produced by "
+        f"Measured {today()} on {_machine_line(mach)}. Produced by "
         f"`python bench/speed_ab.py {' '.join(sys.argv[1:])}`.",
         "",
         f"1-minute load average after each round: {min(args.loads):.1f}–{max(args.loads):.1f} (this benchmark's own",

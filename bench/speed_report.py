@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import span
+from bench.common import span, today
 from bench.pages.values import floor_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +102,7 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
     out = _out_paths(args, "time")
     out.parent.mkdir(parents=True, exist_ok=True)
     base = next((r for r in rows if r["samples"] == 128), None)
-    date = date or dt.date.today().isoformat()
+    date = date or today()
     lines = [
         "# Reconstruction time vs calibration samples",
         "",
@@ -193,7 +192,7 @@ def write_latency(rows: list[dict[str, Any]], args: argparse.Namespace, mach: di
     lines = [
         "# Inference throughput and latency: dense vs pruned SmolLM2-135M",
         "",
-        f"Measured {dt.date.today().isoformat()} on {_machine_line(mach)}. "
+        f"Measured {today()} on {_machine_line(mach)}. "
         f"Produced by `python bench/speed.py {' '.join(sys.argv[1:]) or 'latency'}`"
         + (" (**smoke test, not a measurement**)" if args.quick else "")
         + ".",
@@ -256,7 +255,7 @@ def write_latency(rows: list[dict[str, Any]], args: argparse.Namespace, mach: di
     lines.append("")
     out.write_text("\n".join(lines))
     payload = {
-        "date": dt.date.today().isoformat(),
+        "date": today(),
         "machine": mach,
         "args": {k: v for k, v in vars(args).items() if k != "func"},
         "rows": rows,

@@ -14,14 +14,13 @@ process, one at a time; finished cells are kept (resumable).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cell_parser, cpu_line, heldout, run_cells, span, write_page  # noqa: E402
+from bench.common import cell_parser, cpu_line, heldout, run_cells, span, today, write_page  # noqa: E402
 from bench.kv_groups import default_recipe  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "unseen.md"
@@ -85,7 +84,7 @@ def write(rows: dict[str, dict], args) -> None:
     lines = [
         "# Unseen text: Wikipedia evaluation split vs Rotten Tomatoes reviews (SmolLM2-135M)",
         "",
-        f"Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/unseen.py`.",
+        f"Measured {today()} on {machine}. Produced by `python bench/unseen.py`.",
         "",
         "Calibration: 128 × 128 tokens of the Wikipedia calibration articles for every recipe. Perplexity on",
         "20 windows of 512 tokens of the Wikipedia evaluation articles and of the Rotten Tomatoes test",
