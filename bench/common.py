@@ -42,13 +42,18 @@ def machine(threads: int) -> dict[str, Any]:
     }
 
 
-def header() -> dict[str, Any]:
-    """The first keys of a results file: the date, the machine (CPU model and cores) and torch's version."""
-    import torch
-
+def stamp() -> dict[str, Any]:
+    """The first keys of a results file: the date and the machine (CPU model and cores)."""
     from bench.assets import cpu_model
 
-    return {"date": today(), "machine": f"{cpu_model()}, {os.cpu_count()} cores", "torch": torch.__version__}
+    return {"date": today(), "machine": f"{cpu_model()}, {os.cpu_count()} cores"}
+
+
+def header() -> dict[str, Any]:
+    """:func:`stamp` and torch's version."""
+    import torch
+
+    return stamp() | {"torch": torch.__version__}
 
 
 def cpu_line(threads: int | None = None, suffix: str = "") -> str:

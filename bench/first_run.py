@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import finished_job, today  # noqa: E402
+from bench.common import finished_job, stamp  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "first_run.json"
 PAGE = ROOT / "docs" / "results" / "first_run.md"
@@ -77,7 +77,6 @@ def _worker_rate(service, limit: float = 120) -> float:
 def run(data: Path, runs=RUNS) -> dict:
     from app.web import forms, preview
     from app.web.figures import SPEEDUPS, speedup_of, speedup_text
-    from bench.assets import cpu_model
     from jobs.access import OPEN
     from jobs.service import JobService
 
@@ -114,8 +113,7 @@ def run(data: Path, runs=RUNS) -> dict:
         worker.terminate()
         worker.wait(timeout=60)
     return {
-        "date": today(),
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+        **stamp(),
         "gemm_gflops": round(rate / 1e9, 1),
         "rows": rows,
     }
