@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import flags, today  # noqa: E402
-from bench.random_llama import INIT_STD, tensor_specs, write_config_and_tokenizer  # noqa: E402
+from bench.random_llama import INIT_STD, random_calibration, tensor_specs, write_config_and_tokenizer  # noqa: E402
 from bench.rss import run_measured  # noqa: E402
 from bench.shapes import LLAMA_SHAPES  # noqa: E402
 from core.spec.recipe import ACTIVATIONS  # noqa: E402
@@ -150,20 +150,6 @@ def recipe_for(args, shape: str, samples: int, mode: str, directory: Path) -> di
     }
 
 
-def random_calibration(args, shape: str, samples: int) -> tuple:
-    """``samples`` random calibration windows and ``args.holdout`` held-aside ones of ``args.seq_len`` tokens."""
-    import torch
-
-    from core.data.calibration import CalibrationBatch
-
-    vocab = LLAMA_SHAPES[shape]["vocab_size"]
-    gen = torch.Generator().manual_seed(samples)
-    ids = torch.randint(0, vocab, (samples, args.seq_len), generator=gen)
-    extra = torch.randint(0, vocab, (args.holdout, args.seq_len), generator=gen)
-    calibration = (CalibrationBatch(ids, torch.ones_like(ids)), CalibrationBatch(extra, torch.ones_like(extra)))
-    return calibration
-
-
 def reader_patches(reader, discard: bool) -> list:
     """The engine reads the pool's weights for the checkpoint's; with ``discard`` it writes no shard."""
     patches = [mock.patch("core.models.streaming.CheckpointReader", lambda directory: reader)]
@@ -190,7 +176,7 @@ def child(args) -> None:
         pool_s = time.perf_counter() - t0
         (src := work / "model").mkdir()
         fake_checkpoint(src, shape, reader)
-        calibration = random_calibration(args, shape, samples)
+        calibration = random_calibration(LLAMA_SHAPES[shape]["vocab_size"], samples, args.seq_len, args.holdout)
         peak = [0.0]
         first_report: dict[str, float] = {}  # when each stage was first reported (host clock)
 

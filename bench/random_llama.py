@@ -151,6 +151,19 @@ def write_random_llama(
     return path
 
 
+def random_calibration(vocab: int, samples: int, seq_len: int, holdout: int) -> tuple:
+    """``samples`` random calibration windows of ``seq_len`` token ids below ``vocab`` and ``holdout``
+    held-aside ones (seeded by ``samples``), for a prune that takes its calibration pre-tokenised."""
+    import torch
+
+    from core.data.calibration import CalibrationBatch
+
+    gen = torch.Generator().manual_seed(samples)
+    ids = torch.randint(0, vocab, (samples, seq_len), generator=gen)
+    extra = torch.randint(0, vocab, (holdout, seq_len), generator=gen)
+    return CalibrationBatch(ids, torch.ones_like(ids)), CalibrationBatch(extra, torch.ones_like(extra))
+
+
 def verify_checkpoint(path: str | Path) -> dict:
     """Load with ``AutoModelForCausalLM.from_pretrained`` (all keys present) and check finite logits."""
     import torch
