@@ -289,27 +289,32 @@ def build(spec: str, samples: int) -> tuple[Any, Any, dict[str, Any]]:
     return model.eval(), tok, row
 
 
+def greedy_steps(model, ids, steps: int) -> tuple[list[float], list[int], float]:
+    """``steps`` greedy steps after the prompt ``ids`` (batch 1), one token at a time through the dynamic KV
+    cache (the prompt's prefill untimed): each step's seconds, the tokens, and the seconds of them all."""
+    out = model(input_ids=ids, use_cache=True)
+    cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    tokens, times = [int(nxt)], []
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        t = time.perf_counter()
+        out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        times.append(time.perf_counter() - t)
+        tokens.append(int(nxt))
+    return times, tokens, time.perf_counter() - t0
+
+
 def _decode(model, ids, args: argparse.Namespace) -> tuple[dict[str, Any], list[int]]:
     """Batch-1 greedy decode of ``args.new_tokens`` after the prompt ``ids``, one step at a time through the
     cache: its timings, and the tokens of the last repetition (``generate`` must give the same)."""
     steps: list[float] = []
     totals: list[float] = []
-    tokens: list[int] = []
     for rep in range(args.warmup + args.repeats):
-        out = model(input_ids=ids, use_cache=True)
-        cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        generated, per_step = [int(nxt)], []
-        t0 = time.perf_counter()
-        for _ in range(args.new_tokens):
-            t = time.perf_counter()
-            out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
-            cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-            per_step.append(time.perf_counter() - t)
-            generated.append(int(nxt))
+        per_step, tokens, total = greedy_steps(model, ids, args.new_tokens)
         if rep >= args.warmup:
-            totals.append(time.perf_counter() - t0)
+            totals.append(total)
             steps += per_step
-        tokens = generated
     decode_total = statistics.median(totals)
     steps.sort()
     decode = {

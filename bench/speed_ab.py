@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,23 +32,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
 from bench.common import best_time, machine, quiet_transformers, span, today  # noqa: E402
-from bench.speed import build  # noqa: E402
+from bench.speed import build, greedy_steps  # noqa: E402
 from bench.speed_report import _label, _machine_line  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "latency_kv_groups.md"
-
-
-def _decode_steps(model, ids, steps: int) -> float:
-    """Median ms per greedy step with the dynamic KV cache."""
-    out = model(input_ids=ids, use_cache=True)
-    cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
-        cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times)
 
 
 def rounds(models: list, prompts: dict[str, Any], args, compiled: list | None) -> list[list[dict[str, float]]]:
@@ -67,7 +53,7 @@ def rounds(models: list, prompts: dict[str, Any], args, compiled: list | None) -
                     k: best_time(lambda ids=ids, model=model: model(input_ids=ids, use_cache=True), args.inner, 0)
                     for k, ids in prompts.items()
                 }
-                m["decode_ms"] = _decode_steps(model, prompts["b1x128"], args.steps)
+                m["decode_ms"] = 1000 * statistics.median(greedy_steps(model, prompts["b1x128"], args.steps)[0])
             if compiled is not None and compiled[i] is not None:
                 d = static_decode(model, prompts["b1x128"], args.steps, compiled=True, repeats=1, step=compiled[i])
                 m["compiled_ms"] = d.get("ms_per_token_median", float("nan"))
