@@ -20,7 +20,6 @@ are pinned buffers that torch's host allocator reuses, so the rate there is the 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import statistics
@@ -31,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine  # noqa: E402
+from bench.common import machine, today  # noqa: E402
 from bench.random_llama import write_random_llama  # noqa: E402
 from bench.rss import evict, weight_files  # noqa: E402
 from bench.shapes import LLAMA_SHAPES  # noqa: E402
@@ -103,7 +102,7 @@ def main() -> None:
     lines = [
         "# Reading a block's tensors: one thread against several",
         "",
-        f"Measured {dt.date.today().isoformat()} on {machine(1)['cpu']}, {os.cpu_count()} cores, "
+        f"Measured {today()} on {machine(1)['cpu']}, {os.cpu_count()} cores, "
         f"torch {torch.__version__}; "
         f"`python bench/block_reads.py --shape {args.shape} --layers {args.layers} --dtype {args.dtype}`: "
         f"`StreamedModel._read_block` over {args.layers} {args.shape}-shaped blocks of {rows[0]['mb']} MB "

@@ -12,10 +12,8 @@ differs). Writes docs/results/cpu_matmul.md + .json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
@@ -25,7 +23,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine  # noqa: E402
+from bench.common import best_time, machine, today  # noqa: E402
 from bench.speed_report import _machine_line  # noqa: E402
 from core.kernels import cpu_matmul  # noqa: E402
 from core.stats.accumulate import _edges  # noqa: E402
@@ -40,17 +38,6 @@ PROJECTIONS = (
     ("lm_head (576 → 49152)", 576, 49152),
 )
 GRAMS = (("Gram, 576 channels", 576), ("Gram, 1536 channels", 1536))
-
-
-def _best(fn, repeats: int) -> float:
-    fn()
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -102,7 +89,7 @@ def _upper_error(blocks: list[torch.Tensor], edges: list[int], ref: torch.Tensor
 
 
 def _row(name: str, flop: int, blas, fast, err_blas: float, err_fast: float, repeats: int) -> dict:
-    t_blas, t_fast = _best(blas, repeats), _best(fast, repeats)
+    t_blas, t_fast = best_time(blas, repeats, warmup=2), best_time(fast, repeats, warmup=2)
     return {
         "product": name,
         "gflop": flop / 1e9,
@@ -122,7 +109,7 @@ def write(rows: list[dict], args: argparse.Namespace, mach: dict, auto: cpu_matm
     lines = [
         "# Float32 CPU matrix products: torch's BLAS against oneDNN",
         "",
-        f"Measured {dt.date.today().isoformat()} on {_machine_line(mach)}. Produced by `python bench/cpu_matmul.py"
+        f"Measured {today()} on {_machine_line(mach)}. Produced by `python bench/cpu_matmul.py"
         f" --threads {args.threads} --tokens {args.tokens}`.",
         "",
         f"Each product of a {args.tokens}-token batch, best of {args.repeats} runs after two warm-ups: `F.linear` "

@@ -12,15 +12,15 @@ it stopped. Each criterion's cells run in one process, scoring the model once (`
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.common import cpu_line, heldout, today, write_page  # noqa: E402
+
 OUT = ROOT / "docs" / "results" / "criteria.md"
 METHODS = ("none", "bias", "liar", "ls")
 
@@ -78,12 +78,12 @@ def run_criterion(name: str, cells: list[tuple[str, float]], eval_windows: int, 
     import torch
 
     from bench.assets import smollm2_dir, smollm2_recipe, wikipedia_split
-    from core import perplexity, prune
+    from core import prune
     from core.models.loading import load_model
 
     _, crit, modules, allocation = SETUPS[name]
     model_dir = smollm2_dir()
-    calib, evaluation = wikipedia_split()
+    calib, _ = wikipedia_split()
     scores = None
     for method, ratio in cells:
         torch.manual_seed(0)
@@ -96,7 +96,7 @@ def run_criterion(name: str, cells: list[tuple[str, float]], eval_windows: int, 
             on_row({"criterion": name, "method": method, "ratio": ratio, "error": f"{type(exc).__name__}: {exc}"})
             continue
         scores = result.scores
-        ppl = perplexity(result.model, tok, str(evaluation), seq_len=512, batch_size=4, max_windows=eval_windows)
+        ppl = heldout(result.model, tok, eval_windows)
         on_row(
             {
                 "criterion": name,
@@ -111,12 +111,11 @@ def run_criterion(name: str, cells: list[tuple[str, float]], eval_windows: int, 
 
 
 def dense_row(eval_windows: int) -> dict:
-    from bench.assets import smollm2_dir, wikipedia_split
-    from core import perplexity
+    from bench.assets import smollm2_dir
     from core.models.loading import load_model
 
     model, tok, _ = load_model(str(smollm2_dir()), "float32", "cpu")
-    ppl = perplexity(model, tok, str(wikipedia_split()[1]), seq_len=512, batch_size=4, max_windows=eval_windows)
+    ppl = heldout(model, tok, eval_windows)
     return {"criterion": "dense", "method": "dense", "ratio": 0.0, "perplexity": ppl["perplexity"]}
 
 
@@ -129,14 +128,12 @@ def load_rows(path: Path) -> dict[str, dict]:
 
 
 def write(rows: dict[str, dict], ratios: list[float], eval_windows: int) -> None:
-    import torch
-
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} (CPU)"
+    machine = cpu_line(suffix=" (CPU)")
     dense = rows.get("dense", {}).get("perplexity")
     lines = [
         "# Criteria × reconstruction on SmolLM2-135M",
         "",
-        f"Updated {dt.date.today().isoformat()} on {machine}. Produced by `python bench/criteria.py` (resumable).",
+        f"Updated {today()} on {machine}. Produced by `python bench/criteria.py` (resumable).",
         "",
         "Setup as in `engine.md`: 128 windows × 128 tokens of calibration from 70% of the Wikipedia articles,",
         f"damping 0.001, perplexity on the other 30% ({eval_windows} windows of 512 tokens)"
@@ -165,13 +162,7 @@ def write(rows: dict[str, dict], ratios: list[float], eval_windows: int) -> None
     if failed:
         lines += ["", "Failed cells (re-run to retry):", ""]
         lines += [f"- {r['criterion']} / {r['method']} @ {r['ratio']}: `{r['error'].splitlines()[-1]}`" for r in failed]
-    OUT.write_text("\n".join(lines) + "\n" + _analysis_placeholder())
-    OUT.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": list(rows.values())}, indent=2))
-
-
-def _analysis_placeholder() -> str:
-    path = OUT.with_name("criteria-notes.md")
-    return "\n" + path.read_text() if path.exists() else ""
+    write_page(OUT, lines, rows, machine)
 
 
 def main() -> None:

@@ -266,19 +266,24 @@ def _span_table(r: dict, n: int, stand_in: bool) -> str:
     return f"{span_head}\n{span_rows}"
 
 
-def write_model(r: dict) -> None:
-    """Another model's page: the same tables as SmolLM2's, without the ``ls`` columns where the recipe
-    check refuses the stand-in, and what the numbers show said from the numbers."""
-    out, n, total = out_path(r["model"]), r["blocks_removed"], r["blocks_total"]
-    stand_in = "ls_refused" not in r
+def _rows_table(r: dict, n: int) -> str:
+    """The rows of the page's first table: each selection's span, reconstruction and perplexity."""
     measured = {(x["start"], x["method"]): x["perplexity"] for x in r["rows"] if "perplexity" in x}
-    rows = "\n".join(
+    return "\n".join(
         f"| {x['selection']} | {span_name(x['start'], n)} | {x['method']} | "
         + ("not evaluated" if x.get("not_evaluated") else f"{measured[(x['start'], x['method'])]:.1f}")
         + (" (the span above)" if x.get("same_as_above") else "")
         + " |"
         for x in r["rows"]
     )
+
+
+def write_model(r: dict) -> None:
+    """Another model's page: the same tables as SmolLM2's, without the ``ls`` columns where the recipe
+    check refuses the stand-in, and what the numbers show said from the numbers."""
+    out, n, total = out_path(r["model"]), r["blocks_removed"], r["blocks_total"]
+    stand_in = "ls_refused" not in r
+    rows = _rows_table(r, n)
     span_table = _span_table(r, n, stand_in)
     plain = {x["start"]: x["perplexity"] for x in r["rows"] if x["method"] == "none" and "perplexity" in x}
     best_plain = min(plain, key=plain.get)
@@ -342,31 +347,9 @@ calibration's 8 held-aside windows of 128 tokens):
 
 
 def write_smollm2(r: dict) -> None:
-    measured = {(x["start"], x["method"]): x["perplexity"] for x in r["rows"] if "perplexity" in x}
-    rows = "\n".join(
-        f"| {x['selection']} | {x['start']}–{x['start'] + r['blocks_removed'] - 1} | {x['method']} | "
-        + f"{measured[(x['start'], x['method'])]:.1f}"
-        + (" (the span above)" if x.get("same_as_above") else "")
-        + " |"
-        for x in r["rows"]
-    )
     best_plain = min(x["perplexity"] for x in r["rows"] if x["method"] == "none" and "perplexity" in x)
     best_ls = min(x["perplexity"] for x in r["rows"] if x["method"] == "ls" and "perplexity" in x)
-    n = r["blocks_removed"]
-    spans = sorted(r["spans"].items(), key=lambda kv: kv[1].get("heldout_loss_ls", kv[1]["ls_error"]))[:6]
-    span_rows = "\n".join(
-        f"| {int(s)}–{int(s) + n - 1} | {v.get('heldout_loss_ls', float('nan')):.3f} | "
-        f"{v.get('heldout_loss_none', float('nan')):.3f} | {v['ls_error']:.3f} | {v['plain_error']:.3f} | "
-        f"{v['angular']:.3f} |"
-        for s, v in spans
-    )
     ratio = best_ls / best_plain
-    unweighted = ""
-    if r.get("unweighted_rows"):
-        rows_u = ", ".join(
-            f"{x['start']}–{x['start'] + n - 1} {x['method']} {x['perplexity']:.1f}" for x in r["unweighted_rows"]
-        )
-        unweighted = f"Unweighted least squares (`--plain-ls`, same day and calibration): {rows_u}.\n"
     OUT.write_text(f"""# Depth pruning on SmolLM2-135M: plain removal against the least-squares stand-in
 
 `python bench/depth.py --blocks {r["blocks_removed"]}`, measured {r["date"]} ({r["machine"]}, torch {r["torch"]}),
@@ -381,7 +364,7 @@ projection of the block before it — a stock LLaMA with {r["blocks_total"] - r[
 
 | span chosen by | blocks | reconstruction | perplexity |
 |---|---|---|---:|
-{rows}
+{_rows_table(r, r["blocks_removed"])}
 
 Best `ls` over best plain removal: **{ratio:.2f}×** (target ≤ 0.7×: {"met" if ratio <= 0.7 else "not met"}).
 
@@ -391,11 +374,9 @@ stand-in picked per span between the per-token weighted and the plain fit, the c
         r.get("ours_weighting", "per-token")
     }), with the local scores (relative errors on the calibration tokens):
 
-| blocks | held-aside loss, ls | held-aside loss, removed | ls fit error | plain error | angular distance |
-|---|---:|---:|---:|---:|---:|
-{span_rows}
+{_span_table(r, r["blocks_removed"], True)}
 
-{unweighted}
+
 **What this shows.** Block 11 changes the residual stream wholesale (plain error 0.99 for a span starting
 there, 0.003 for the span right after it), which fits the massive activations known in LLaMA-style models:
 a few tokens whose residual norm dwarfs the others' (not measured here). Local scores mislead around it: the

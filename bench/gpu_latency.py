@@ -253,6 +253,15 @@ def _cell(row: dict, dense: dict, key: str, higher_better: bool = True) -> str:
     return f"{row[key]:.2f} ({dense[key] / row[key]:.2f}×)"
 
 
+def _graph_cell(row: dict, dense: dict, key: str) -> str:
+    """A CUDA-graph decode's cell (``key``: graph or graph_compiled), marked where it failed or its tokens differ."""
+    if row.get(f"decode_{key}_same_tokens") is False:
+        return _cell(row, dense, f"decode_{key}_ms", False) + " (tokens differ)"
+    if f"decode_{key}_error" in row:
+        return "error: " + row[f"decode_{key}_error"][:80].replace("|", "/")
+    return _cell(row, dense, f"decode_{key}_ms", False)
+
+
 def write_table(rows: list[dict], out: str, rounds: int, device: str) -> None:
     dense = rows[0]
     where = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
@@ -270,16 +279,7 @@ def write_table(rows: list[dict], out: str, rounds: int, device: str) -> None:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        graph = _cell(r, dense, "decode_graph_ms", False)
-        if r.get("decode_graph_same_tokens") is False:
-            graph += " (tokens differ)"
-        elif "decode_graph_error" in r:
-            graph = "error: " + r["decode_graph_error"][:80].replace("|", "/")
-        cgraph = _cell(r, dense, "decode_graph_compiled_ms", False)
-        if r.get("decode_graph_compiled_same_tokens") is False:
-            cgraph += " (tokens differ)"
-        elif "decode_graph_compiled_error" in r:
-            cgraph = "error: " + r["decode_graph_compiled_error"][:80].replace("|", "/")
+        graph, cgraph = (_graph_cell(r, dense, key) for key in ("graph", "graph_compiled"))
         lines.append(
             f"| {r['model']} | {r.get('layers', '–')} | {r['heads']} | {r['ffn']} | {r['params'] / 1e9:.2f} | "
             f"{_cell(r, dense, 'prefill_b8x512_tok_s')} | {_cell(r, dense, 'prefill_b1x512_tok_s')} | "

@@ -23,9 +23,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.random_llama import random_calibration  # noqa: E402
 from bench.shapes import LLAMA_SHAPES  # noqa: E402
 from core import prune  # noqa: E402
-from core.data.calibration import CalibrationBatch  # noqa: E402
 from core.spec.recipe import ACTIVATIONS  # noqa: E402
 
 SHAPES = {k: LLAMA_SHAPES[k] for k in ("7b", "13b", "30b", "small")}
@@ -115,11 +115,7 @@ def main() -> None:
     rows = []
     for n in args.samples:
         model = build(args.shape, args.device, dtype)
-        gen = torch.Generator().manual_seed(n)
-        ids = torch.randint(0, model.config.vocab_size, (n, args.seq_len), generator=gen)
-        fit = CalibrationBatch(ids, torch.ones_like(ids))
-        extra = torch.randint(0, model.config.vocab_size, (args.holdout, args.seq_len), generator=gen)
-        held = CalibrationBatch(extra, torch.ones_like(extra))
+        fit, held = random_calibration(model.config.vocab_size, n, args.seq_len, args.holdout)
         recipe = {
             "model": f"random-llama-{args.shape}",
             "ratio": args.ratio,

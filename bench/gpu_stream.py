@@ -38,13 +38,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import math
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +53,9 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.random_llama import INIT_STD, tensor_specs, write_config_and_tokenizer  # noqa: E402
+from bench.common import flags, today  # noqa: E402
+from bench.random_llama import INIT_STD, random_calibration, tensor_specs, write_config_and_tokenizer  # noqa: E402
+from bench.rss import run_measured  # noqa: E402
 from bench.shapes import LLAMA_SHAPES  # noqa: E402
 from core.spec.recipe import ACTIVATIONS  # noqa: E402
 
@@ -150,20 +150,6 @@ def recipe_for(args, shape: str, samples: int, mode: str, directory: Path) -> di
     }
 
 
-def random_calibration(args, shape: str, samples: int) -> tuple:
-    """``samples`` random calibration windows and ``args.holdout`` held-aside ones of ``args.seq_len`` tokens."""
-    import torch
-
-    from core.data.calibration import CalibrationBatch
-
-    vocab = LLAMA_SHAPES[shape]["vocab_size"]
-    gen = torch.Generator().manual_seed(samples)
-    ids = torch.randint(0, vocab, (samples, args.seq_len), generator=gen)
-    extra = torch.randint(0, vocab, (args.holdout, args.seq_len), generator=gen)
-    calibration = (CalibrationBatch(ids, torch.ones_like(ids)), CalibrationBatch(extra, torch.ones_like(extra)))
-    return calibration
-
-
 def reader_patches(reader, discard: bool) -> list:
     """The engine reads the pool's weights for the checkpoint's; with ``discard`` it writes no shard."""
     patches = [mock.patch("core.models.streaming.CheckpointReader", lambda directory: reader)]
@@ -190,7 +176,7 @@ def child(args) -> None:
         pool_s = time.perf_counter() - t0
         (src := work / "model").mkdir()
         fake_checkpoint(src, shape, reader)
-        calibration = random_calibration(args, shape, samples)
+        calibration = random_calibration(LLAMA_SHAPES[shape]["vocab_size"], samples, args.seq_len, args.holdout)
         peak = [0.0]
         first_report: dict[str, float] = {}  # when each stage was first reported (host clock)
 
@@ -293,11 +279,8 @@ def load_in_memory(directory: Path, device: str, dtype):
 
 
 def passthrough(args) -> list[str]:
-    out = ["--device", args.device, "--ratio", str(args.ratio), "--criterion", args.criterion]
-    out += ["--method", args.method, "--select", args.select, "--activations", args.activations]
-    out += ["--seq-len", str(args.seq_len), "--holdout", str(args.holdout)]
-    out += ["--profile", args.profile] if args.profile else []
-    return out + (["--workdir", args.workdir] if args.workdir else [])
+    passed = ("device", "ratio", "criterion", "method", "select", "activations", "seq_len", "holdout", "profile")
+    return flags(args, *passed, "workdir")
 
 
 def machine() -> str:
@@ -372,7 +355,7 @@ def main() -> None:
     for run in args.runs:
         key = f"{run}|{args.criterion}|{args.activations}"
         row = measured_child(args, run)
-        row.update(key=key, date=dt.date.today().isoformat())
+        row.update(key=key, date=today())
         print(json.dumps(row), flush=True)
         rows = [r for r in rows if r.get("key") != key] + [row]
         path.write_text(json.dumps(rows, indent=1) + "\n")
@@ -387,35 +370,16 @@ def main() -> None:
 
 
 def measured_child(args, run: str) -> dict:
-    """``run_child`` with the child's own peak RSS (``os.wait4``)."""
+    """One run in a child process (``bench/rss.py``'s ``run_measured``: its own peak RSS from ``os.wait4``)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", run, *passthrough(args)]
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=ROOT)
-        deadline = t0 + args.timeout
-        status = None
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                proc.kill()
-                _, status, usage = os.wait4(proc.pid, 0)
-                status = None
-                break
-            time.sleep(0.2)
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    wall = time.perf_counter() - t0
-    if status is None:
-        return {"run": run, "status": f"timeout after {args.timeout:.0f} s", "stderr": stderr[-2000:]}
-    rows = [line for line in stdout.splitlines() if line.startswith("{")]
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0 or not rows:
-        return {"run": run, "status": f"failed (exit {code})", "stderr": stderr[-3000:]}
+    res = run_measured(cmd, args.timeout, dict(os.environ), ROOT)
+    if res["timed_out"]:
+        return {"run": run, "status": f"timeout after {args.timeout:.0f} s", "stderr": res["stderr"][-2000:]}
+    rows = [line for line in res["stdout"].splitlines() if line.startswith("{")]
+    if res["rc"] != 0 or not rows:
+        return {"run": run, "status": f"failed (exit {res['rc']})", "stderr": res["stderr"][-3000:]}
     row = json.loads(rows[-1])
-    row.update(status="ok", wall_s=round(wall, 1), peak_rss_mb=round(usage.ru_maxrss / 1024))
+    row.update(status="ok", wall_s=round(res["wall_s"], 1), peak_rss_mb=round(res["peak_rss_mb"]))
     return row
 
 

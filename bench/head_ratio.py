@@ -15,16 +15,14 @@ process, one at a time; finished cells are kept (resumable).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_line  # noqa: E402
-from bench.kv_groups import cell_parser, default_recipe, run_missing, saved_rows, span, write_page  # noqa: E402
+from bench.common import cell_parser, cpu_line, heldout, run_cells, span, today, write_page  # noqa: E402
+from bench.kv_groups import default_recipe  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "head_ratio.md"
 N_HEADS = 9  # SmolLM2-135M's query heads per layer
@@ -38,11 +36,9 @@ def one(args) -> dict:
     """One cell, in a child process: prune with the given split and evaluate."""
     import torch
 
-    from bench.assets import wikipedia_split
-    from core import perplexity, prune
+    from core import prune
 
     torch.set_num_threads(args.threads)
-    _, evaluation = wikipedia_split()
     recipe = default_recipe(args.ratio, "free") | {"head_ratio": _split(args.split)}
     result = prune(recipe)
     row = {
@@ -54,7 +50,7 @@ def one(args) -> dict:
         "kv_heads": sorted({len(lp.kv_heads) for lp in result.plan.layers}),
         "ffn": sorted({len(lp.neurons) for lp in result.plan.layers}),
     }
-    ppl = perplexity(result.model, result.tokenizer, str(evaluation), seq_len=512, batch_size=4, max_windows=20)
+    ppl = heldout(result.model, result.tokenizer)
     return row | {"perplexity": ppl["perplexity"], "eval_tokens": ppl["tokens"]}
 
 
@@ -68,7 +64,7 @@ def write(rows: dict[str, dict], args) -> None:
     lines = [
         "# Splitting a layer's share between heads and neurons (`head_ratio`, SmolLM2-135M)",
         "",
-        f"Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/head_ratio.py`.",
+        f"Measured {today()} on {machine}. Produced by `python bench/head_ratio.py`.",
         "",
         "The default recipe (magnitude counts, uniform allocation, OBS selection + `ls`, FFN widths ×64, free",
         "key/value groups); every row of a ratio removes the same parameters, only the split differs:",
@@ -94,25 +90,16 @@ def main() -> None:
     p.add_argument("--keep", nargs="+", type=int, default=[5, 6, 7, 8, 9], help="kept query heads per layer")
     p.add_argument("--split", default="auto", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.one:
-        print("RESULT " + json.dumps(one(args)), flush=True)
-        return
-    rows = saved_rows(OUT, lambda r: f"{r['ratio']}|{r['head_ratio']}")
     cells = []
-    for ratio in [] if args.report_only else args.ratios:
+    for ratio in args.ratios:
         named = {round(ratio * N_HEADS), round(ratio / 2 * N_HEADS)}  # heads removed by same and auto
         splits = ["same", "auto", "obs"] + [
             round((N_HEADS - k) / N_HEADS, 6) for k in args.keep if N_HEADS - k not in named
         ]
         threads = ["--threads", str(args.threads)]
         cells += [(f"{ratio}|{x}", ["--ratio", str(ratio), "--split", str(x), *threads]) for x in splits]
-
-    def done(key: str, row: dict) -> None:
-        print(key, row["heads"], round(row["perplexity"], 2), flush=True)
-        write(rows, args)
-
-    run_missing(__file__, rows, cells, done)
-    write(rows, args)
+    key = lambda r: f"{r['ratio']}|{r['head_ratio']}"  # noqa: E731
+    run_cells(__file__, args, one, OUT, key, cells, write, lambda row: [row["heads"], round(row["perplexity"], 2)])
 
 
 if __name__ == "__main__":

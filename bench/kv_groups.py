@@ -15,19 +15,14 @@ The speed of the same models: ``python bench/speed.py latency --kv-groups free w
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
-import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
-from bench.common import cpu_line  # noqa: E402
+from bench.common import cell_parser, cpu_line, flags, heldout, run_cells, span, today, write_page  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "kv_groups.md"
 
@@ -64,19 +59,18 @@ def one(args) -> dict:
     """One cell, in a child process: prune (or load the dense model) and evaluate."""
     import torch
 
-    from core import perplexity, prune
+    from core import prune
     from core.models.loading import load_model
 
     torch.set_num_threads(args.threads)
-    _, evaluation = wikipedia_split()
-    if args.groups == "dense":
+    if args.cell_groups == "dense":
         model, tok, _ = load_model(str(smollm2_dir()), "float32", "cpu")
         row = {"groups": "dense", "ratio": 0.0}
     else:
-        result = prune(default_recipe(args.ratio, args.groups, args.round_heads))
+        result = prune(default_recipe(args.ratio, args.cell_groups, args.round_heads))
         model, tok, s = result.model, result.tokenizer, result.summary()
         row = {
-            "groups": args.groups,
+            "groups": args.cell_groups,
             "ratio": args.ratio,
             "round_heads": args.round_heads,
             "achieved_ratio": result.achieved_ratio,
@@ -87,7 +81,7 @@ def one(args) -> dict:
             "kv_index_layers": s["kv_index_layers"],
             "round_to_neurons": s["round_to_neurons"],
         }
-    ppl = perplexity(model, tok, str(evaluation), seq_len=512, batch_size=4, max_windows=args.eval_windows)
+    ppl = heldout(model, tok, args.eval_windows)
     row.update(perplexity=ppl["perplexity"], eval_tokens=ppl["tokens"])
     return row
 
@@ -96,61 +90,13 @@ def _key(groups: str, ratio: float, heads: int = 1) -> str:
     return "dense" if groups == "dense" else f"{groups}@{ratio}" + (f"/heads×{heads}" if heads > 1 else "")
 
 
-def span(values: list[int]) -> str:
-    return f"{values[0]}–{values[-1]}" if len(values) > 1 else str(values[0])
-
-
-def write_page(out: Path, lines: list[str], rows: dict[str, dict], machine: str) -> None:
-    """The page (its table, then ``<name>-notes.md`` if there is one) and the JSON of its rows."""
-    notes = out.with_name(f"{out.stem}-notes.md")
-    out.write_text("\n".join(lines) + "\n" + ("\n" + notes.read_text() if notes.exists() else ""))
-    out.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": list(rows.values())}, indent=2))
-
-
-def run_cell(script: str, key: str, flags: list[str]) -> dict:
-    """One cell in its own process (``script --one FLAGS``): its ``RESULT`` row, or exit naming the cell."""
-    cmd = [sys.executable, script, "--one", *flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode or not line:
-        sys.exit(f"cell {key} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(line[-1][7:])
-
-
-def cell_parser(doc: str) -> argparse.ArgumentParser:
-    """The options of a resumable script of cells (kv_groups, head_ratio, unseen): ``--threads``,
-    ``--report-only``, and the hidden ``--one`` / ``--ratio`` of a cell's own process."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--threads", type=int, default=2, help="torch threads of each run")
-    p.add_argument("--report-only", action="store_true", help="rewrite the page from the JSON, run nothing")
-    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--ratio", type=float, default=0.0, help=argparse.SUPPRESS)
-    return p
-
-
-def saved_rows(out: Path, key: Callable[[dict], str]) -> dict[str, dict]:
-    """The rows a resumable script measured before (``out``'s JSON), by ``key(row)``."""
-    path = out.with_suffix(".json")
-    return {key(r): r for r in json.loads(path.read_text())["rows"]} if path.exists() else {}
-
-
-def run_missing(script: str, rows: dict[str, dict], cells: list[tuple[str, list[str]]], done: Callable) -> None:
-    """Each ``(key, flags)`` cell not in ``rows`` yet, in order, one process each (:func:`run_cell`);
-    ``done(key, row)`` after each (print it, rewrite the page)."""
-    for key, flags in cells:
-        if key not in rows:
-            rows[key] = run_cell(script, key, flags)
-            done(key, rows[key])
-
-
 def write(rows: dict[str, dict], args) -> None:
-
     machine = cpu_line(args.threads)
     dense = rows.get("dense", {}).get("perplexity")
     lines = [
         "# Whole key/value groups vs free query heads: quality (SmolLM2-135M)",
         "",
-        f"Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/kv_groups.py`.",
+        f"Measured {today()} on {machine}. Produced by `python bench/kv_groups.py`.",
         "",
         "The default recipe (magnitude counts, uniform allocation, OBS selection + `ls`, FFN widths `auto` = ×64",
         "on a CPU), `round_to.kv_groups` free or whole; 128 × 128 calibration tokens, perplexity on",
@@ -181,24 +127,13 @@ def main() -> None:
     p.add_argument("--round-heads", type=int, default=1, help="round_to.heads of the pruned cells")
     p.add_argument("--cell", dest="cell_groups", default="dense", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.one:
-        args.groups = args.cell_groups
-        print("RESULT " + json.dumps(one(args)), flush=True)
-        return
-    rows = saved_rows(OUT, lambda r: _key(r["groups"], r["ratio"], r.get("round_heads", 1)))
-    common = ["--round-heads", str(args.round_heads), "--threads", str(args.threads)]
-    common += ["--eval-windows", str(args.eval_windows)]
+    common = flags(args, "round_heads", "threads", "eval_windows")
     cells = [
         (_key(g, r, args.round_heads), ["--cell", g, "--ratio", str(r), *common])
         for g, r in [("dense", 0.0)] + [(g, r) for r in args.ratios for g in args.groups]
     ]
-
-    def done(key: str, row: dict) -> None:
-        print(key, row["perplexity"], flush=True)
-        write(rows, args)
-
-    run_missing(__file__, rows, [] if args.report_only else cells, done)
-    write(rows, args)
+    key = lambda r: _key(r["groups"], r["ratio"], r.get("round_heads", 1))  # noqa: E731
+    run_cells(__file__, args, one, OUT, key, cells, write, lambda row: [row["perplexity"]])
 
 
 if __name__ == "__main__":

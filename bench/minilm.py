@@ -16,7 +16,6 @@ stopped; the table goes to ``docs/results/minilm.md``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import platform
@@ -27,6 +26,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.common import layer_errors, save_json, today  # noqa: E402
+
 OUT = ROOT / "docs" / "results" / "minilm.md"
 METHODS = ("none", "bias", "liar", "ls")
 FIT_LABELS = {"all": "all tokens", "first": "[CLS] only", "pooled": "all; last block [CLS]"}
@@ -72,10 +74,6 @@ def _key(
     return key if target == "pruned" else f"{key}|target={target}"
 
 
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
 def _machine() -> str:
     import torch
 
@@ -83,12 +81,6 @@ def _machine() -> str:
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"threads: {torch.get_num_threads()}, torch {torch.__version__} (CPU)"
     )
-
-
-def _save(state: dict, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(path)
 
 
 def _cell_recipe(args, model_dir: Path, name: str, setup: dict, ratio: float, method: str) -> dict:
@@ -146,18 +138,6 @@ def _settings(args, test: list, state: dict, out_json: Path) -> dict:
     if state.get("settings") and state["settings"] != settings:
         sys.exit(f"{out_json} was made with other settings {state['settings']}; use them or rerun with --fresh")
     return settings
-
-
-def _errors(report: list) -> dict[str, float]:
-    """The mean relative output errors of the attention and FFN projections, before and after."""
-    att = [r for r in report if r.module == "attention"]
-    ffn = [r for r in report if r.module == "ffn"]
-    return {
-        "attn_err_before": _mean([r.error_before for r in att]),
-        "attn_err_after": _mean([r.error_after for r in att]),
-        "ffn_err_before": _mean([r.error_before for r in ffn]),
-        "ffn_err_after": _mean([r.error_after for r in ffn]),
-    }
 
 
 def run(args) -> dict:
@@ -226,18 +206,18 @@ def run(args) -> dict:
                     "params_after": result.params_after,
                     "prune_seconds": round(result.seconds, 2),
                     "eval_seconds": round(eval_s, 2),
-                    **_errors(result.report),
-                    "date": dt.date.today().isoformat(),
+                    **layer_errors(result.report),
+                    "date": today(),
                     "machine": _machine(),
                 }
                 state["cells"][key] = row
-                _save(state, out_json)
+                save_json(out_json, state)
                 print(
                     f"{key}: accuracy {acc:.4f} ({acc / dense_acc:.1%} of dense), removed "
                     f"{result.achieved_ratio:.1%}, prune {result.seconds:.1f} s",
                     flush=True,
                 )
-    _save(state, out_json)
+    save_json(out_json, state)
     return state
 
 
@@ -257,7 +237,7 @@ def write_report(state: dict, out: Path) -> str:
     dense = state["dense"]["accuracy"]
     ft = state.get("finetune", {})
     st = state["settings"]
-    dates = sorted({c["date"] for c in cells}) or [dt.date.today().isoformat()]
+    dates = sorted({c["date"] for c in cells}) or [today()]
     machines = sorted({c["machine"] for c in cells})
     lines = [
         "# Pruning a fine-tuned encoder: MiniLM sentiment classifier (Table 2 analogue)",
@@ -299,8 +279,7 @@ def write_report(state: dict, out: Path) -> str:
         "reconstruction) and timings are in `minilm.json`.",
         "",
     ]
-    notes = out.with_name(f"{out.stem}-notes.md")  # hand-written reading of the page, kept below its table
-    text = "\n".join(lines) + ("\n" + notes.read_text() if notes.exists() else "")
+    text = "\n".join(lines)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return text

@@ -65,7 +65,8 @@ def run(args) -> dict:
     import torch
 
     from bench.assets import minilm_sentiment_dir, read_jsonl
-    from bench.minilm import _machine, _save
+    from bench.common import save_json
+    from bench.minilm import _machine
     from core import prune
     from core.evaluation.encoder import evaluate_classifier
     from core.models.loading import load_model
@@ -97,7 +98,7 @@ def run(args) -> dict:
                     "date": dt.date.today().isoformat(),
                     "machine": _machine(),
                 }
-                _save(state, out_json)
+                save_json(out_json, state)
                 print(f"{key}: {acc['accuracy']:.4f} ({acc['accuracy'] / state['dense']:.1%})", flush=True)
     return state
 
@@ -136,8 +137,7 @@ def write_report(state: dict, out: Path) -> str:
                 + " | ".join(shown)
                 + f" | **{mean:.4f}** ({mean / dense:.1%}) |"
             )
-    notes = out.with_name(f"{out.stem}-notes.md")
-    text = "\n".join(lines) + "\n" + ("\n" + notes.read_text() if notes.exists() else "")
+    text = "\n".join(lines) + "\n"
     out.write_text(text)
     return text
 

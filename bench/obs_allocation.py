@@ -23,15 +23,14 @@ the Rotten Tomatoes test snippets. Each cell runs in its own process; finished c
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_line  # noqa: E402
-from bench.kv_groups import cell_parser, run_missing, saved_rows, span, write_page  # noqa: E402
+from bench.common import cell_parser, cpu_line, flags, run_cells, span, today, write_page  # noqa: E402
+from bench.unseen import both_rounded  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "obs_allocation.md"
 STEP = 32  # neurons per round of the FFN's path (the criterion's default)
@@ -92,13 +91,12 @@ REFERENCE = {  # ratio: (paper-exact FLAP + LIAR, uniform shares) on (Wikipedia,
 
 
 def write(rows: dict[str, dict], args) -> None:
-    import datetime as dt
 
     machine = cpu_line(args.threads)
     lines = [
         "# Non-uniform allocation from OBS error curves: `criterion: obs` (SmolLM2-135M, Gemma 3 270M)",
         "",
-        f"Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/obs_allocation.py`.",
+        f"Measured {today()} on {machine}. Produced by `python bench/obs_allocation.py`.",
         "",
         "`criterion: obs` with `allocation: global` (per-layer counts from the dense model's OBS error",
         "curves), then OBS selection + `ls`; uniform: every layer the same share, `head_ratio: auto`",
@@ -176,30 +174,16 @@ def main() -> None:
     p.add_argument("--paper", action="store_true", help="measure only paper-exact FLAP + LIAR at each ratio")
     p.add_argument("--auto", action="store_true", help="measure only today's default (criterion auto) at each ratio")
     args = p.parse_args()
-    if args.one:
-        print("RESULT " + json.dumps(one(args)), flush=True)
-        return
-    rows = saved_rows(OUT, key)
-    todo = [] if args.report_only else [(r, c) for r in args.ratios for c in args.caps]
-    flags = ["--model", args.model, "--norm", args.norm, "--threads", str(args.threads)]
-    cells = []
+    given = flags(args, "model", "norm", "threads")
     only = "auto" if args.auto else "paper" if args.paper else None
+    cells = []
     if only:  # one recipe at each ratio, no obs cells
-        ratios = [] if args.report_only else args.ratios
-        cells = [(f"{args.model}|{only}|{r}|0.0|-", ["--recipe", only, "--ratio", str(r), *flags]) for r in ratios]
-        todo = []
-    for r, c in todo:
+        cells = [(f"{args.model}|{only}|{r}|0.0|-", ["--recipe", only, "--ratio", str(r), *given]) for r in args.ratios]
+    for r, c in [] if only else [(r, c) for r in args.ratios for c in args.caps]:
         if args.default:  # uniform shares at the same target, measured by this script
-            cells.append((f"{args.model}|default|{r}|0.0|-", ["--recipe", "default", "--ratio", str(r), *flags]))
-        cells.append((f"{args.model}|obs|{r}|{c}|{args.norm}", ["--ratio", str(r), "--cap", str(c), *flags]))
-    cells = list(dict(cells).items())
-
-    def done(key: str, row: dict) -> None:
-        print(key, round(row["wikipedia"], 2), round(row["rotten_tomatoes"], 2), flush=True)
-        write(rows, args)
-
-    run_missing(__file__, rows, cells, done)
-    write(rows, args)
+            cells.append((f"{args.model}|default|{r}|0.0|-", ["--recipe", "default", "--ratio", str(r), *given]))
+        cells.append((f"{args.model}|obs|{r}|{c}|{args.norm}", ["--ratio", str(r), "--cap", str(c), *given]))
+    run_cells(__file__, args, one, OUT, key, list(dict(cells).items()), write, both_rounded)
 
 
 if __name__ == "__main__":

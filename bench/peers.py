@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import CACHE  # noqa: E402
+from bench.common import save_json, today  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "peers.md"
 WORKERS = ROOT / "bench" / "peers_worker"
@@ -268,13 +269,6 @@ def fit_knobs(cell: dict, state: dict) -> None:
     cell["knobs"]["pruning_ratio"] = state["fits"][fkey]["pruning_ratio"]
 
 
-def save(state: dict) -> None:
-    path = OUT.with_suffix(".json")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(path)
-
-
 def run(args) -> dict:
     path = OUT.with_suffix(".json")
     state = json.loads(path.read_text()) if path.exists() else {}
@@ -299,22 +293,22 @@ def run(args) -> dict:
                     state["cells"][k] = {"error": str(exc)} | {
                         x: cell[x] for x in ("label", "model", "tool", "variant")
                     }
-                    state["cells"][k].update(ratio=cell["ratio"], date=dt.date.today().isoformat())
-                    save(state)
+                    state["cells"][k].update(ratio=cell["ratio"], date=today())
+                    save_json(path, state)
                     continue
         env_key = f"{cell['model']}|{cell['tool']}"
         cell["dense_eval"] = env_key not in state["dense"]
         print(f"[{dt.datetime.now():%H:%M:%S}] {k} ...", flush=True)
         row = call_worker(cell)
         row.update(label=cell["label"], model=cell["model"], tool=cell["tool"], variant=cell["variant"])
-        row.update(ratio=cell["ratio"], date=dt.date.today().isoformat())
+        row.update(ratio=cell["ratio"], date=today())
         if "dense" in row:
             state["dense"][env_key] = row.pop("dense") | {"env": row.get("env")}
         state["cells"][k] = row
         print(
             "   ", {x: row.get(x) for x in ("perplexity", "accuracy", "removed", "prune_seconds", "error")}, flush=True
         )
-        save(state)
+        save_json(path, state)
     return state
 
 

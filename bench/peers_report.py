@@ -6,17 +6,13 @@ import json
 import os
 from pathlib import Path
 
+from bench.pages.values import ppl
+
 MODELS = {
     "smollm2": ("SmolLM2-135M-Instruct", "perplexity"),
     "minilm": ("MiniLM-L6 sentiment classifier", "accuracy"),
 }
 TOOL_ORDER = {"ours": 0, "torch-pruning": 1, "modelopt": 2}
-
-
-def _num(v: float | None, digits: int = 1) -> str:
-    if v is None:
-        return "–"
-    return f"{v:,.0f}" if v >= 1000 else f"{v:.{digits}f}"
 
 
 def _machine() -> str:
@@ -82,7 +78,7 @@ def _row_line(row: dict, metric: str, ref: dict | None, dense: dict | None) -> s
     speed = f"{row['prefill_tokens_s']:.0f} ({row['speedup']:.2f}×)"
     rss = f"{row['peak_rss_mb'] / 1024:.2f} GB"
     if metric == "perplexity":
-        q = _num(row["perplexity"])
+        q = ppl(row["perplexity"])
         rel = "–" if not ref or "error" in ref else f"{row['perplexity'] / ref['perplexity']:.2f}×"
     else:
         dacc = (dense or {}).get("accuracy")
@@ -111,7 +107,7 @@ def _table(state: dict, model: str, ratio: float) -> list[str]:
     return lines + [_row_line(r, metric, ref, dense) for r in rows] + [""]
 
 
-def write_report(state: dict, out: Path, notes: str = "", pending: list[str] | None = None) -> str:
+def write_report(state: dict, out: Path, pending: list[str] | None = None) -> str:
     dates = sorted({r.get("date", "") for r in state["cells"].values()} - {""})
     lines = [
         "# Side by side with Torch-Pruning and NVIDIA ModelOpt",
@@ -122,9 +118,7 @@ def write_report(state: dict, out: Path, notes: str = "", pending: list[str] | N
         "Versions: " + "; ".join(_versions(state)) + ".",
         "",
     ]
-    notes_file = out.with_name("peers-notes.md")
-    head = notes_file.read_text() if notes_file.exists() else notes
-    lines += [head, "", "## Dense models in every environment", "", *_dense_lines(state), "", "## Results", ""]
+    lines += ["", "", "## Dense models in every environment", "", *_dense_lines(state), "", "## Results", ""]
     for model in MODELS:
         for ratio in sorted({r["ratio"] for r in state["cells"].values() if r["model"] == model}):
             lines += _table(state, model, ratio)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.quantize_page import TYPES, WEIGHTED, write  # noqa: E402
-from bench.serving import WORK, checkpoint, eval_windows, label, machine  # noqa: E402
+from bench.serving import WORK, checkpoint, eval_windows, label, llama_nll, machine  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "quantize.md"
 JSON = OUT.with_suffix(".json")
@@ -55,7 +54,6 @@ def measure_model(model: str, threads: int) -> dict:
 
     from bench.assets import wikipedia_split
     from core.models.loading import load_pruned
-    from core.serving.engines import call_llama_cpp
     from core.serving.quantize import fallbacks, imatrix_for, tensor_types
 
     src = checkpoint(model, threads)
@@ -70,11 +68,10 @@ def measure_model(model: str, threads: int) -> dict:
     for quant, weighted in cells(model):
         path = gguf(src, model, quant, weighted, matrix, threads)
         t = time.perf_counter()
-        got = call_llama_cpp({"op": "nll", "model": str(path), "windows": windows, "threads": threads})
         key = f"{quant}{'+imatrix' if weighted else ''}"
         row["files"][key] = {
             "mib": round(path.stat().st_size / 2**20, 2),
-            "perplexity": math.exp(got["nll"] / got["tokens"]),
+            "perplexity": llama_nll(path, windows, threads)["perplexity"],
             "fallbacks": fallbacks(tensor_types(path), quant),
             "seconds": round(time.perf_counter() - t, 1),
         }

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import zlib
 from collections.abc import Callable, Iterator
@@ -48,13 +49,7 @@ def tensor_specs(shape: str) -> Iterator[tuple[int | None, str, tuple[int, ...]]
 
 
 def param_count(shape: str) -> int:
-    total = 0
-    for _, _, dims in tensor_specs(shape):
-        n = 1
-        for x in dims:
-            n *= x
-        total += n
-    return total
+    return sum(math.prod(dims) for _, _, dims in tensor_specs(shape))
 
 
 def generated_weights(shape: str, seed: int = 0, dtype: str = "float32", device: str = "cpu") -> Callable:
@@ -154,6 +149,19 @@ def write_random_llama(
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
     return path
+
+
+def random_calibration(vocab: int, samples: int, seq_len: int, holdout: int) -> tuple:
+    """``samples`` random calibration windows of ``seq_len`` token ids below ``vocab`` and ``holdout``
+    held-aside ones (seeded by ``samples``), for a prune that takes its calibration pre-tokenised."""
+    import torch
+
+    from core.data.calibration import CalibrationBatch
+
+    gen = torch.Generator().manual_seed(samples)
+    ids = torch.randint(0, vocab, (samples, seq_len), generator=gen)
+    extra = torch.randint(0, vocab, (holdout, seq_len), generator=gen)
+    return CalibrationBatch(ids, torch.ones_like(ids)), CalibrationBatch(extra, torch.ones_like(extra))
 
 
 def verify_checkpoint(path: str | Path) -> dict:

@@ -32,7 +32,6 @@ so an interrupted run resumes with the next model.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
@@ -46,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.assets import CACHE, smollm2_dir, wikipedia_split  # noqa: E402
 from bench.common import machine as torch_machine  # noqa: E402
+from bench.common import today  # noqa: E402
 from bench.serving_report import DIAGNOSTIC, JSON, MODELS, OUT, QUANTS, label, model_fields, ratio_of, summary, write  # noqa: E402
 
 WORK = CACHE / "serving"
@@ -178,13 +178,36 @@ def machine(threads: int) -> dict:
 # ---------------------------------------------------------------- the measurements
 
 
-def quality(args) -> dict:
-    """Perplexity (ours and llama.cpp's), files and the pruned layouts of every model; Gemma 3's section."""
+def evaluated(key: str, src: Path, batch_size: int) -> tuple[dict, dict, list[list[int]]]:
+    """Model ``key``'s row (or its ``prune.json``), our perplexity of ``src`` and the windows' token ids."""
     import torch
 
     from core import perplexity
     from core.models.loading import load_model, load_pruned
+
+    if key == "dense":
+        net, tok, _ = load_model(str(src), "float32", "cpu")
+        row = {"achieved_ratio": 0.0}
+    else:
+        net, tok = load_pruned(src, dtype=torch.float32)
+        row = json.loads((src / "prune.json").read_text())
+    text = str(wikipedia_split()[1])
+    ours = perplexity(net, tok, text, seq_len=SEQ_LEN, batch_size=batch_size, max_windows=WINDOWS)
+    return row, ours, eval_windows(tok, net.config)
+
+
+def llama_nll(path: Path, windows: list[list[int]], threads: int, tokens: int | None = None) -> dict:
+    """llama.cpp's ``nll`` of ``windows`` under ``path`` and its perplexity (``tokens``: ours, checked)."""
     from core.serving.engines import call_llama_cpp
+
+    got = call_llama_cpp({"op": "nll", "model": str(path), "windows": windows, "threads": threads})
+    assert tokens is None or got["tokens"] == tokens, (got["tokens"], tokens)
+    return got | {"perplexity": math.exp(got["nll"] / got["tokens"])}
+
+
+def quality(args) -> dict:
+    """Perplexity (ours and llama.cpp's), files and the pruned layouts of every model; Gemma 3's section."""
+    import torch
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
@@ -199,25 +222,16 @@ def quality(args) -> dict:
                 row["gguf"][quant] |= tensor_bytes(path)
             resumed.append(model)
             continue
-        if model == "dense":
-            net, tok, _ = load_model(str(src), "float32", "cpu")
-            row = {"achieved_ratio": 0.0}
-        else:
-            net, tok = load_pruned(src, dtype=torch.float32)
-            row = json.loads((src / "prune.json").read_text())
-        ours = perplexity(net, tok, str(wikipedia_split()[1]), seq_len=SEQ_LEN, batch_size=4, max_windows=WINDOWS)
-        windows = eval_windows(tok, net.config)
-        del net
+        row, ours, windows = evaluated(model, src, batch_size=4)
         row |= {"checkpoint": src.name, "ours": ours["perplexity"], "ours_nll": ours["nll"], "tokens": ours["tokens"]}
         row["gguf"] = {}
         for quant, path in files.items():
             t = time.perf_counter()
-            got = call_llama_cpp({"op": "nll", "model": str(path), "windows": windows, "threads": args.threads})
-            assert got["tokens"] == ours["tokens"], (got["tokens"], ours["tokens"])
+            got = llama_nll(path, windows, args.threads, ours["tokens"])
             row["gguf"][quant] = tensor_bytes(path) | {
                 "file": path.name,
                 "nll": got["nll"],
-                "perplexity": math.exp(got["nll"] / got["tokens"]),
+                "perplexity": got["perplexity"],
                 "nll_seconds": round(time.perf_counter() - t, 1),
             }
             theirs = row["gguf"][quant]["perplexity"]
@@ -226,7 +240,7 @@ def quality(args) -> dict:
         kept.parent.mkdir(parents=True, exist_ok=True)
         kept.write_text(json.dumps(row, indent=2))
     return {
-        "date": dt.date.today().isoformat(),
+        "date": today(),
         "machine": machine(args.threads),
         "protocol": {"seq_len": SEQ_LEN, "windows": WINDOWS, "text": "Wikipedia evaluation articles"},
         "models": models,
@@ -264,36 +278,26 @@ def gemma(args) -> dict:
     llama.cpp's on the same windows, and the files."""
     import torch
 
-    from core import perplexity
-    from core.models.loading import load_model, load_pruned
-    from core.serving.engines import call_llama_cpp
     from core.serving.gguf_export import export_gguf
 
     torch.set_num_threads(args.threads)
     rows = {}
     for key, fields in GEMMA.items():
         src = gemma_checkpoint(key, args.threads)
-        if key == "dense":
-            net, tok, _ = load_model(str(src), "float32", "cpu")
-            row = {"achieved_ratio": 0.0}
-        else:
-            net, tok = load_pruned(src, dtype=torch.float32)
-            row = json.loads((src / "prune.json").read_text()) | {"recipe": fields}
-        ours = perplexity(net, tok, str(wikipedia_split()[1]), seq_len=SEQ_LEN, batch_size=2, max_windows=WINDOWS)
-        windows = eval_windows(tok, net.config)
-        del net
+        row, ours, windows = evaluated(key, src, batch_size=2)
+        if key != "dense":
+            row["recipe"] = fields
         row |= {"ours": ours["perplexity"], "tokens": ours["tokens"], "gguf": {}}
         for quant in QUANTS:
             path = WORK / "gguf" / f"gemma3-{key}-{quant}.gguf"
             path.parent.mkdir(parents=True, exist_ok=True)
             export_gguf(src, path, quant=quant, threads=args.threads)
-            got = call_llama_cpp({"op": "nll", "model": str(path), "windows": windows, "threads": args.threads})
-            assert got["tokens"] == ours["tokens"], (got["tokens"], ours["tokens"])
-            row["gguf"][quant] = tensor_bytes(path) | {"perplexity": math.exp(got["nll"] / got["tokens"])}
+            got = llama_nll(path, windows, args.threads, ours["tokens"])
+            row["gguf"][quant] = tensor_bytes(path) | {"perplexity": got["perplexity"]}
             print(f"Gemma 3 {label(key)} {quant}: ours {ours['perplexity']:.3f}, llama.cpp "
                   f"{row['gguf'][quant]['perplexity']:.3f}", flush=True)  # fmt: skip
         rows[key] = row
-    return {"date": dt.date.today().isoformat(), "machine": machine(args.threads), "models": rows}
+    return {"date": today(), "machine": machine(args.threads), "models": rows}
 
 
 def speed(args) -> dict:
@@ -321,7 +325,7 @@ def speed(args) -> dict:
         rounds.append({"cells": cells, "load_average": os.getloadavg()[0]})
         print(f"round {i + 1}: " + ", ".join(f"{k} {v['decode_tok_s']:.0f}" for k, v in cells.items()), flush=True)
     return {
-        "date": dt.date.today().isoformat(),
+        "date": today(),
         "machine": machine(args.threads),
         "settings": {
             "rounds": args.rounds,

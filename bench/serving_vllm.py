@@ -13,9 +13,7 @@ float32, ``--enforce-eager``, the machine's 2 cores (vLLM's CPU build; its threa
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
 import statistics
 import sys
 import time
@@ -24,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.assets import CACHE, cpu_model, smollm2_dir, wikipedia_split  # noqa: E402
+from bench.assets import CACHE, smollm2_dir, wikipedia_split  # noqa: E402
+from bench.common import stamp  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "serving_vllm.md"
 WORK = CACHE / "serving"
@@ -119,8 +118,7 @@ def main() -> None:
             measure("dense", smollm2_dir(), smollm2_dir(), tok, args.prompts),
             measure("50% removed, query_heads uniform", pruned / "vllm", pruned, tok, args.prompts),
         ]
-        meta = {"date": dt.date.today().isoformat(), "machine": f"{cpu_model()}, {os.cpu_count()} cores"}
-        js.write_text(json.dumps(meta | {"prompts": args.prompts, "rows": rows}, indent=2) + "\n")
+        js.write_text(json.dumps(stamp() | {"prompts": args.prompts, "rows": rows}, indent=2) + "\n")
     write(json.loads(js.read_text()))
 
 

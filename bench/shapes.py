@@ -2,68 +2,23 @@
 
 from __future__ import annotations
 
-LLAMA_SHAPES: dict[str, dict] = {
-    "135m": dict(  # SmolLM2-135M
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        vocab_size=49152,
-        tie_word_embeddings=True,
-    ),
-    "1.1b": dict(  # TinyLlama-1.1B
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=22,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        vocab_size=32000,
-        tie_word_embeddings=False,
-    ),
-    "7b": dict(
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        vocab_size=32000,
-        tie_word_embeddings=False,
-    ),
-    "13b": dict(
-        hidden_size=5120,
-        intermediate_size=13824,
-        num_hidden_layers=40,
-        num_attention_heads=40,
-        num_key_value_heads=40,
-        vocab_size=32000,
-        tie_word_embeddings=False,
-    ),
-    "30b": dict(  # LLaMA-30B (33B)
-        hidden_size=6656,
-        intermediate_size=17920,
-        num_hidden_layers=60,
-        num_attention_heads=52,
-        num_key_value_heads=52,
-        vocab_size=32000,
-        tie_word_embeddings=False,
-    ),
-    "70b": dict(
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        vocab_size=32000,
-        tie_word_embeddings=False,
-    ),
-    "small": dict(  # a quick smoke shape
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        vocab_size=1000,
-        tie_word_embeddings=False,
-    ),
+FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "tie_word_embeddings",
+)
+# one row a shape, in FIELDS' order
+_ROWS = {
+    "135m": (576, 1536, 30, 9, 3, 49152, True),  # SmolLM2-135M
+    "1.1b": (2048, 5632, 22, 32, 4, 32000, False),  # TinyLlama-1.1B
+    "7b": (4096, 11008, 32, 32, 32, 32000, False),
+    "13b": (5120, 13824, 40, 40, 40, 32000, False),
+    "30b": (6656, 17920, 60, 52, 52, 32000, False),  # LLaMA-30B (33B)
+    "70b": (8192, 28672, 80, 64, 8, 32000, False),
+    "small": (256, 688, 4, 8, 4, 1000, False),  # a quick smoke shape
 }
+LLAMA_SHAPES: dict[str, dict] = {name: dict(zip(FIELDS, row, strict=True)) for name, row in _ROWS.items()}

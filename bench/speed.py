@@ -30,7 +30,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,11 +39,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
-from bench.common import configure_as_cli, machine, median_time, quiet_transformers  # noqa: E402
+from bench.common import child_result, configure_as_cli, flags, machine, median_time, quiet_transformers  # noqa: E402
 from bench.speed_report import _label, _machine_line, _out_paths, write_latency, write_time  # noqa: E402
 from core.spec.recipe import ACTIVATIONS  # noqa: E402
 
 SAMPLES = (128, 256, 512, 1024)
+# the options of ``latency`` each model's measuring process gets as they were given
+LATENCY_PASSED = ("decode_prompt", "new_tokens", "warmup", "repeats", "prune_samples", "batches", "prompts")
+LATENCY_PASSED += ("decode_batches", "compile")
 # ``--isa avx2``: the kernels a CPU without AVX-512 runs (torch's own and oneDNN's capped at AVX2), set
 # in each measuring process before torch starts
 ISA_ENV: dict[str, dict[str, str]] = {
@@ -56,12 +58,7 @@ ISA_ENV: dict[str, dict[str, str]] = {
 def _child(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     """Run this script in a fresh process for one measurement; returns its RESULT line."""
     cmd = [sys.executable, __file__, args.command, "--threads", str(args.threads), *extra]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **ISA_ENV[getattr(args, "isa", "default")]}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode or not line:
-        sys.exit(f"measurement {' '.join(extra)} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(line[-1][7:])
+    return child_result(cmd, f"measurement {' '.join(extra)}", ISA_ENV[getattr(args, "isa", "default")])
 
 
 def _recipe(samples: int, seq_len: int, ratio: float, batch_size: int, activations: str = "auto") -> dict[str, Any]:
@@ -234,9 +231,7 @@ def cmd_time(args: argparse.Namespace) -> None:
     print("| samples | prune s | per-layer s | solves s | peak RSS MB |")
     rows = []
     for n in args.samples:
-        extra = ["--one", str(n), "--seq-len", str(args.seq_len), "--ratio", str(args.ratio)]
-        extra += ["--activations", args.activations]
-        row = _child(args, extra + ["--batch-size", str(args.batch_size)])
+        row = _child(args, ["--one", str(n), *flags(args, "seq_len", "ratio", "activations", "batch_size")])
         rows.append(row)
         print(
             f"| {n} | {row['prune_seconds']:.1f} | {row['layer_seconds']:.1f} | {row['solve_seconds']:.2f} | "
@@ -260,27 +255,66 @@ def _structure(model) -> dict[str, Any]:
     return {"heads_per_layer": heads, "ffn_per_layer": ffn, "kv_index_layers": indexed}
 
 
+def build(spec: str, samples: int) -> tuple[Any, Any, dict[str, Any]]:
+    """A model of ``spec`` (in eval mode), its tokenizer and its row: ``0`` (dense),
+    ``RATIO:FFN_MULTIPLE:KV_GROUPS[:HEADS_MULTIPLE]`` (magnitude + LIAR, uniform shares, pruned with
+    ``samples`` calibration windows), or ``RATIO:default`` (the default recipe at that ratio: criterion
+    auto, its allocation, OBS selection, ls, widths rounded for the CPU)."""
+    from core.models.loading import load_model
+    from core.pipeline.sequential import prune
+
+    ratio, rounding, groups, heads = (spec.split(":") + ["", "", ""])[:4]
+    row: dict[str, Any] = {"ratio": float(ratio)}
+    if rounding == "default":
+        row["default"] = True
+    else:
+        row.update(round_neurons=int(rounding or 1), kv_groups=groups or "free", round_heads=int(heads or 1))
+    if row["ratio"] == 0:
+        model, tok, _ = load_model(str(smollm2_dir()), "float32", "cpu")
+        row["achieved_ratio"] = 0.0
+    else:
+        recipe = _recipe(samples, 128, row["ratio"], 16)
+        if row.get("default"):
+            for key in ("criterion", "reconstruction", "round_to"):  # the defaults instead of the paper's
+                recipe.pop(key)
+        else:
+            recipe["round_to"] = {
+                "neurons": row["round_neurons"],
+                "kv_groups": row["kv_groups"],
+                "heads": row["round_heads"],
+            }
+        result = prune(recipe)
+        model, tok, row["achieved_ratio"] = result.model, result.tokenizer, result.achieved_ratio
+    row.update(params=sum(p.numel() for p in model.parameters()), **_structure(model))
+    return model.eval(), tok, row
+
+
+def greedy_steps(model, ids, steps: int) -> tuple[list[float], list[int], float]:
+    """``steps`` greedy steps after the prompt ``ids`` (batch 1), one token at a time through the dynamic KV
+    cache (the prompt's prefill untimed): each step's seconds, the tokens, and the seconds of them all."""
+    out = model(input_ids=ids, use_cache=True)
+    cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    tokens, times = [int(nxt)], []
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        t = time.perf_counter()
+        out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        times.append(time.perf_counter() - t)
+        tokens.append(int(nxt))
+    return times, tokens, time.perf_counter() - t0
+
+
 def _decode(model, ids, args: argparse.Namespace) -> tuple[dict[str, Any], list[int]]:
     """Batch-1 greedy decode of ``args.new_tokens`` after the prompt ``ids``, one step at a time through the
     cache: its timings, and the tokens of the last repetition (``generate`` must give the same)."""
     steps: list[float] = []
     totals: list[float] = []
-    tokens: list[int] = []
     for rep in range(args.warmup + args.repeats):
-        out = model(input_ids=ids, use_cache=True)
-        cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        generated, per_step = [int(nxt)], []
-        t0 = time.perf_counter()
-        for _ in range(args.new_tokens):
-            t = time.perf_counter()
-            out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
-            cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-            per_step.append(time.perf_counter() - t)
-            generated.append(int(nxt))
+        per_step, tokens, total = greedy_steps(model, ids, args.new_tokens)
         if rep >= args.warmup:
-            totals.append(time.perf_counter() - t0)
+            totals.append(total)
             steps += per_step
-        tokens = generated
     decode_total = statistics.median(totals)
     steps.sort()
     decode = {
@@ -297,37 +331,14 @@ def latency_one(args: argparse.Namespace) -> dict[str, Any]:
     """One model (dense, or pruned in memory at ``--ratio``): prefill, decode and generate timings."""
     import torch
 
-    from core.models.loading import load_model
-    from core.pipeline.sequential import prune
-
     torch.set_num_threads(args.threads)
     quiet_transformers()
     configure_as_cli()  # the prune as the CLI runs it; the timed forwards are the stock model's
-    ratio, rounding, groups, heads = (args.one.split(":") + ["", "", ""])[:4]
-    ratio, round_neurons, groups, round_heads = float(ratio), int(rounding or 1), groups or "free", int(heads or 1)
-    if ratio > 0:
-        recipe = _recipe(args.prune_samples, 128, ratio, 16)
-        recipe["round_to"] = {"neurons": round_neurons, "kv_groups": groups, "heads": round_heads}
-        result = prune(recipe)
-        model, tok = result.model, result.tokenizer
-        achieved = result.achieved_ratio
-    else:
-        model, tok, _ = load_model(str(smollm2_dir()), "float32", "cpu")
-        achieved = 0.0
-    model.eval()
+    model, tok, row = build(args.one, args.prune_samples)
+    row["prefill"] = []
     _, evaluation = wikipedia_split()
     text = evaluation.read_text()[:400_000]
     stream = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
-    row: dict[str, Any] = {
-        "ratio": ratio,
-        "round_neurons": round_neurons,
-        "kv_groups": groups,
-        "round_heads": round_heads,
-        "achieved_ratio": achieved,
-        "params": sum(p.numel() for p in model.parameters()),
-        **_structure(model),
-        "prefill": [],
-    }
 
     def prompt(batch: int, length: int) -> torch.Tensor:
         return torch.stack([stream[i * length : (i + 1) * length] for i in range(batch)])
@@ -404,18 +415,7 @@ def cmd_latency(args: argparse.Namespace) -> None:
         f"{r}:{n}:{g}" for r in args.ratios for n in args.round_neurons for g in args.kv_groups
     ]
     for spec in models:
-        extra = ["--one", spec, "--decode-prompt", str(args.decode_prompt), "--new-tokens", str(args.new_tokens)]
-        extra += [
-            "--warmup",
-            str(args.warmup),
-            "--repeats",
-            str(args.repeats),
-            "--prune-samples",
-            str(args.prune_samples),
-        ]
-        extra += ["--batches", *map(str, args.batches), "--prompts", *map(str, args.prompts)]
-        extra += ["--decode-batches", *map(str, args.decode_batches)] + ["--compile"] * args.compile
-        row = _child(args, extra)
+        row = _child(args, ["--one", spec, *flags(args, *LATENCY_PASSED)])
         rows.append(row)
         prefill = ", ".join(f"b{p['batch']}×{p['prompt']}: {p['tokens_per_s']:,.0f} tok/s" for p in row["prefill"])
         d = row["decode"]

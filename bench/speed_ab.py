@@ -20,12 +20,10 @@ compiled once per model before the rounds; ``bench/compiled_decode.py``).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,63 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.assets import smollm2_dir, wikipedia_split  # noqa: E402
-from bench.common import machine, quiet_transformers  # noqa: E402
-from bench.speed import _recipe, _structure  # noqa: E402
+from bench.common import best_time, machine, quiet_transformers, span, today  # noqa: E402
+from bench.speed import build, greedy_steps  # noqa: E402
 from bench.speed_report import _label, _machine_line  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "latency_kv_groups.md"
-
-
-def build(spec: str, samples: int) -> tuple[Any, dict[str, Any]]:
-    """A model of ``spec`` and its row: ``0`` (dense), ``RATIO:FFN_MULTIPLE:KV_GROUPS[:HEADS_MULTIPLE]``
-    (magnitude + LIAR, uniform shares, as ``bench/speed.py``), or ``RATIO:default`` (the default recipe
-    at that ratio: criterion auto, its allocation, OBS selection, ls, widths rounded for the CPU)."""
-    from core.models.loading import load_model
-    from core.pipeline.sequential import prune
-
-    ratio, rounding, groups, heads = (spec.split(":") + ["", "", ""])[:4]
-    row: dict[str, Any] = {"ratio": float(ratio)}
-    if rounding == "default":
-        row["default"] = True
-    else:
-        row.update(round_neurons=int(rounding or 1), kv_groups=groups or "free", round_heads=int(heads or 1))
-    if row["ratio"] == 0:
-        model, _, _ = load_model(str(smollm2_dir()), "float32", "cpu")
-        row["achieved_ratio"] = 0.0
-    else:
-        recipe = _recipe(samples, 128, row["ratio"], 16)
-        if row.get("default"):
-            for key in ("criterion", "reconstruction", "round_to"):  # the defaults instead of the paper's
-                recipe.pop(key)
-        else:
-            recipe["round_to"] = {
-                "neurons": row["round_neurons"],
-                "kv_groups": row["kv_groups"],
-                "heads": row["round_heads"],
-            }
-        result = prune(recipe)
-        model, row["achieved_ratio"] = result.model, result.achieved_ratio
-    row.update(params=sum(p.numel() for p in model.parameters()), **_structure(model))
-    return model.eval(), row
-
-
-def _decode_steps(model, ids, steps: int) -> float:
-    """Median ms per greedy step with the dynamic KV cache."""
-    out = model(input_ids=ids, use_cache=True)
-    cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
-        cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times)
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def rounds(models: list, prompts: dict[str, Any], args, compiled: list | None) -> list[list[dict[str, float]]]:
@@ -104,13 +50,10 @@ def rounds(models: list, prompts: dict[str, Any], args, compiled: list | None) -
         for i, model in enumerate(models):
             with torch.inference_mode():
                 m = {
-                    k: min(
-                        _timed(lambda ids=ids, model=model: model(input_ids=ids, use_cache=True))
-                        for _ in range(args.inner)
-                    )
+                    k: best_time(lambda ids=ids, model=model: model(input_ids=ids, use_cache=True), args.inner, 0)
                     for k, ids in prompts.items()
                 }
-                m["decode_ms"] = _decode_steps(model, prompts["b1x128"], args.steps)
+                m["decode_ms"] = 1000 * statistics.median(greedy_steps(model, prompts["b1x128"], args.steps)[0])
             if compiled is not None and compiled[i] is not None:
                 d = static_decode(model, prompts["b1x128"], args.steps, compiled=True, repeats=1, step=compiled[i])
                 m["compiled_ms"] = d.get("ms_per_token_median", float("nan"))
@@ -146,7 +89,7 @@ def write(rows: list[dict[str, Any]], args, mach: dict[str, Any], compile_errors
         if any(r.get("default") for r in rows)
         else "# Latency with whole key/value groups vs free query heads (SmolLM2-135M, CPU, interleaved)",
         "",
-        f"Measured {dt.date.today().isoformat()} on {_machine_line(mach)}. Produced by "
+        f"Measured {today()} on {_machine_line(mach)}. Produced by "
         f"`python bench/speed_ab.py {' '.join(sys.argv[1:])}`.",
         "",
         f"1-minute load average after each round: {min(args.loads):.1f}–{max(args.loads):.1f} (this benchmark's own",
@@ -161,7 +104,6 @@ def write(rows: list[dict[str, Any]], args, mach: dict[str, Any], compile_errors
     ]
     for r in rows:
         heads, kv = r["heads_per_layer"], r.get("kv_heads_per_layer", [])
-        span = lambda v: "–" if not v else (f"{min(v)}–{max(v)}" if min(v) != max(v) else str(v[0]))  # noqa: E731
         lines.append(
             f"| {_label(r)} | {r['params']:,} | {span(heads)} / {span(kv)} | {span(r['ffn_per_layer'])} | "
             f"{r['kv_index_layers']} of {len(heads)} |"
@@ -206,7 +148,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     quiet_transformers()
     built = [build(spec, args.prune_samples) for spec in args.models]
-    models, rows = [m for m, _ in built], [r for _, r in built]
+    models, rows = [m for m, _, _ in built], [r for _, _, r in built]
     for model, row in zip(models, rows):
         n_kv = range(model.config.num_key_value_heads)
         row["kv_heads_per_layer"] = [len(getattr(ly.self_attn, "liar_kv_heads", n_kv)) for ly in model.model.layers]

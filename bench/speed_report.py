@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.common import span, today
 from bench.pages.values import floor_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,11 +20,8 @@ PAPER_MINUTES: dict[str, dict[int, float]] = {
     "LLaMA-13B": {128: 3.1, 256: 3.8, 512: 4.9, 1024: 7.9},
     "LLaMA-30B": {128: 6.6, 256: 8.5, 512: 12.7, 1024: 19.7},
 }
+# the GPU runs' pages quoted where they exist (gpu_liar.md is committed)
 GPU_RESULTS = (("LLaMA-7B", "gpu_liar.md"), ("LLaMA-13B", "gpu_liar_13b.md"))
-GPU_COMMANDS = (
-    "python bench/gpu_liar.py --shape 7b --samples 128 256 512 1024",
-    "python bench/gpu_liar.py --shape 13b --samples 128 256 512 1024 --out docs/results/gpu_liar_13b.md",
-)
 
 
 def _machine_line(m: dict[str, Any]) -> str:
@@ -46,66 +43,31 @@ def _out_paths(args: argparse.Namespace, name: str) -> Path:
 
 def _gpu_section() -> list[str]:
     lines = ["## GPU: LLaMA-7B/13B-shaped models (`bench/gpu_liar.py`)", ""]
-    found = False
     for name, file in GPU_RESULTS:
         path = RESULTS / file
         if path.is_file():
-            found = True
             lines += [f"From `docs/results/{file}` ({name}):", ""]
             lines += ["#" + x if x.startswith("#") else x for x in path.read_text().strip().splitlines()]
             lines.append("")
-    if not found:
-        lines += [
-            "Pending: no GPU run has been recorded yet (`docs/results/gpu_liar.md` does not exist). On a CUDA",
-            "machine (H100/H200/A100), run:",
-            "",
-            "```bash",
-            *GPU_COMMANDS,
-            "python bench/speed.py time --report-only   # rebuild this page from time.json with the GPU results",
-            "```",
-            "",
-            "`gpu_liar.py` times `core.prune` on random-weight bf16 models of the LLaMA-7B / 13B shapes (timing does",
-            "not depend on the weights' values), the same work as the paper's table: statistics, Cholesky solves,",
-            "surgery and block passes for every layer.",
-            "",
-        ]
     return lines
 
 
 def _library(rows: list[dict[str, Any]]) -> str:
     """Which library the points' float32 products ran through (``core/kernels/cpu_matmul.py``)."""
-    names = {r.get("cpu_matmul") for r in rows} - {None}
-    if not names:
-        return ""
+    names = {r["cpu_matmul"] for r in rows}
     return "; float32 products through " + " / ".join(sorted("oneDNN" if n == "onednn" else "the BLAS" for n in names))
 
 
 def _products_cells(r: dict[str, Any]) -> str:
-    """The row's cells from ``GEMM`` on; columns measured only by later versions of the bench show –."""
-    cells = ["–"] * 12
-    if "gemm_gflops" in r:  # measured before the products were counted otherwise
-        cells[:4] = [
-            f"{r['gemm_gflops']:.0f}",
-            f"{r['product_tflop']:.2f}",
-            f"{r['product_seconds']:.1f}",
-            f"{r['ratio_to_products']:.2f}",
-        ]
-    if "forward_seconds" in r:
-        cells[4:7] = [
-            f"{r['forward_seconds']:.1f}",
-            f"{r['forward_ratio_to_products']:.2f}",
-            f"{r['prune_over_forward']:.2f}",
-        ]
-    if "own_product_seconds" in r:
-        cells[7:10] = [
-            f"{r['own_product_seconds']:.1f}",
-            f"{r['ratio_to_own_products']:.2f}",
-            f"{r['forward_ratio_to_own_products']:.2f}",
-        ]
+    """The row's cells from ``GEMM`` on: the products at the GEMM rate, the model's forward, the products
+    at their own shapes, and the floor."""
     floor = floor_seconds(r)
-    if floor is not None:
-        cells[10:] = [f"{floor:.1f}", f"{r['prune_seconds'] / floor:.2f}"]
-    return " | ".join(cells)
+    return (
+        f"{r['gemm_gflops']:.0f} | {r['product_tflop']:.2f} | {r['product_seconds']:.1f} | "
+        f"{r['ratio_to_products']:.2f} | {r['forward_seconds']:.1f} | {r['forward_ratio_to_products']:.2f} | "
+        f"{r['prune_over_forward']:.2f} | {r['own_product_seconds']:.1f} | {r['ratio_to_own_products']:.2f} | "
+        f"{r['forward_ratio_to_own_products']:.2f} | {floor:.1f} | {r['prune_seconds'] / floor:.2f}"
+    )
 
 
 def _paper_lines() -> list[str]:
@@ -140,7 +102,7 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
     out = _out_paths(args, "time")
     out.parent.mkdir(parents=True, exist_ok=True)
     base = next((r for r in rows if r["samples"] == 128), None)
-    date = date or dt.date.today().isoformat()
+    date = date or today()
     lines = [
         "# Reconstruction time vs calibration samples",
         "",
@@ -193,11 +155,10 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
     ]
     for r in rows:
         rel = f"{r['prune_seconds'] / base['prune_seconds']:.2f}" if base else "–"
-        faults = f"{r['page_faults'] / 1e6:.2f} M" if "page_faults" in r else "–"
-        load = f"{r['load_average']:.1f}" if "load_average" in r else "–"
         lines.append(
             f"| {r['samples']} | {r['tokens']:,} | {r['prune_seconds']:.1f} | {rel} | {r['layer_seconds']:.1f} | "
-            f"{r['solve_seconds']:.2f} | {r['peak_rss_mb']:.0f} | {faults} | {load} | {_products_cells(r)} |"
+            f"{r['solve_seconds']:.2f} | {r['peak_rss_mb']:.0f} | {r['page_faults'] / 1e6:.2f} M | "
+            f"{r['load_average']:.1f} | {_products_cells(r)} |"
         )
     lines += _paper_lines()
     lines += _gpu_section()
@@ -211,12 +172,6 @@ def write_time(rows: list[dict[str, Any]], args: argparse.Namespace, mach: dict[
     }
     out.with_suffix(".json").write_text(json.dumps(payload, indent=2))
     return out
-
-
-def _span(values: list[int]) -> str:
-    if not values:
-        return "–"
-    return f"{min(values)}–{max(values)}" if min(values) != max(values) else str(values[0])
 
 
 def _label(r: dict[str, Any]) -> str:
@@ -237,7 +192,7 @@ def write_latency(rows: list[dict[str, Any]], args: argparse.Namespace, mach: di
     lines = [
         "# Inference throughput and latency: dense vs pruned SmolLM2-135M",
         "",
-        f"Measured {dt.date.today().isoformat()} on {_machine_line(mach)}. "
+        f"Measured {today()} on {_machine_line(mach)}. "
         f"Produced by `python bench/speed.py {' '.join(sys.argv[1:]) or 'latency'}`"
         + (" (**smoke test, not a measurement**)" if args.quick else "")
         + ".",
@@ -263,7 +218,7 @@ def write_latency(rows: list[dict[str, Any]], args: argparse.Namespace, mach: di
         "|---|---|---|---|---|",
     ]
     lines += [
-        f"| {_label(r)} | {r['params']:,} | {_span(r['heads_per_layer'])} | {_span(r['ffn_per_layer'])} | "
+        f"| {_label(r)} | {r['params']:,} | {span(r['heads_per_layer'])} | {span(r['ffn_per_layer'])} | "
         f"{r['kv_index_layers']} of {len(r['heads_per_layer'])} |"
         for r in rows
     ]
@@ -300,7 +255,7 @@ def write_latency(rows: list[dict[str, Any]], args: argparse.Namespace, mach: di
     lines.append("")
     out.write_text("\n".join(lines))
     payload = {
-        "date": dt.date.today().isoformat(),
+        "date": today(),
         "machine": mach,
         "args": {k: v for k, v in vars(args).items() if k != "func"},
         "rows": rows,

@@ -14,17 +14,14 @@ process, one at a time; finished cells are kept (resumable).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
-import platform
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.kv_groups import cell_parser, default_recipe, run_missing, saved_rows, span, write_page  # noqa: E402
+from bench.common import cell_parser, cpu_line, heldout, run_cells, span, today, write_page  # noqa: E402
+from bench.kv_groups import default_recipe  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "unseen.md"
 LABELS = {
@@ -74,30 +71,20 @@ def both_texts(model, tok) -> dict[str, float]:
     from bench.assets import rotten_tomatoes_split, wikipedia_split
 
     texts = (("wikipedia", wikipedia_split()[1]), ("rotten_tomatoes", rotten_tomatoes_split()["test"]))
-    return {name: _perplexity(model, tok, path) for name, path in texts}
+    return {name: heldout(model, tok, text=path)["perplexity"] for name, path in texts}
 
 
 def wikipedia_perplexity(model, tok) -> float:
     """:func:`both_texts`' Wikipedia column alone (half the evaluation, for pages that quote only it)."""
-    from bench.assets import wikipedia_split
-
-    return _perplexity(model, tok, wikipedia_split()[1])
-
-
-def _perplexity(model, tok, path) -> float:
-    from core import perplexity
-
-    return perplexity(model, tok, str(path), seq_len=512, batch_size=4, max_windows=20)["perplexity"]
+    return heldout(model, tok)["perplexity"]
 
 
 def write(rows: dict[str, dict], args) -> None:
-    import torch
-
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} torch threads"
+    machine = cpu_line(args.threads)
     lines = [
         "# Unseen text: Wikipedia evaluation split vs Rotten Tomatoes reviews (SmolLM2-135M)",
         "",
-        f"Measured {dt.date.today().isoformat()} on {machine}. Produced by `python bench/unseen.py`.",
+        f"Measured {today()} on {machine}. Produced by `python bench/unseen.py`.",
         "",
         "Calibration: 128 × 128 tokens of the Wikipedia calibration articles for every recipe. Perplexity on",
         "20 windows of 512 tokens of the Wikipedia evaluation articles and of the Rotten Tomatoes test",
@@ -130,19 +117,15 @@ def main() -> None:
     p.add_argument("--recipes", nargs="+", default=["paper", "auto", "obs"], choices=["paper", "auto", "obs"])
     p.add_argument("--recipe", default="auto", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.one:
-        print("RESULT " + json.dumps(one(args)), flush=True)
-        return
-    rows = saved_rows(OUT, lambda r: f"{r['recipe']}|{r['ratio']}")
-    todo = [] if args.report_only else [("dense", 0.0)] + [(n, r) for r in args.ratios for n in args.recipes]
+    todo = [("dense", 0.0)] + [(n, r) for r in args.ratios for n in args.recipes]
     cells = [(f"{n}|{r}", ["--ratio", str(r), "--recipe", n, "--threads", str(args.threads)]) for n, r in todo]
+    key = lambda r: f"{r['recipe']}|{r['ratio']}"  # noqa: E731
+    run_cells(__file__, args, one, OUT, key, cells, write, both_rounded)
 
-    def done(key: str, row: dict) -> None:
-        print(key, round(row["wikipedia"], 2), round(row["rotten_tomatoes"], 2), flush=True)
-        write(rows, args)
 
-    run_missing(__file__, rows, cells, done)
-    write(rows, args)
+def both_rounded(row: dict) -> list[float]:
+    """What a script of cells prints of a row evaluated on both texts."""
+    return [round(row["wikipedia"], 2), round(row["rotten_tomatoes"], 2)]
 
 
 if __name__ == "__main__":

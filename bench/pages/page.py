@@ -4,7 +4,8 @@ generated blocks (``<!-- results:NAME -->``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,12 @@ class Page:
     claims: tuple[Claim, ...] = ()
     cpu_times: bool = False  # quotes CPU prune or evaluation times (superseded when before ONEDNN_DATE)
     stale: str = ""  # why the page needs a re-run, where its date alone does not say
-    data: tuple[str, ...] = field(default=())  # JSON files the page is made from
+    data: tuple[str, ...] | None = None  # JSON files the page is made from (None: its own, NAME.json)
+
+
+def with_data(pages: dict[str, Page]) -> dict[str, Page]:
+    """``pages`` with each page's JSON named: ``NAME.json`` for a page ``NAME.md`` that names none."""
+    return {n: p if p.data is not None else replace(p, data=(f"{Path(n).stem}.json",)) for n, p in pages.items()}
 
 
 def _c(text: str, value: Callable[[], str | None], section: str = "") -> Claim:

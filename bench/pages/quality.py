@@ -4,28 +4,8 @@ from __future__ import annotations
 
 import statistics
 
+from bench.pages import values as v
 from bench.pages.page import Page, _c
-from bench.pages.values import (
-    _gemma_50,
-    _versus,
-    best_torch_pruning,
-    criteria_ppl,
-    data,
-    dense_criteria,
-    draws,
-    engine_ppl,
-    head_ratio_ppl,
-    kv_ppl,
-    minilm_cells,
-    minilm_dense,
-    num,
-    obs_row,
-    pair,
-    pct,
-    peer,
-    ppl,
-    unseen_rt,
-)
 
 PAGES: dict[str, Page] = {
     "engine.md": Page(
@@ -34,17 +14,17 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "SmolLM2-135M, magnitude, held-out perplexity at 20% (none / bias / liar / ls)",
-                lambda: " / ".join(ppl(engine_ppl(m, 0.2)) for m in ("none", "bias", "liar", "ls")),
+                lambda: " / ".join(v.ppl(v.engine_ppl(m, 0.2)) for m in ("none", "bias", "liar", "ls")),
             ),
             _c(
                 "dense perplexity under this page's protocol",
                 lambda: (
-                    f"{num(engine_ppl('dense', 0.0), 2)} on {data('engine.json')['rows'][0]['eval_tokens']:,} tokens"
+                    f"{v.num(v.engine_ppl('dense', 0.0), 2)} on "
+                    f"{v.data('engine.json')['rows'][0]['eval_tokens']:,} tokens"
                 ),
             ),
         ),
         cpu_times=True,
-        data=("engine.json",),
     ),
     "criteria.md": Page(
         "python bench/criteria.py",
@@ -52,14 +32,13 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "best paper criterion at 50%: FLAP + liar / + ls",
-                lambda: pair(ppl(criteria_ppl("flap", "liar", 0.5)), ppl(criteria_ppl("flap", "ls", 0.5))),
+                lambda: v.pair(v.ppl(v.criteria_ppl("flap", "liar", 0.5)), v.ppl(v.criteria_ppl("flap", "ls", 0.5))),
             ),
             _c(
                 "dense perplexity under this protocol",
-                lambda: f"{num(dense_criteria()[0], 2)} on {dense_criteria()[1]:,} tokens",
+                lambda: f"{v.num(v.dense_criteria()[0], 2)} on {v.dense_criteria()[1]:,} tokens",
             ),
         ),
-        data=("criteria.json",),
     ),
     "obs_allocation.md": Page(
         "python bench/obs_allocation.py",
@@ -67,12 +46,11 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "the default recipe on SmolLM2 at 20% / 50% (Wikipedia perplexity)",
-                lambda: " / ".join(ppl(obs_row("smollm2", r, "auto")["wikipedia"]) for r in (0.2, 0.5)),
+                lambda: " / ".join(v.ppl(v.obs_row("smollm2", r, "auto")["wikipedia"]) for r in (0.2, 0.5)),
             ),
-            _c("Gemma 3 270M at 50%: default (cap 1.2×) / uncapped / uniform", _gemma_50),
+            _c("Gemma 3 270M at 50%: default (cap 1.2×) / uncapped / uniform", v._gemma_50),
         ),
         cpu_times=True,
-        data=("obs_allocation.json",),
     ),
     "unseen.md": Page(
         "python bench/unseen.py",
@@ -80,11 +58,10 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "paper FLAP + LIAR vs uniform default at 20%, Rotten Tomatoes text",
-                lambda: pair(ppl(unseen_rt("paper", 0.2)), ppl(unseen_rt("auto", 0.2)), " vs "),
+                lambda: v.pair(v.ppl(v.unseen_rt("paper", 0.2)), v.ppl(v.unseen_rt("auto", 0.2)), " vs "),
             ),
         ),
         cpu_times=True,
-        data=("unseen.json",),
     ),
     "head_ratio.md": Page(
         "python bench/head_ratio.py",
@@ -92,11 +69,10 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "heads at half the ratio (auto) vs at the ratio (same), 20% / 50%",
-                lambda: _versus(lambda h, r: head_ratio_ppl(r, h), "auto", "same"),
+                lambda: v._versus(lambda h, r: v.head_ratio_ppl(r, h), "auto", "same"),
             ),
         ),
         cpu_times=True,
-        data=("head_ratio.json",),
     ),
     "kv_groups.md": Page(
         "python bench/kv_groups.py",
@@ -104,11 +80,10 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "whole key/value groups vs free query heads, 20% / 50%",
-                lambda: _versus(kv_ppl, "whole", "free"),
+                lambda: v._versus(v.kv_ppl, "whole", "free"),
             ),
         ),
         cpu_times=True,
-        data=("kv_groups.json",),
     ),
     "peers.md": Page(
         "make bench-peers",
@@ -116,19 +91,18 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "SmolLM2 at 20%: our default vs the best Torch-Pruning row",
-                lambda: pair(
-                    ppl(peer("smollm2|ours|default|0.2")["perplexity"]),
-                    ppl(best_torch_pruning(0.2)["perplexity"]),
+                lambda: v.pair(
+                    v.ppl(v.peer("smollm2|ours|default|0.2")["perplexity"]),
+                    v.ppl(v.best_torch_pruning(0.2)["perplexity"]),
                     " vs ",
                 ),
             ),
             _c(
                 "MiniLM classifier at 50%: our default with labels (accuracy)",
-                lambda: num(peer("minilm|ours|default|0.5")["accuracy"], 4),
+                lambda: v.num(v.peer("minilm|ours|default|0.5")["accuracy"], 4),
             ),
         ),
         cpu_times=True,
-        data=("peers.json",),
     ),
     "minilm.md": Page(
         "python bench/minilm.py",
@@ -136,11 +110,10 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "LIAR's worst criterion at 30%, share of dense accuracy",
-                lambda: pct(min(c["relative"] for c in minilm_cells("minilm.json", 0.3, method="liar"))),
+                lambda: v.pct(min(c["relative"] for c in v.minilm_cells("minilm.json", 0.3, method="liar"))),
             ),
         ),
         cpu_times=True,
-        data=("minilm.json",),
     ),
     "minilm-select.md": Page(
         "python bench/minilm.py --out docs/results/minilm-select.md --methods ls --select criterion|obs",
@@ -148,11 +121,10 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "best all-token recipe at 50% (accuracy)",
-                lambda: num(max(c["accuracy"] for c in minilm_cells("minilm-select.json", 0.5)), 4),
+                lambda: v.num(max(c["accuracy"] for c in v.minilm_cells("minilm-select.json", 0.5)), 4),
             ),
         ),
         cpu_times=True,
-        data=("minilm-select.json",),
     ),
     "minilm-draws.md": Page(
         "python bench/minilm_draws.py",
@@ -160,10 +132,9 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "labelled default at 50%, mean of the calibration draws, share of dense accuracy",
-                lambda: pct(statistics.mean(draws("labelled", 0.5)) / minilm_dense()),
+                lambda: v.pct(statistics.mean(v.draws("labelled", 0.5)) / v.minilm_dense()),
             ),
         ),
         cpu_times=True,
-        data=("minilm-draws.json",),
     ),
 }

@@ -8,11 +8,11 @@ import re
 
 from bench.pages import quality, speed, systems
 from bench.pages.first_run import first_run_ratio
-from bench.pages.page import Page, _c, renderer
+from bench.pages.page import Page, _c, renderer, with_data
 from bench.pages.values import ONEDNN_DATE, RESULTS, data, num, page_text, product_ratio, table, time_row
 from bench.quantize_page import q4_over_f16
 
-PAGES: dict[str, Page] = {**quality.PAGES, **speed.PAGES, **systems.PAGES}
+PAGES: dict[str, Page] = with_data({**quality.PAGES, **speed.PAGES, **systems.PAGES})
 
 
 # Pages a benchmark writes only in some runs: indexed when they exist.
@@ -30,7 +30,6 @@ OPTIONAL_PAGES = {
                 lambda: product_ratio("time_avx2.json"),
             ),
         ),
-        data=("time_avx2.json",),
     ),
     "quantize.md": Page(
         "python bench/quantize.py",
@@ -45,14 +44,12 @@ OPTIONAL_PAGES = {
                 lambda: q4_over_f16(data("quantize.json"), "0.5-depth8"),
             ),
         ),
-        data=("quantize.json",),
     ),
     "first_run.md": Page(
         "python bench/first_run.py",
         "jobs",
         (_c("the first run's default job: real time over the estimate before Submit", lambda: first_run_ratio(0)),),
         cpu_times=True,
-        data=("first_run.json",),
     ),
     # written by a whole `make test` run only (tests/timing.py): indexed once real numbers are committed
     "test_time.md": Page(
@@ -64,10 +61,9 @@ OPTIONAL_PAGES = {
                 lambda: f"{data('test_time.json')['wall_seconds'] / 60:.1f} min",
             ),
         ),
-        data=("test_time.json",),
     ),
 }
-PAGES.update({name: page for name, page in OPTIONAL_PAGES.items() if (RESULTS / name).exists()})
+PAGES.update({name: page for name, page in with_data(OPTIONAL_PAGES).items() if (RESULTS / name).exists()})
 
 DATE = re.compile(r"20\d\d-\d\d-\d\d")
 MACHINES = r"NVIDIA H100[\w ]*?HBM3|NVIDIA H200|AMD EPYC|Intel\(R\) Xeon\(R\)[\w ]*|Intel Xeon|x86_64, 2 (?:CPU )?cores"

@@ -2,28 +2,8 @@
 
 from __future__ import annotations
 
+from bench.pages import values as v
 from bench.pages.page import Page, _c
-from bench.pages.values import (
-    LIAR_H200,
-    S70,
-    _gpu_checks,
-    _refit_peak,
-    block_read,
-    data,
-    gb,
-    gpu_depth,
-    gpu_depth_decode,
-    gpu_latency,
-    gpu_liar_after,
-    gpu_liar_recompute,
-    gpu_liar_shape,
-    gpu_stream,
-    md_table,
-    num,
-    pair,
-    query_heads_cost,
-    times,
-)
 
 PAGES: dict[str, Page] = {
     "gpu_latency_depth.md": Page(
@@ -33,13 +13,13 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "7B-shaped, compiled batch-1 decode over dense: 50% width / 8 of 32 blocks + 20% width",
-                gpu_depth_decode,
+                v.gpu_depth_decode,
             ),
             _c(
                 "7B-shaped, prefill b8×512 over dense: 50% width / 8 of 32 blocks + 30% width",
                 lambda: (
-                    f"{times(gpu_depth('50% ÷128', 'prefill_b8x512_tok_s'))} / "
-                    f"{times(gpu_depth('−8 blocks + 30% ÷128', 'prefill_b8x512_tok_s'))}"
+                    f"{v.times(v.gpu_depth('50% ÷128', 'prefill_b8x512_tok_s'))} / "
+                    f"{v.times(v.gpu_depth('−8 blocks + 30% ÷128', 'prefill_b8x512_tok_s'))}"
                 ),
             ),
         ),
@@ -48,8 +28,12 @@ PAGES: dict[str, Page] = {
     "query_heads.md": Page(
         "python bench/query_heads.py",
         "cpu",
-        (_c("SmolLM2 default recipe vs query_heads uniform (vLLM's form), perplexity at 20% / 50%", query_heads_cost),),
-        data=("query_heads.json",),
+        (
+            _c(
+                "SmolLM2 default recipe vs query_heads uniform (vLLM's form), perplexity at 20% / 50%",
+                v.query_heads_cost,
+            ),
+        ),
     ),
     "block_reads.md": Page(
         "python bench/block_reads.py --shape 7b --layers 4 --dtype bfloat16",
@@ -57,10 +41,9 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "7B block read, one thread, warm page cache",
-                lambda: f"{num(block_read('block_reads.json', 1), 2)} GB/s",
+                lambda: f"{v.num(v.block_read('block_reads.json', 1), 2)} GB/s",
             ),
         ),
-        data=("block_reads.json",),
     ),
     "block_reads_gpu_host.md": Page(
         "python bench/block_reads.py --shape 7b --layers 4 --dtype bfloat16 --device cuda",
@@ -68,16 +51,14 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "7B block read, 4 threads, warm, into pinned memory",
-                lambda: f"{num(block_read('block_reads_gpu_host.json', 4), 1)} GB/s",
+                lambda: f"{v.num(v.block_read('block_reads_gpu_host.json', 4), 1)} GB/s",
             ),
         ),
-        data=("block_reads_gpu_host.json",),
     ),
     "peak_memory.md": Page(
         "python bench/peak_memory.py",
         "cpu",
-        (_c("the FFN's refit at 7B widths, memory beyond the Gram: before / after", _refit_peak),),
-        data=("peak_memory.json",),
+        (_c("the FFN's refit at 7B widths, memory beyond the Gram: before / after", v._refit_peak),),
     ),
     "families.md": Page(
         "python bench/families.py",
@@ -85,13 +66,14 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "Gemma 3 270M through a job: perplexity of the job vs the reloaded checkpoint",
-                lambda: pair(
-                    num(data("families.json")["ppl_job"], 2), num(data("families.json")["ppl_reloaded"], 2), " vs "
+                lambda: v.pair(
+                    v.num(v.data("families.json")["ppl_job"], 2),
+                    v.num(v.data("families.json")["ppl_reloaded"], 2),
+                    " vs ",
                 ),
             ),
         ),
         cpu_times=True,
-        data=("families.json",),
     ),
     "load.md": Page(
         "python bench/load.py",
@@ -99,10 +81,9 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "worst p95 of a call, 10,000 jobs, 8 clients",
-                lambda: f"{num(max(r['p95_s'] for r in data('load.json')['rows']), 2)} s",
+                lambda: f"{v.num(max(r['p95_s'] for r in v.data('load.json')['rows']), 2)} s",
             ),
         ),
-        data=("load.json",),
     ),
     "reliability.md": Page(
         "pytest -s tests/jobs/test_faults.py",
@@ -110,9 +91,10 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "fault cases of the job runner (SIGKILL, broker restart, …)",
-                lambda: f"{len(md_table('reliability.md', 'case'))} cases, table on the page",
+                lambda: f"{len(v.md_table('reliability.md', 'case'))} cases, table on the page",
             ),
         ),
+        data=(),  # no JSON: the page itself holds its numbers
     ),
     "gpu_liar.md": Page(
         "python bench/gpu_liar.py --shape 7b|13b|30b --samples 128 1024",
@@ -120,27 +102,30 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "7B-shaped, LIAR, 128 / 1024 samples",
-                lambda: f"{gpu_liar_after('7B', '128', 'liar, holdout 8')} / {gpu_liar_after('7B', '1024', 'liar')} s",
+                lambda: (
+                    f"{v.gpu_liar_after('7B', '128', 'liar, holdout 8')} / {v.gpu_liar_after('7B', '1024', 'liar')} s"
+                ),
             ),
             _c(
                 "7B-shaped, 1024 samples, FFN inputs recomputed: time / peak device memory over the bf16 weights",
-                gpu_liar_recompute,
-                LIAR_H200,
+                v.gpu_liar_recompute,
+                v.LIAR_H200,
             ),
             _c(
                 "7B-shaped, LIAR, 128 / 1024 samples, error report on the fit statistics",
-                lambda: " / ".join(gpu_liar_shape("7B", n)["seconds"].strip("*") for n in ("128", "1024")) + " s",
-                LIAR_H200,
+                lambda: " / ".join(v.gpu_liar_shape("7B", n)["seconds"].strip("*") for n in ("128", "1024")) + " s",
+                v.LIAR_H200,
             ),
             _c(
                 "30B-shaped in memory, 1024 samples: time / peak device memory",
-                lambda: pair(
-                    f"{gpu_liar_shape('30B', '1024')['seconds'].strip('*')} s",
-                    f"{gpu_liar_shape('30B', '1024')['peak GB']} GB",
+                lambda: v.pair(
+                    f"{v.gpu_liar_shape('30B', '1024')['seconds'].strip('*')} s",
+                    f"{v.gpu_liar_shape('30B', '1024')['peak GB']} GB",
                 ),
-                LIAR_H200,
+                v.LIAR_H200,
             ),
         ),
+        data=(),  # no JSON: the page itself holds its numbers
     ),
     "gpu_stream.md": Page(
         "python bench/gpu_stream.py (bash bench/gpu_all.sh)",
@@ -148,15 +133,17 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "70B-shaped, 128 samples, streamed: peak device memory / time",
-                lambda: pair(f"{gb(gpu_stream(S70)['peak_device_mb'])} GB", f"{num(gpu_stream(S70)['total_s'], 0)} s"),
+                lambda: v.pair(
+                    f"{v.gb(v.gpu_stream(v.S70)['peak_device_mb'])} GB", f"{v.num(v.gpu_stream(v.S70)['total_s'], 0)} s"
+                ),
             ),
         ),
-        data=("gpu_stream.json",),
     ),
     "gpu_stream_profile.txt": Page(
         "python bench/gpu_stream.py --profile",
         "gpu",
         (_c("torch.profiler table of the 7B streamed run", lambda: "profile"),),
+        data=(),  # no JSON: the page itself holds its numbers
     ),
     "gpu_latency.md": Page(
         "python bench/gpu_latency.py",
@@ -164,15 +151,15 @@ PAGES: dict[str, Page] = {
         (
             _c(
                 "7B-shaped at 50%: prefill b8×512 over dense",
-                lambda: times(
-                    gpu_latency("50% ÷128", "prefill_b8x512_tok_s") / gpu_latency("dense", "prefill_b8x512_tok_s")
+                lambda: v.times(
+                    v.gpu_latency("50% ÷128", "prefill_b8x512_tok_s") / v.gpu_latency("dense", "prefill_b8x512_tok_s")
                 ),
             ),
             _c(
                 "7B-shaped at 50%: batch-1 decode, compiled + CUDA graph, over dense",
-                lambda: times(
-                    gpu_latency("dense", "decode_graph_compiled_ms", "gpu_latency_compiled.json")
-                    / gpu_latency("50% ÷128", "decode_graph_compiled_ms", "gpu_latency_compiled.json")
+                lambda: v.times(
+                    v.gpu_latency("dense", "decode_graph_compiled_ms", "gpu_latency_compiled.json")
+                    / v.gpu_latency("50% ÷128", "decode_graph_compiled_ms", "gpu_latency_compiled.json")
                 ),
             ),
         ),
@@ -187,6 +174,7 @@ PAGES: dict[str, Page] = {
     "gpu_check.md": Page(
         "python bench/gpu_check.py",
         "gpu",
-        (_c("GPU path checks passed", _gpu_checks),),
+        (_c("GPU path checks passed", v._gpu_checks),),
+        data=(),  # no JSON: the page itself holds its numbers
     ),
 }

@@ -30,6 +30,16 @@ def page_text(name: str) -> str:
     return (RESULTS / name).read_text()
 
 
+def row_of(file: str, rows: str = "rows", /, **fields) -> dict:
+    """The first row of a results file (its list ``rows``, or the file when it is a list) with these ``fields``."""
+    d = data(file)
+    found = (r for r in (d if isinstance(d, list) else d[rows]) if all(r.get(k) == v for k, v in fields.items()))
+    row = next(found, None)
+    if row is None:
+        raise KeyError(f"{file}: no row with {fields}")
+    return row
+
+
 def md_tables(page: str, first_header: str, has: str | None = None) -> list[tuple[str, list[dict[str, str]]]]:
     """Every table on ``page`` whose first header cell is ``first_header`` (and which has a column ``has``):
     ``(the section heading above it, its rows as dicts from header to cell)``."""
@@ -84,23 +94,17 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def criteria_ppl(criterion: str, method: str, ratio: float) -> float:
-    for r in data("criteria.json")["rows"]:
-        if r["criterion"] == criterion and r["method"] == method and r["ratio"] == ratio:
-            return r["perplexity"]
-    raise KeyError((criterion, method, ratio))
+    return row_of("criteria.json", criterion=criterion, method=method, ratio=ratio)["perplexity"]
 
 
 def dense_criteria() -> tuple[float, int]:
     """SmolLM2's dense perplexity under the criteria protocol and its evaluated tokens."""
-    row = next(r for r in data("kv_groups.json")["rows"] if r["groups"] == "dense")
+    row = row_of("kv_groups.json", groups="dense")
     return row["perplexity"], row["eval_tokens"]
 
 
 def obs_row(model: str, ratio: float, recipe: str) -> dict:
-    for r in data("obs_allocation.json")["rows"]:
-        if r.get("model") == model and r["ratio"] == ratio and r.get("recipe") == recipe:
-            return r
-    raise KeyError((model, ratio, recipe))
+    return row_of("obs_allocation.json", model=model, ratio=ratio, recipe=recipe)
 
 
 def obs_cap(ratio: float, cap: float, model: str | None = None) -> dict:
@@ -133,7 +137,7 @@ def minilm_dense() -> float:
 
 
 def time_row(samples: int, name: str = "time.json") -> dict:
-    return next(r for r in data(name)["rows"] if r["samples"] == samples)
+    return row_of(name, samples=samples)
 
 
 def time_machine() -> str:
@@ -171,7 +175,7 @@ def streaming_row(shape: str, mode: str, criterion: str, date: str | None = None
 
 
 def gpu_stream(run: str, criterion: str = "magnitude") -> dict:
-    return next(r for r in data("gpu_stream.json") if r["run"] == run and r["criterion"] == criterion)
+    return row_of("gpu_stream.json", run=run, criterion=criterion)
 
 
 def gb(mb: float) -> str:
@@ -208,29 +212,23 @@ def gpu_liar_shape(shape: str, samples: str) -> dict[str, str]:
 
 
 def latency_default(ratio: float, key: str) -> float:
-    return next(r for r in data("latency_default.json")["rows"] if r["ratio"] == ratio and r.get("default"))[key]
+    return row_of("latency_default.json", ratio=ratio, default=True)[key]
 
 
 def gpu_latency(model: str, key: str, name: str = "gpu_latency.json") -> float:
-    return next(r for r in data(name) if r["model"] == model)[key]
+    return row_of(name, model=model)[key]
 
 
 def head_ratio_ppl(ratio: float, head_ratio) -> float:
-    return next(r for r in data("head_ratio.json")["rows"] if r["ratio"] == ratio and r["head_ratio"] == head_ratio)[
-        "perplexity"
-    ]
+    return row_of("head_ratio.json", ratio=ratio, head_ratio=head_ratio)["perplexity"]
 
 
 def kv_ppl(groups: str, ratio: float) -> float:
-    rows = data("kv_groups.json")["rows"]
-    return next(r for r in rows if r["groups"] == groups and r["ratio"] == ratio and "round_heads" not in r)[
-        "perplexity"
-    ]
+    return row_of("kv_groups.json", groups=groups, ratio=ratio, round_heads=None)["perplexity"]  # not heads × N
 
 
 def peak(part: str, setting: str, label: str) -> float:
-    rows = data("peak_memory.json")
-    return next(r for r in rows if (r["part"], r["setting"], r["label"]) == (part, setting, label))["peak_mib"]
+    return row_of("peak_memory.json", part=part, setting=setting, label=label)["peak_mib"]
 
 
 def floor_seconds(r: dict) -> float | None:
@@ -286,12 +284,11 @@ def span(xs: list[float], digits: int = 1) -> str:
 
 
 def engine_ppl(method: str, ratio: float) -> float:
-    return next(r for r in data("engine.json")["rows"] if r["method"] == method and r["ratio"] == ratio)["perplexity"]
+    return row_of("engine.json", method=method, ratio=ratio)["perplexity"]
 
 
 def unseen_rt(recipe: str, ratio: float) -> float:
-    rows = data("unseen.json")["rows"]
-    return next(r for r in rows if r["recipe"] == recipe and r["ratio"] == ratio)["rotten_tomatoes"]
+    return row_of("unseen.json", recipe=recipe, ratio=ratio)["rotten_tomatoes"]
 
 
 def minilm_cells(name: str, ratio: float, **match) -> list[dict]:
@@ -304,8 +301,7 @@ def minilm_cells(name: str, ratio: float, **match) -> list[dict]:
 
 
 def block_read(name: str, threads: int) -> float:
-    rows = data(name)["rows"]
-    return next(r for r in rows if r["threads"] == threads and r["read"] == "block" and r["cache"] == "warm")["gb_s"]
+    return row_of(name, threads=threads, read="block", cache="warm")["gb_s"]
 
 
 def _gemma_50() -> str:
@@ -362,7 +358,7 @@ def quality_pair(name: str, a: str, b: str) -> str | None:
 
 
 def depth_speed_row(name: str) -> dict:
-    return next(r for r in data("depth_speed.json")["rows"] if r["name"] == name)
+    return row_of("depth_speed.json", name=name)
 
 
 def depth_speed_claim(name: str) -> str:
@@ -375,7 +371,7 @@ def depth_speed_claim(name: str) -> str:
 
 
 def untimed_ppl(name: str) -> float:
-    return next(r for r in data("depth_speed.json")["untimed"] if r["name"] == name)["perplexity"]
+    return row_of("depth_speed.json", "untimed", name=name)["perplexity"]
 
 
 def speed_target_claim(speedup: float) -> str:

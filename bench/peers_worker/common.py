@@ -65,6 +65,11 @@ def blocks(model: nn.Module) -> nn.ModuleList:
     raise ValueError(f"no list of {n} transformer blocks in {type(model).__name__}")
 
 
+def ffn_width(layer: nn.Module, kind: str) -> int:
+    """A block's FFN width (the decoder's gate projection, the encoder's intermediate layer)."""
+    return layer.mlp.gate_proj.out_features if kind == "decoder" else layer.intermediate.dense.out_features
+
+
 def count_params(model: nn.Module) -> dict[str, int]:
     """Total parameters (a tied head counted once) and the transformer blocks' parameters."""
     total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

@@ -89,10 +89,7 @@ def prune(cell: dict) -> dict:
             "Mamba models, which a Hugging Face LlamaForCausalLM / BertForSequenceClassification is not"
         ) from exc
     model.eval()
-    widths = [
-        layer.mlp.gate_proj.out_features if cell["kind"] == "decoder" else layer.intermediate.dense.out_features
-        for layer in common.blocks(model)
-    ]
+    widths = [common.ffn_width(layer, cell["kind"]) for layer in common.blocks(model)]
     knobs = {
         "mode": cell["mode"],
         "constraints": {"params": budget},

@@ -149,7 +149,7 @@ def prune(cell: dict) -> dict:
     model, heads = _prune_copy(model, tok, cell, ratio, _importance(cell["importance"]))
     model.zero_grad(set_to_none=True)
     model.eval()
-    widths = sorted({layer_ffn_width(layer, cell["kind"]) for layer in common.blocks(model)})
+    widths = sorted({common.ffn_width(layer, cell["kind"]) for layer in common.blocks(model)})
     knobs = {
         **cell["knobs"],
         "head_pruning_ratio": cell["ratio"],
@@ -159,10 +159,6 @@ def prune(cell: dict) -> dict:
         "hidden_size": model.config.hidden_size if cell["kind"] == "decoder" else hidden_of(model),
     }
     return {"model": model, "tokenizer": tok, "knobs": knobs}
-
-
-def layer_ffn_width(layer, kind: str) -> int:
-    return layer.mlp.gate_proj.out_features if kind == "decoder" else layer.intermediate.dense.out_features
 
 
 def hidden_of(model) -> int:
