@@ -242,7 +242,9 @@ def prune_to_speed(recipe: Recipe, source: Any, run: Any, prune_fn) -> Any:
         result = _search(recipe, source, run, prune_fn, saves)
     finally:
         saves.close()
-    result.metrics.update(saves.metrics)  # the whole run's saves, not the kept prune's alone
+    for key in ("checkpoint_saves", "checkpoint_seconds", "checkpoint_state_bytes"):  # the kept prune's own
+        result.metrics.pop(key, None)
+    result.metrics.update(saves.metrics)  # the whole run's saves (this attempt's), not the kept prune's alone
     return result
 
 
