@@ -37,7 +37,7 @@ __all__ = ["PAGES", "RESULTS", "ROOT", "blocks", "product_ratio", "render_index"
 # The markdown files that carry generated blocks.
 FILES = ("README.md", "docs/guide.md", "docs/deploy-one-host.md", "docs/design.md", "docs/results/README.md")
 # the pages of OPTIONAL_PAGES that carry generated blocks, once their benchmark has written them
-FILES += tuple(f"docs/results/{name}" for name in ("first_run.md",) if (RESULTS / name).exists())
+FILES += tuple(f"docs/results/{name}" for name in ("first_run.md", "resume.md") if (RESULTS / name).exists())
 BLOCK = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 

@@ -79,7 +79,8 @@ class StoreCheckpoints:
             part.write_text(json.dumps(manifest | {"attempt": self.token}, indent=1))
             self.store.put(part, f"{self.prefix}/{MANIFEST}")  # the last object: the save exists from here
         mb = sum(p.stat().st_size for p in files.values()) / 1e6
-        self.log(f"checkpoint saved after block {manifest['next_block']} of {manifest['blocks']} ({mb:.1f} MB)")
+        after = manifest.get("after") or f"block {manifest['next_block']} of {manifest['blocks']}"  # a target run's
+        self.log(f"checkpoint saved after {after} ({mb:.1f} MB)")
         for digest, key in self._sent.items():
             if digest not in keep:
                 self.store.delete(key)

@@ -1,4 +1,4 @@
-"""A job's downloads, serving files and stage timings as the web app shows them (Markdown) and the API
+"""A job's downloads, serving files, stage timings and attempts as the web app shows them (Markdown) and the API
 returns them (plain values) — no Gradio; used by ``forms`` and ``api``."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from typing import Any
 
 from app.web.downloads import file_url, tar_url
 from jobs.access import OPEN, Actor
+from jobs.checkpoints import attempts
 from jobs.service import JobService
 from jobs.timings import rows as timing_rows
 
@@ -116,3 +117,27 @@ def timings_markdown(timings: dict[str, Any] | None, steps: bool = True) -> str:
         name = f"&nbsp;&nbsp;&nbsp;{label.strip()}" if step else (f"**{label}**" if label == "total" else label)
         lines.append(f"| {name} | {seconds:.1f} | {share} |")
     return "| stage | seconds | share |\n|---|---:|---:|\n" + "\n".join(lines)
+
+
+def attempts_markdown(log: list[dict[str, Any]], metrics: dict[str, Any] | None) -> str:
+    """The job's attempts (``jobs.checkpoints.attempts``: worker, the block each started at, its last
+    checkpoint, minutes), then what one checkpoint save cost the run that finished (its metrics)."""
+    rows = attempts(log or [])
+    if not rows:
+        return ""
+    lines = []
+    for a in rows:
+        of = f" of {a['blocks']}" if a["blocks"] else ""
+        saved = f"after block {a['saved_block']}{of}" if a["saved_block"] else "–"
+        lines.append(f"| {a['attempt']} | {a['worker']} | {a['from_block']}{of} | {saved} | {a['minutes']:.1f} |")
+    text = "| attempt | worker | from block | last checkpoint | minutes |\n|---:|---|---|---|---:|\n" + "\n".join(lines)
+    m = metrics or {}
+    saves, seconds = m.get("checkpoint_saves"), m.get("checkpoint_seconds") or 0.0
+    if m.get("checkpoint_bytes") and saves:
+        state = m.get("checkpoint_state_bytes")
+        rewritten = f" ({size_text(state)} of it activations and loop state, rewritten by every save)" if state else ""
+        text += (
+            f"\n\nCheckpoints: {size_text(m['checkpoint_bytes'])} per save{rewritten}; "
+            f"{seconds / saves:.2f} s per save ({saves:.0f} saves, {seconds:.1f} s in all)."
+        )
+    return text

@@ -370,6 +370,9 @@ def _page_head(info: dict[str, Any]) -> str:
     timings = listings.timings_markdown(info.get("timings"))
     if timings:
         head += "\n\n#### Where the time went\n\n" + timings
+    tries = listings.attempts_markdown(info.get("log"), info["metrics"])
+    if tries:
+        head += "\n\n#### Attempts\n\n" + tries
     return head
 
 

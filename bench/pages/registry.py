@@ -9,6 +9,7 @@ import re
 from bench.pages import quality, speed, systems
 from bench.pages.first_run import first_run_ratio
 from bench.pages.page import Page, _c, renderer, with_data
+from bench.pages.resume import save_size, total_against_target
 from bench.pages.values import ONEDNN_DATE, RESULTS, data, num, page_text, product_ratio, table, time_row
 from bench.quantize_page import q4_over_f16
 
@@ -49,6 +50,22 @@ OPTIONAL_PAGES = {
         "python bench/first_run.py",
         "jobs",
         (_c("the first run's default job: real time over the estimate before Submit", lambda: first_run_ratio(0)),),
+        cpu_times=True,
+    ),
+    "resume.md": Page(
+        "python bench/resume.py",
+        "cpu",
+        (
+            _c(
+                "SmolLM2-135M streamed, SIGKILLed at 70% of its blocks and resumed: total time against T + one "
+                "checkpoint interval + loading",
+                lambda: total_against_target(data("resume.json")),
+            ),
+            _c(
+                "one checkpoint save of a Llama-2-70B shape, float16, 1024 × 2048 calibration tokens",
+                lambda: save_size(data("resume.json"), "Llama-2-70B", 1024, "float16"),
+            ),
+        ),
         cpu_times=True,
     ),
     # written by a whole `make test` run only (tests/timing.py): indexed once real numbers are committed

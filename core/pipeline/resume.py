@@ -46,22 +46,22 @@ STATE = "state.pt"
 
 def fingerprint(ctx: RunContext, plan: Plan, calibration: tuple[CalibrationBatch, CalibrationBatch]) -> dict[str, Any]:
     """What made a checkpoint, each part a sha256: a resumed run must match every part."""
+    layers = [[lp.heads, lp.kv_heads, lp.neurons.tolist()] for lp in plan.layers]
+    return made_by(ctx.recipe, calibration) | {"plan": _sha(json.dumps(layers))}
+
+
+def made_by(recipe, calibration: tuple[CalibrationBatch, CalibrationBatch]) -> dict[str, Any]:
+    """The parts of a fingerprint known before any plan: the format, the code, the recipe, the windows."""
     windows = hashlib.sha256()
     for batch in calibration:
         for t in (batch.input_ids, batch.attention_mask):
             if t is not None:
                 windows.update(t.detach().cpu().contiguous().numpy().tobytes())
-    layers = [[lp.heads, lp.kv_heads, lp.neurons.tolist()] for lp in plan.layers]
-    return {
-        "format": FORMAT,
-        "code": code_version(),
-        "recipe": _sha(ctx.recipe.to_yaml()),
-        "calibration": windows.hexdigest(),
-        "plan": _sha(json.dumps(layers)),
-    }
+    recipe_sha = _sha(recipe.to_yaml())
+    return {"format": FORMAT, "code": code_version(), "recipe": recipe_sha, "calibration": windows.hexdigest()}
 
 
-_WHAT = {
+WHAT = {
     "format": "another checkpoint format",
     "code": "another code version",
     "recipe": "another recipe",
@@ -122,7 +122,7 @@ class Checkpointer:
         return start, realised, state["layout"]
 
     def _check(self, manifest: dict) -> None:
-        for part, what in _WHAT.items():
+        for part, what in WHAT.items():
             if manifest.get("made", {}).get(part) != self.made[part]:
                 raise CheckpointError(f"it was made by {what}")
         if manifest.get("blocks") != self.n or not 0 < int(manifest.get("next_block", 0)) < self.n:

@@ -28,6 +28,9 @@ least held-aside loss.
 
 Only the best prune so far and the one being measured are held in memory beside the dense model.
 
+With ``checkpoints`` a stopped target run resumes (``core/pipeline/target_resume.py``): the table and
+the finished prunes are kept, the prune under way goes on at its block boundary.
+
 ZipLM and ModelOpt's FastNAS pick structures against a latency table too, but search over retrained
 candidates; here every candidate is a retraining-free prune of a few seconds to minutes.
 """
@@ -35,6 +38,8 @@ candidates; here every candidate is a retraining-free prune of a few seconds to 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import itertools
 import logging
 import statistics
 from collections.abc import Iterator
@@ -45,8 +50,10 @@ import torch
 from core.data.calibration import calibration_batches
 from core.depth.select import held_loss
 from core.evaluation.latency import LatencyTable, interleaved_seconds, measure_table
+from core.pipeline.checkpoint import CheckpointError
 from core.pipeline.depth import split_held
 from core.pipeline.preflight import MIN_WIDTH_RATIO, TARGET_MAX_DEPTH, TARGET_MAX_WIDTH, check_model_fit
+from core.pipeline.target_resume import TargetSaves
 from core.spec.recipe import Recipe
 
 logger = logging.getLogger(__name__)
@@ -177,21 +184,28 @@ def better(row: dict[str, Any], best: dict[str, Any] | None, speedup: float) -> 
 
 
 def candidate_results(
-    recipe: Recipe, source: Any, table: LatencyTable, run: Any, prune_fn, rounds: int = ROUNDS
+    recipe: Recipe, source: Any, table: LatencyTable, run: Any, prune_fn, rounds: int = ROUNDS, saves=None
 ) -> Iterator[tuple[dict[str, Any], Any]]:
     """Each candidate pruned in full on a copy of ``source.model`` (the same calibration for all), and
     once or twice more if it falls short (steps 3–4): ``(row, result)`` for every prune, a correction
     right after the prune it corrects. A row holds the blocks, width, ratio, predicted speed-up,
     held-aside loss, the fields of :func:`timed`, and ``corrected`` (with the ``aim`` the table was
-    given if true, and ``interpolated`` for a second correction, whose aim is the target)."""
+    given if true, and ``interpolated`` for a second correction, whose aim is the target).
+    ``saves``: a resumed run's :class:`~core.pipeline.target_resume.TargetSaves`; a prune an earlier
+    attempt finished is its recorded row with no result, and each prune's block loop saves into it."""
     fit, held = run.calibration or calibration_batches(recipe.calibration, source.tokenizer, source.adapter.kind)
     held_batches = split_held(held, fit, recipe.calibration.batch_size)
     options = {"calibration": (fit, held), "progress": run.progress, "show_progress": run.show_progress}
     speedup, workload = recipe.target.speedup, recipe.target.workload
+    count = itertools.count()
 
     def attempt(d: int, w: float) -> tuple[dict[str, Any], Any]:
+        index = next(count)
+        if saves is not None and (row := saves.recorded(index)) is not None:
+            return row, None
         cand = concrete(recipe, d, w, table.layers)
-        result = prune_fn(cand, model=copy.deepcopy(source.model), tokenizer=source.tokenizer, **options)
+        own = {} if saves is None else {"checkpoints": saves.for_prune(index)}
+        result = prune_fn(cand, model=copy.deepcopy(source.model), tokenizer=source.tokenizer, **options, **own)
         loss = held_loss(result.model, result.adapter, held_batches)
         row = {"blocks": d, "width": round(w, 4), "ratio": cand.ratio, "predicted": table.speedup(d, w), "loss": loss}
         return row | timed(source.model, result.model, workload, rounds), result
@@ -217,20 +231,48 @@ def prune_to_speed(recipe: Recipe, source: Any, run: Any, prune_fn) -> Any:
     """Run a speed-target recipe (module docstring) on ``source`` (the whole model in memory, as
     ``sequential.MemorySource`` loads it); ``prune_fn`` is :func:`core.prune` for one concrete
     candidate. Returns the kept prune's result, the target, the table and every prune in its metrics."""
-    model = source.model
-    check_model_fit(recipe, model.config)  # the submit-time checks, the bound on the speed-up among them
-    report = run.report
-    report("latency", 0, 1)
-    table = measure_table(model, recipe.target.workload)
-    report("latency", 1, 1)
+    check_model_fit(recipe, source.model.config)  # the submit-time checks, the bound on the speed-up among them
+    if run.checkpoints is None:
+        return _search(recipe, source, run, prune_fn, None)
+    calibration = run.calibration or calibration_batches(recipe.calibration, source.tokenizer, source.adapter.kind)
+    run = dataclasses.replace(run, calibration=calibration)
+    saves = TargetSaves(run.checkpoints, recipe, calibration)
+    try:
+        saves.resume()
+        result = _search(recipe, source, run, prune_fn, saves)
+    finally:
+        saves.close()
+    for key in ("checkpoint_saves", "checkpoint_seconds", "checkpoint_state_bytes"):  # the kept prune's own
+        result.metrics.pop(key, None)
+    result.metrics.update(saves.metrics)  # the whole run's saves (this attempt's), not the kept prune's alone
+    return result
+
+
+def _search(recipe: Recipe, source: Any, run: Any, prune_fn, saves: TargetSaves | None) -> Any:
+    """Steps 1–5 of the module docstring, the table and finished prunes taken from ``saves`` where
+    an earlier attempt left them."""
+    report, table = run.report, None if saves is None else saves.table
+    if table is None:
+        report("latency", 0, 1)
+        table = measure_table(source.model, recipe.target.workload)
+        report("latency", 1, 1)
+        if saves is not None:
+            saves.measured(table)
     speedup = recipe.target.speedup
     best, rows = None, []
-    for row, result in candidate_results(recipe, source, table, run, prune_fn):
+    for index, (row, result) in enumerate(candidate_results(recipe, source, table, run, prune_fn, saves=saves)):
         rows.append(row)
-        if better(row, best[0] if best else None, speedup):
-            best = (row, result)
+        is_best = better(row, best[0] if best else None, speedup)
+        if is_best:
+            best = (row, result, index)
+        if saves is not None and result is not None:  # pruned by this attempt
+            saves.finished(index, row, result, is_best)
         del result
-    row, result = best
+    row, result, index = best
+    if result is None:  # pruned by an earlier attempt
+        if saves is None or saves.best != index:
+            raise CheckpointError("the checkpoint's kept prune is not the one its rows choose")
+        result = saves.best_result(source)
     for other in rows:
         other["kept"] = other is row
     if not reaches(row, speedup):

@@ -39,15 +39,16 @@ def _log(service: JobService, job_id: int) -> str:
     return "\n".join(line["message"] for line in service.show(job_id)["log"])
 
 
-def _stopping_at(monkeypatch, stop):
-    """The first attempt's progress callback calls ``stop()`` when block ``STOP_AT`` starts."""
+def _stopping_at(monkeypatch, stop, once=True):
+    """The first attempt's progress callback calls ``stop()`` when block ``STOP_AT`` starts (the first
+    time, or every time unless ``once``)."""
     real, calls = jobs.tasks._progress_callback, []
 
     def wrapped(sf, job_id, token, *args):
         progress = real(sf, job_id, token, *args)
 
         def hook(stage, done, total):
-            if token == 1 and stage == "reconstruct" and done == STOP_AT and not calls:
+            if token == 1 and stage == "reconstruct" and done == STOP_AT and not (calls and once):
                 calls.append(done)
                 stop()
             progress(stage, done, total)
@@ -142,3 +143,41 @@ def test_a_bad_duration_setting_is_refused_in_one_sentence(monkeypatch, tmp_path
         Settings.from_env()
     monkeypatch.setenv(name, "0")
     assert getattr(Settings.from_env(), name.removeprefix("LIAR_").lower()) == 0
+
+
+@pytest.mark.slow
+def test_a_requeued_speed_target_job_goes_on_with_its_finished_prunes(service, job_models, monkeypatch):
+    from core.evaluation.latency import LatencyTable
+    from core.pipeline import target as target_mod
+
+    table = LatencyTable("decode_b1", 8, [0.0, 0.3, 0.6], [1.0] * 3, [1.0, 0.8, 0.5], "cpu")
+    monkeypatch.setattr(target_mod, "measure_table", lambda model, workload: table)
+
+    def seconds(models, workload, rounds):  # a function of the pruned model: both jobs time alike
+        dense, pruned = (sum(p.numel() for p in models[k].model.layers.parameters()) for k in ("dense", "pruned"))
+        return {"dense": [1.0], "pruned": [(pruned / dense) ** 0.4]}  # short of the table: corrected
+
+    monkeypatch.setattr(target_mod, "interleaved_seconds", seconds)
+    target = {"speedup": 1.4, "candidates": 1, "depth": False}  # width only, then its corrections
+    r = recipe(job_models, "deep", ratio=None, target=target, criterion={"name": "magnitude"})
+    whole = service.submit(r)
+    assert execute(whole, service.settings) == "SUCCEEDED", service.show(whole)["error"]
+
+    job = service.submit(r)
+    prunes = []
+
+    def lose_the_connection_in_the_second_prune():  # the first prune finished and was saved
+        prunes.append(1)
+        if len(prunes) == 2:
+            raise ConnectionError("connection to the database lost")
+
+    _stopping_at(monkeypatch, lose_the_connection_in_the_second_prune, once=False)
+    with pytest.raises(ConnectionError):
+        execute(job, service.settings)
+    assert service.show(job)["status"] == Status.QUEUED.value
+    assert execute(job, service.settings) == "SUCCEEDED", service.show(job)["error"]
+    log = _log(service, job)
+    assert "checkpoint saved after candidate prune 1 (" in log
+    assert "speed target resumed: the latency table and 1 finished prunes kept from attempt 1; prune 2 goes on" in log
+    assert _weights(service, job) == _weights(service, whole)
+    assert service.show(job)["metrics"]["resumed_prunes_kept"] == 1
