@@ -333,6 +333,28 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint_verbs(jsub) -> tuple:
+    """``liar jobs reevaluate`` and ``liar jobs export``: a succeeded job's checkpoint used again."""
+    e = jsub.add_parser("reevaluate", help="run a succeeded job's evaluations again on its checkpoint, without pruning")
+    e.add_argument("id", type=int)
+    e.add_argument(
+        "--evaluations",
+        help="'all', or numbers as the job's log gives them (1,3); default: the ones that failed (all if none did)",
+    )
+    e.set_defaults(func=cmd_reevaluate)
+    ex = jsub.add_parser("export", help="write a succeeded job's checkpoint in a serving form, without pruning")
+    ex.add_argument("id", type=int)
+    ex.add_argument(
+        "--form",
+        action="append",
+        required=True,
+        help="a serving form (repeat for several): gguf-f16, gguf-q8_0, gguf-q5_k_m, gguf-q4_k_m, gguf-q3_k_m, "
+        "gguf-iq3_xxs, gguf-iq2_m or vllm",
+    )
+    ex.set_defaults(func=cmd_export)
+    return e, ex
+
+
 def register(sub) -> None:
     """Add ``worker``, ``jobs`` and ``db`` (with their subcommands) to the ``liar`` subcommands."""
     d = sub.add_parser("db", help="the jobs database")
@@ -395,23 +417,7 @@ def register(sub) -> None:
     r = jsub.add_parser("rerun", help="submit a job's recipe again, as a new job")
     r.add_argument("id", type=int)
     r.set_defaults(func=cmd_rerun)
-    e = jsub.add_parser("reevaluate", help="run a succeeded job's evaluations again on its checkpoint, without pruning")
-    e.add_argument("id", type=int)
-    e.add_argument(
-        "--evaluations",
-        help="'all', or numbers as the job's log gives them (1,3); default: the ones that failed (all if none did)",
-    )
-    e.set_defaults(func=cmd_reevaluate)
-    ex = jsub.add_parser("export", help="write a succeeded job's checkpoint in a serving form, without pruning")
-    ex.add_argument("id", type=int)
-    ex.add_argument(
-        "--form",
-        action="append",
-        required=True,
-        help="a serving form (repeat for several): gguf-f16, gguf-q8_0, gguf-q5_k_m, gguf-q4_k_m, gguf-q3_k_m, "
-        "gguf-iq3_xxs, gguf-iq2_m or vllm",
-    )
-    ex.set_defaults(func=cmd_export)
+    e, ex = _checkpoint_verbs(jsub)
     for verb in (s, ls, sh, c, d, r, e, ex):
         verb.add_argument(
             "--server",
