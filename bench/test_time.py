@@ -28,8 +28,10 @@ def render(r: dict) -> str:
         f"Measured {r['date']} on {r['machine']}, Python {r['python']}. Produced by "
         "`make test TEST_TIME=docs/results/test_time.json` and `python bench/test_time.py`.",
         "",
-        f"`make test`'s tests: {minutes(r['wall_seconds'])} wall{ci}. Targets: {TARGETS}.",
-        "A test counts once, under the first of deploy, browser, integration, slow it carries.",
+        f"`make test`'s tests: {minutes(r['wall_seconds'])} wall in {r.get('processes', 1)} processes{ci}. "
+        f"Targets: {TARGETS}.",
+        "A test counts once, under the first of deploy, browser, integration, slow it carries; the seconds are "
+        "each test's own, so with several processes they add up to more than the wall time.",
         "",
         "| marker | tests | seconds | share |",
         "|---|---:|---:|---:|",
