@@ -335,3 +335,21 @@ def test_an_i_quant_export_is_refused_where_the_calibration_text_is_gone(job_ser
     ), error
     assert "\n" not in error and "Traceback" not in error and "/" not in error.replace("texts/cal.txt", "")
     assert job_service.show(job_id)["artifacts"] == []
+
+
+def test_a_recipes_own_i_quant_is_weighted_over_its_calibration_file(job_service, bpe_dir, corpus):
+    """A recipe's ``export`` writes into the checkpoint with the same writer; the checkpoint's recipe.yaml
+    names the calibration file as users do (``texts/cal.txt``), so the worker gathers over the file it
+    resolved, not over that name."""
+    cal, _ = _texts(job_service, corpus)
+    calibration = {"dataset": cal, "num_calibration_samples": 8, "max_seq_length": 24}
+    recipe = {"model": str(bpe_dir), "ratio": 0.3, "calibration": calibration, "export": ["gguf-iq2_m"]}
+    job_id = job_service.submit(recipe, "bob")
+    assert execute(job_id, job_service.settings) == "SUCCEEDED", job_service.show(job_id)["error"]
+    info = job_service.show(job_id)
+    assert info["metrics"]["export_written"] == 1, [x["message"] for x in info["log"]]
+    assert "calibration:\n  dataset: texts/cal.txt" in (job_service.artifact(job_id) / "recipe.yaml").read_text()
+    said = "quantized with an importance matrix from 8 windows of 24 tokens of cal.txt"
+    assert any(x["message"].startswith("export gguf-iq2_m: ") and said in x["message"] for x in info["log"])
+    names = {f["name"] for f in job_service.downloads(job_id)}
+    assert {"imatrix.gguf", "checkpoint-iq2_m.gguf"} <= names
