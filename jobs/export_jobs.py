@@ -9,10 +9,13 @@ fenced attempts, heartbeats, cancel, the log, re-run and delete work as for any 
 queue its source ran on.
 
 Its files are its own: ``artifacts/job-M/attempt-K/export/`` holds one GGUF file per GGUF form
-(``liar-job-N-<quant>.gguf``), the vLLM form's ``vllm/`` folder, a short model card and a
-``SHA256SUMS``; they are rows of kind ``file`` beside a row of kind ``export`` (not ``checkpoint``:
-an export is no checkpoint to prune or evaluate again), so the Model page and the API list and serve
-them, with their sha256, exactly as a checkpoint's.
+(``liar-job-N-<quant>.gguf``, written by ``core.serving.write_form`` as a recipe's export is), the
+importance matrix its quantized forms were weighted by (``imatrix.gguf``: gathered once, here rather
+than in the source's checkpoint, whose listed files other jobs read), the vLLM form's ``vllm/``
+folder, a short model card (each file's held-out perplexity where the source evaluated one:
+``jobs.export_quality``) and a ``SHA256SUMS``; they are rows of kind ``file`` beside a row of kind
+``export`` (not ``checkpoint``: an export is no checkpoint to prune or evaluate again), so the Model
+page and the API list and serve them, with their sha256, exactly as a checkpoint's.
 
 Which forms a checkpoint can take is the exporter's own decision (``core.serving``: the family, the
 rotary scaling and the tokenizer for GGUF, through llama.cpp's architectures; vLLM's DeciLM form
