@@ -4,8 +4,8 @@ on the windows a prune's own perplexity evaluation scored.
 The windows are ``core.evaluation.perplexity``'s (the checkpoint's tokenizer over the evaluation
 text, consecutive windows of ``seq_len`` tokens), handed to llama.cpp as token ids (the worker's
 ``nll`` op, from llama.cpp's logits), so a file's perplexity and the checkpoint's own are over the same
-tokens. llama.cpp on a CPU scores a few hundred tokens a second on a 7B model, so a file is scored on
-at most :data:`EVAL_TOKENS` tokens: the first windows of the evaluation, which :class:`Windows` says.
+tokens. Scoring runs a forward pass of the file per window on the worker, so a file is scored on at
+most :data:`EVAL_TOKENS` tokens: the first windows of the evaluation, which :class:`Windows` says.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-EVAL_TOKENS = 16_384  # tokens scored per file at most (32 windows of 512): minutes for a 7B file on a CPU
+EVAL_TOKENS = 16_384  # tokens scored per file at most (32 windows of 512; not yet timed on a large model)
 
 
 @dataclass(frozen=True)
