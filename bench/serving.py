@@ -148,9 +148,9 @@ def tensor_bytes(path: Path) -> dict:
 
 def eval_windows(tokenizer, config) -> list[list[int]]:
     """The token ids of the evaluation windows, exactly as ``core.perplexity`` draws them."""
-    from core.evaluation.perplexity import _windows
+    from core.evaluation.perplexity import eval_windows as windows
 
-    return _windows(config, tokenizer, str(wikipedia_split()[1]), SEQ_LEN, WINDOWS).tolist()
+    return windows(config, tokenizer, str(wikipedia_split()[1]), SEQ_LEN, WINDOWS)
 
 
 def llama_cpp_version() -> str:

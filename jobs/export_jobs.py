@@ -9,10 +9,13 @@ fenced attempts, heartbeats, cancel, the log, re-run and delete work as for any 
 queue its source ran on.
 
 Its files are its own: ``artifacts/job-M/attempt-K/export/`` holds one GGUF file per GGUF form
-(``liar-job-N-<quant>.gguf``), the vLLM form's ``vllm/`` folder, a short model card and a
-``SHA256SUMS``; they are rows of kind ``file`` beside a row of kind ``export`` (not ``checkpoint``:
-an export is no checkpoint to prune or evaluate again), so the Model page and the API list and serve
-them, with their sha256, exactly as a checkpoint's.
+(``liar-job-N-<quant>.gguf``, written by ``core.serving.write_form`` as a recipe's export is), the
+importance matrix its quantized forms were weighted by (``imatrix.gguf``: gathered once, here rather
+than in the source's checkpoint, whose listed files other jobs read), the vLLM form's ``vllm/``
+folder, a short model card (each file's held-out perplexity where the source evaluated one:
+``jobs.export_quality``) and a ``SHA256SUMS``; they are rows of kind ``file`` beside a row of kind
+``export`` (not ``checkpoint``: an export is no checkpoint to prune or evaluate again), so the Model
+page and the API list and serve them, with their sha256, exactly as a checkpoint's.
 
 Which forms a checkpoint can take is the exporter's own decision (``core.serving``: the family, the
 rotary scaling and the tokenizer for GGUF, through llama.cpp's architectures; vLLM's DeciLM form
@@ -38,6 +41,15 @@ from core.spec.recipe import EXPORT_FORMATS
 from jobs.access import OPEN, Actor, Forbidden, NotNow, public_text, require_owner
 from jobs.artifacts import checkpoint_files, job_dir, publish, remove_earlier_attempts
 from jobs.db import Artifact, Job, Status, retry_on_disconnect
+from jobs.export_quality import (
+    EVAL_WINDOWS,
+    REFERENCE_BYTES,
+    REFERENCE_PERPLEXITY,
+    Quality,
+    Source,
+    form_rows,
+    read_source,
+)
 from jobs.exporting import ExportRefused
 from jobs.fencing import add_metrics, fenced, job_log, mark_succeeded
 from jobs.references import job_reference, local_checkpoint
@@ -225,28 +237,90 @@ def listing(service, job_id: int, actor: Actor = OPEN) -> list[dict[str, Any]]:
 # --- on the worker -------------------------------------------------------------------------------
 
 
-def _write(checkpoint: Path, folder: Path, form: str, source: int) -> Path:
-    """One form from ``checkpoint`` into ``folder`` (``core.serving``'s writers)."""
-    from core.serving.gguf_export import export_gguf
-    from core.serving.vllm_form import export_vllm
+def _write(checkpoint: Path, folder: Path, form: str, source: int, matrices, log: Callable[[str], None]):
+    """One form from ``checkpoint`` into ``folder`` (``core.serving.write_form``, the writer a recipe's
+    ``export`` uses), its quantized forms weighted by ``matrices``; its ``core.serving.Written``."""
+    from core.serving import write_form
 
-    if form == "vllm":
-        return export_vllm(checkpoint, folder / "vllm", overwrite=True, verify=False)
-    quant = GGUF_QUANT[form]
-    out = folder / f"liar-job-{source}-{quant}.gguf"
-    return export_gguf(checkpoint, out, quant=quant, threads=len(os.sched_getaffinity(0)), verify=False)
+    quant = GGUF_QUANT.get(form)
+    out = folder / "vllm" if form == "vllm" else folder / f"liar-job-{source}-{quant}.gguf"
+    return write_form(checkpoint, form, out, threads=len(os.sched_getaffinity(0)), log=log, matrices=matrices)
 
 
-def _card(folder: Path, source: int, forms: list[str]) -> None:
-    """A short model card: what the files are, and the command that serves each (``core.serving.card``)."""
-    from core.serving.card import list_forms
+def _card(folder: Path, source: int, forms: list[str], quality: Quality) -> None:
+    """A short model card: what the files are, how much each loses where it was measured, and the
+    command that serves each (``core.serving.card``)."""
+    from core.serving.card import IMATRIX, list_forms
 
-    (folder / "README.md").write_text(
+    text = (
         f"# Job {source}'s checkpoint for serving\n\nExported after the fact as {', '.join(forms)}; the "
         f"weights are those of job {source}'s checkpoint, nothing pruned again. `sha256sum -c SHA256SUMS` "
         "checks a download.\n"
     )
+    if (folder / IMATRIX).is_file():
+        text += (
+            f"\nThe quantized files were weighted by `{IMATRIX}`, the importance matrix of job {source}'s "
+            f"calibration text: `llama-quantize --imatrix {IMATRIX}` quantizes the checkpoint to another type.\n"
+        )
+    m = quality.metrics
+    rows = [(form, row["bytes"], row["perplexity"]) for form, row in form_rows(m).items() if "perplexity" in row]
+    if rows:
+        if REFERENCE_PERPLEXITY in m:
+            rows.insert(0, (f"job {source}'s checkpoint (torch)", m[REFERENCE_BYTES], m[REFERENCE_PERPLEXITY]))
+        text += f"\n## Held-out perplexity (llama.cpp, {m[EVAL_WINDOWS]:.0f} windows)\n\n| form | MiB | perplexity |\n"
+        text += "|---|---:|---:|\n" + "".join(f"| {f} | {b / 2**20:,.1f} | {p:.4g} |\n" for f, b, p in rows)
+    (folder / "README.md").write_text(text)
     list_forms(folder)
+
+
+def _write_all(
+    sf, job_id: int, token: int, checkpoint: Path, folder: Path, forms: list[str], source: Source, progress: Callable
+) -> Quality:
+    """Every form written into ``folder`` and scored (:class:`jobs.export_quality.Quality`); the
+    quantized forms share one importance matrix, gathered into ``folder`` (the checkpoint is the source
+    job's, its files listed with their sha256: nothing is added to it) and shipped as one of the
+    export's files."""
+    from core.serving import ExportError, Matrices, verify_checkpoint
+    from core.serving.card import IMATRIX
+    from core.serving.engines import EngineError
+
+    def log(form: str) -> Callable[[str], None]:
+        return lambda line: job_log(sf, job_id, token, f"export {form}: {line}")
+
+    matrices = Matrices(checkpoint, text=source.calibration, folder=folder, hint=None)
+    quality = Quality(sf, job_id, token, source, checkpoint, threads=len(os.sched_getaffinity(0)))
+    try:
+        verify_checkpoint(checkpoint)
+        _matrix_first(matrices, forms, source.id)
+        quality.prepare()
+        for i, form in enumerate(forms):
+            progress("export", i, len(forms))
+            written = _write(checkpoint, folder, form, source.id, matrices, log(form))
+            job_log(sf, job_id, token, f"export {form}: {written.path.name} ({written.size / 2**20:,.1f} MiB)")
+            quality.score(written)
+    except (ExportError, EngineError) as exc:
+        raise ExportRefused(f"export of job {source.id}'s checkpoint failed: {exc}") from None
+    if matrices.gathered is not None:
+        job_log(sf, job_id, token, f"{IMATRIX}: the importance matrix the quantized files were made with")
+    return quality
+
+
+def _matrix_first(matrices, forms: list[str], source: int) -> None:
+    """The importance matrix gathered before any file is written where a form cannot go without one (an
+    i-quant); :class:`ExportRefused` in one sentence where it cannot be."""
+    from core.serving import ExportError
+    from core.serving.imatrix import NEEDS_IMATRIX
+
+    needs = [f for f in forms if GGUF_QUANT.get(f) in NEEDS_IMATRIX]
+    if not needs:
+        return
+    try:
+        matrices.resolve(GGUF_QUANT[needs[0]])
+    except ExportError as exc:
+        raise ExportRefused(
+            f"export {needs[0]} refused before anything was written: it needs an importance matrix, gathered "
+            f"over job {source}'s calibration text, and {exc}"
+        ) from None
 
 
 def run(
@@ -262,15 +336,14 @@ def run(
 ) -> bool:
     """Attempt ``token`` at export-only job ``job_id`` (``jobs.tasks``, in place of the prune): every
     form checked with this worker's engines before anything is written (:class:`ExportRefused`, one
-    sentence), then written into ``out_dir/export``, hashed, sent to the store and recorded; False if a
-    cancel arrived meanwhile. ``recipe["model"]`` is the source's checkpoint on this host."""
-    from core.serving import ExportError, verify_checkpoint
-    from core.serving.engines import EngineError
-
+    sentence), then written into ``out_dir/export`` (:func:`_write_all`: each GGUF file scored where
+    the source job evaluated perplexity), hashed, sent to the store and recorded; False if a cancel
+    arrived meanwhile. ``recipe["model"]`` is the source's checkpoint on this host."""
     checkpoint, forms = Path(recipe["model"]), list(recipe["export"])
     with sf() as s:
-        source = job_reference(s.get(Job, job_id).recipe["model"])
-    job_log(sf, job_id, token, f"started on {worker}: job {source}'s checkpoint as {', '.join(forms)}, no pruning")
+        source = read_source(s, job_reference(s.get(Job, job_id).recipe["model"]), settings)
+    said = f"job {source.id}'s checkpoint as {', '.join(forms)}, no pruning"
+    job_log(sf, job_id, token, f"started on {worker}: {said}")
     for form in forms:
         why = problem(checkpoint, form, engines=True)
         if why is not None:
@@ -279,20 +352,14 @@ def run(
         shutil.rmtree(out_dir)
     folder = out_dir / FOLDER
     folder.mkdir(parents=True)
-    try:
-        verify_checkpoint(checkpoint)
-        for i, form in enumerate(forms):
-            progress("export", i, len(forms))
-            path = _write(checkpoint, folder, form, source)
-            job_log(sf, job_id, token, f"export {form}: {path.name}")
-    except (ExportError, EngineError) as exc:
-        raise ExportRefused(f"export of job {source}'s checkpoint failed: {exc}") from None
+    quality = _write_all(sf, job_id, token, checkpoint, folder, forms, source, progress)
     progress("export", len(forms), len(forms))
-    _card(folder, source, forms)
+    _card(folder, source.id, forms, quality)
     files, _ = checkpoint_files(folder)
     store = settings.store()
     key = publish(store, settings.data_dir, folder, files, lambda done, total: progress("upload", done, total))
-    if not retry_on_disconnect(lambda: _record(sf, job_id, token, key, files, len(forms), clock)):
+    metrics = {"export_written": len(forms), **quality.metrics}
+    if not retry_on_disconnect(lambda: _record(sf, job_id, token, key, files, metrics, clock)):
         return False
     if not store.in_place(settings.data_dir):  # this host's copy: the store has the files
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -302,15 +369,15 @@ def run(
     return True
 
 
-def _record(sf, job_id: int, token: int, key: str, files: list, written: int, clock: StageClock) -> bool:
+def _record(sf, job_id: int, token: int, key: str, files: list, metrics: dict, clock: StageClock) -> bool:
     """Attempt ``token``'s success in one fenced transaction: the files' rows (the folder's, kind
-    ``export``, then one per file), the forms written, and SUCCEEDED; False, writing nothing, if a
-    cancel arrived meanwhile."""
+    ``export``, then one per file), its metrics (the forms written, each file's row:
+    ``jobs.export_quality``), and SUCCEEDED; False, writing nothing, if a cancel arrived meanwhile."""
     size = sum(f.size for f in files)
     with fenced(sf, job_id, token) as s:
         if s.scalar(select(Job.cancel_requested).where(Job.id == job_id)):
             return False
-        add_metrics(s, job_id, {"export_written": written, "export_bytes": size})
+        add_metrics(s, job_id, {**metrics, "export_bytes": size})
         s.add(Artifact(job_id=job_id, kind=KIND, path=key, size=size, sha256=None))
         s.add_all(
             Artifact(job_id=job_id, kind="file", name=f.name, path=f"{key}/{f.name}", size=f.size, sha256=f.sha256)

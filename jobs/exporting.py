@@ -70,7 +70,8 @@ def export(
             raise
         raise DiskFull(no_space_message(exc, folder)) from exc
     if forms:
-        serving_files(sf, job_id, token, checkpoint, forms, progress, metrics)
+        text = calibration_file(result.recipe.calibration.dataset)
+        serving_files(sf, job_id, token, checkpoint, forms, progress, metrics, text)
     try:
         files, hashed = checkpoint_files(checkpoint)
     except Exception as exc:
@@ -82,26 +83,44 @@ def export(
     return checkpoint, files
 
 
+def calibration_file(dataset: str | None) -> str | None:
+    """The calibration text's file on this host, where the recipe (as the worker resolved it) names
+    one: the importance matrix is gathered over it. The checkpoint's ``recipe.yaml`` names the file as
+    users do (``texts/NAME``, ``jobs.names``), which no folder here is called."""
+    return dataset if dataset and Path(dataset).is_absolute() and Path(dataset).is_file() else None
+
+
 def serving_files(
-    sf, job_id: int, token: int, checkpoint: Path, forms: list[str], progress: Callable, metrics: dict[str, Any]
+    sf,
+    job_id: int,
+    token: int,
+    checkpoint: Path,
+    forms: list[str],
+    progress: Callable,
+    metrics: dict[str, Any],
+    text: str | None = None,
 ) -> None:
-    """Write each serving form into the saved checkpoint (``core.serving.export``: inside it, listed in
+    """Write each serving form into the saved checkpoint (``core.serving.write_form``: inside it, listed in
     its SHA256SUMS and model card), one step of the ``export`` stage each (step 0 saved the
     checkpoint). A form that fails costs neither the checkpoint nor the job: a WARNING line names the
     form and the reason, and the metrics count the forms written (``export_written``) and failed
-    (``export_failed``)."""
-    from core.serving import export
+    (``export_failed``). The quantized forms share one importance matrix, gathered by the first that
+    wants it (``core.serving.Matrices``) over the calibration text (``text``: that file on this host)."""
+    from core.serving import Matrices, verify_checkpoint, write_form
 
     written = failed = 0
+    matrices = Matrices(checkpoint, text=text, hint=None)
     for i, form in enumerate(forms, start=1):
         progress("export", i, 1 + len(forms))
         try:
-            (path,) = export(
+            verify_checkpoint(checkpoint)  # each form checks the weights; hashed once (core.serving.card)
+            path = write_form(
                 checkpoint,
-                [form],
+                form,
                 threads=len(os.sched_getaffinity(0)),
                 log=lambda line, form=form: job_log(sf, job_id, token, f"export {form}: {line}"),
-            )
+                matrices=matrices,
+            ).path
         except Exception as exc:  # ExportError, llama.cpp's EngineError, a full disk: the prune stands
             failed += 1
             reason = public_message(exc)

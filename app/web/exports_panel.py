@@ -1,7 +1,8 @@
-"""The Model page's "Serving forms" panel: which forms a finished job's checkpoint can take (GGUF f16 /
-q8_0 / q4_k_m for llama.cpp, vLLM's DeciLM form), why not where it cannot, a button that queues an
-export-only job for the chosen ones (``jobs.export_jobs``), and each export job's files with their
-size and sha256, linked to the same download routes as a checkpoint's (``app.web.downloads``).
+"""The Model page's "Serving forms" panel: which forms a finished job's checkpoint can take (GGUF f16 …
+iq2_m for llama.cpp, vLLM's DeciLM form), why not where it cannot, a button that queues an
+export-only job for the chosen ones (``jobs.export_jobs``), each export job's files with their
+size and sha256, linked to the same download routes as a checkpoint's (``app.web.downloads``), and
+the exports' held-out perplexity against their size (``app.web.export_chart``).
 
 Also the named API endpoints ``/serving_forms`` (the forms and why not, as JSON) and ``/export_job``
 (queue one; returns ``{"id": N}``), under the rules of a download (``jobs.access``)."""
@@ -13,6 +14,8 @@ from typing import Any
 
 import gradio as gr
 
+from app.web import export_chart
+from app.web.dashboard import vega
 from app.web.downloads import file_url, tar_url
 from app.web.forms import shown
 from app.web.listings import size_text
@@ -45,28 +48,38 @@ def view(service: JobService, job_id: int | None, actor: Actor = OPEN) -> tuple[
     """The panel's text for the job on the page, and the forms it lets one export now as (label,
     form), from one look at the checkpoint: nothing for no job, or one without a finished checkpoint
     of its own; the restriction's sentence where ``actor`` may not download it."""
+    return panel(service, job_id, actor)[:2]
+
+
+def panel(
+    service: JobService, job_id: int | None, actor: Actor = OPEN
+) -> tuple[str, list[tuple[str, str]], dict[str, Any] | None, str]:
+    """:func:`view`'s text and forms, and the exports' chart (``app.web.export_chart``: its spec, None
+    where the job has no export job, and its caption)."""
     if job_id is None:
-        return "", []
+        return "", [], None, ""
     try:
         choices = export_jobs.choices(service, job_id, actor)
     except Forbidden:
-        return RESTRICTED, []
+        return RESTRICTED, [], None, ""
     except (KeyError, NotNow):
-        return "", []
+        return "", [], None, ""
     lines = [f"| {c.label} | `{c.form}` | {_state(c)} |" for c in choices]
     text = "### Serving forms\n\n| form | name | can this checkpoint take it? |\n|---|---|---|\n" + "\n".join(lines)
     text += (
         "\n\nEach export is a job of its own on this checkpoint (nothing is pruned again); a quantized GGUF "
         "needs llama.cpp on the worker, which checks before writing anything."
     )
-    for j in export_jobs.listing(service, job_id, actor):
+    exports = export_jobs.listing(service, job_id, actor)
+    for j in exports:
         head = f"#### Export job {j['id']} — {', '.join(j['forms'])} · {j['status']} · by {j['by'] or '–'}"
         body = f"**Error:** {j['error']}" if j["error"] else ""
         if j["files"]:
             whole = f"[⬇ all of it as one file — liar-job-{j['id']}.tar]({tar_url(j['id'])})"
             body = f"{whole}\n\n{_files_table(j['id'], j['files'])}"
         text += f"\n\n{head}" + (f"\n\n{body}" if body else "")
-    return text, [(c.label, c.form) for c in choices if c.offered]
+    chart, caption = export_chart.view(service, job_id, exports)
+    return text, [(c.label, c.form) for c in choices if c.offered], chart, caption
 
 
 def markdown(service: JobService, job_id: int | None, actor: Actor = OPEN) -> str:
@@ -93,7 +106,9 @@ def build(service: JobService, login, page_id) -> None:
     """The panel on the Model page, refreshed whenever the page's job changes, and its API endpoints."""
     from app.web.views import job_id_of
 
-    panel = gr.Markdown(elem_id="model-exports")
+    text_box = gr.Markdown(elem_id="model-exports")
+    chart = gr.Plot(show_label=False, visible=False, elem_id="export-quality")
+    caption = gr.Markdown(elem_id="export-quality-caption")
     with gr.Row():
         forms = gr.CheckboxGroup([], label="Export as", elem_id="export-forms", scale=3)
         button = gr.Button("Export", elem_id="export-button", scale=1)
@@ -102,9 +117,11 @@ def build(service: JobService, login, page_id) -> None:
         again = gr.Button("↻ Refresh the exports", size="sm", scale=0, visible=False, elem_id="export-refresh")
 
     def show(job_id, request: gr.Request = None):
-        text, choices = view(service, job_id_of(job_id), login.actor(request))
+        text, choices, spec, said = panel(service, job_id_of(job_id), login.actor(request))
         return (
             text,
+            gr.update(value=vega(spec), visible=spec is not None),
+            said,
             gr.CheckboxGroup(choices, value=[], visible=bool(choices)),
             gr.Button(visible=bool(choices)),
             gr.Button(visible=bool(text) and text != RESTRICTED),
@@ -113,9 +130,9 @@ def build(service: JobService, login, page_id) -> None:
 
     def export(job_id, chosen, request: gr.Request = None):
         said = start(service, job_id_of(job_id), chosen, login.actor(request))
-        return (*show(job_id, request)[:4], said)
+        return (*show(job_id, request)[:6], said)
 
-    outputs = [panel, forms, button, again, status]
+    outputs = [text_box, chart, caption, forms, button, again, status]
     page_id.change(show, [page_id], outputs, api_name=False)
     button.click(export, [page_id, forms], outputs, api_name=False)
     again.click(show, [page_id], outputs, api_name=False)  # an export job's progress

@@ -56,8 +56,21 @@ METRIC_NAMES = {
     "depth_seconds": "block selection time (s)",
     "export_written": "serving files written",
     "export_failed": "serving files failed",
+    "export_bytes": "exported files (bytes)",
+    "export_eval_windows": "windows each file was scored on",
+    "export_eval_windows_total": "windows of the job's evaluation",
+    "export_eval_seq_len": "tokens per window",
+    "export_reference_perplexity": "perplexity of the checkpoint itself, same windows",
+    "export_reference_bytes": "the checkpoint's weights (bytes)",
     "cpu_matmul_onednn_gflops": "CPU products, oneDNN (GFLOP/s)",
     "cpu_matmul_blas_gflops": "CPU products, BLAS (GFLOP/s)",
+}
+
+# the fields of an export job's row per form, ``export.<form>.<field>`` (jobs.export_quality)
+EXPORT_FIELDS = {
+    "bytes": "file bytes",
+    "perplexity": "held-out perplexity (llama.cpp)",
+    "fallbacks": "tensors fallen back from its K/i type",
 }
 
 
@@ -93,6 +106,9 @@ def speedup_text(median: float | None, low: float | None = None, high: float | N
 def metric_name(key: str, metrics: Mapping[str, Any] | None = None) -> str:
     """What a reader calls metric ``key``: a speed-up names how many timings its median is of (from
     ``metrics``); an unknown key reads as words (``piqa.acc_norm`` → ``piqa acc norm``)."""
+    form, _, field = key.removeprefix("export.").rpartition(".")
+    if key.startswith("export.") and field in EXPORT_FIELDS:  # an export's row (jobs.export_quality)
+        return f"{form}: {EXPORT_FIELDS[field]}"
     name = METRIC_NAMES.get(key) or key.replace("_", " ").replace(".", " ")
     repeats = (metrics or {}).get(key + "_repeats") if key in SPEEDUPS else None
     return f"{name} (median of {int(repeats)})" if repeats else name

@@ -14,6 +14,7 @@ from jobs.timings import rows as timing_rows
 
 SERVING_SUFFIXES = (".gguf",)  # the files a recipe's export writes into the checkpoint
 VLLM_PREFIX = "vllm/"  # ... and the vLLM form's folder
+IMATRIX = "imatrix.gguf"  # ... and the importance matrix its quantized files were made with (core.serving.card)
 _EXPORT_FAILED = re.compile(r"export \S+ failed")  # the worker's warning for a form it could not write
 
 
@@ -85,6 +86,11 @@ def downloads_markdown(listing: dict[str, Any]) -> str:
     return f"### Download\n\n{whole}\n\n| file | size | sha256 |\n|---|---:|---|\n{table}"
 
 
+def _runs(name: str) -> str:
+    """What a serving file is for: the command that runs it, or, for the importance matrix, that quantizes."""
+    return f"the importance matrix · `llama-quantize --imatrix {name}`" if name == IMATRIX else f"`llama-cli -m {name}`"
+
+
 def serving_markdown(listing: dict[str, Any], log: list[dict[str, Any]] | None = None) -> str:
     """The model page's serving files (what a recipe's ``export`` wrote into the checkpoint: GGUF for
     llama.cpp and ollama, the vLLM folder), one link each with its size and the command that runs it, then each form
@@ -93,7 +99,7 @@ def serving_markdown(listing: dict[str, Any], log: list[dict[str, Any]] | None =
     failed = [x["message"] for x in log or [] if x["level"] == "WARNING" and _EXPORT_FAILED.match(x["message"])]
     if not files and not failed and not any(f["name"].startswith(VLLM_PREFIX) for f in listing["files"]):
         return ""
-    lines = [f"- [{f['name']}]({f['url']}) — {size_text(f['size'])} · `llama-cli -m {f['name']}`" for f in files]
+    lines = [f"- [{f['name']}]({f['url']}) — {size_text(f['size'])} · {_runs(f['name'])}" for f in files]
     vllm = [f for f in listing["files"] if f["kind"] == "file" and f["name"].startswith(VLLM_PREFIX)]
     if vllm:
         size = size_text(sum(f["size"] for f in vllm))

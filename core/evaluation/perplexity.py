@@ -77,6 +77,15 @@ def perplexity_streamed(
     return _summary(total_nll, windows)
 
 
+def eval_windows(
+    config, tokenizer, source: str | Path | list[str], seq_len: int = 512, max_windows: int | None = None
+) -> list[list[int]]:
+    """The token ids of the windows :func:`perplexity` scores (the same arguments), as lists: what an
+    engine of its own (llama.cpp, ``core.serving.quality``) is given to score the same tokens.
+    ``config``: anything with the model's ``max_position_embeddings`` (or without it: no limit)."""
+    return _windows(config, tokenizer, source, seq_len, max_windows).tolist()
+
+
 def _windows(config, tokenizer, source, seq_len: int, max_windows: int | None) -> torch.Tensor:
     limit = getattr(config, "max_position_embeddings", None)
     if seq_len < 2:

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.serving.card import VLLM_DIR, list_forms
-from core.serving.gguf_export import ExportError, check_exportable, export_gguf, plan, verify_checkpoint
+from core.serving.forms import GGUF_FORMATS, Written, write_form
+from core.serving.gguf_export import ExportError, check_exportable, plan, verify_checkpoint
 from core.serving.gguf_recipe import check_recipe_gguf
 from core.serving.imatrix import NEEDS_IMATRIX
-from core.serving.quantize import QUANTIZED, resolve_imatrix
+from core.serving.quantize import QUANTIZED, Matrices
 from core.spec.recipe import EXPORT_FORMATS, Recipe
 
-# form name → GGUF weight type; "vllm": vLLM's DeciLM form in the checkpoint's ``vllm/`` folder
+# form name → GGUF weight type (GGUF_FORMATS); "vllm": vLLM's DeciLM form in the checkpoint's ``vllm/`` folder
 FORMATS = EXPORT_FORMATS  # the names live in core.spec, which recipes validate with (torch-free)
-GGUF_FORMATS = {f: f.removeprefix("gguf-") for f in FORMATS if f.startswith("gguf-")}
 
 
 def _unknown(names: list[str]) -> None:
@@ -57,14 +56,11 @@ def preflight(model_dir: str | Path, formats: list[str], engines: bool = True, r
 
 
 def _has_calibration(directory: Path) -> bool:
-    """Whether the checkpoint names the calibration set an importance matrix is gathered over."""
-    from core.spec.recipe import Recipe
+    """Whether the checkpoint names the calibration set an importance matrix is gathered over (whether it
+    can be read here is the gathering's to say: a server's job names its texts as users do)."""
+    from core.serving.quantize import recipe_calibration
 
-    try:
-        calibration = Recipe.load(directory / "recipe.yaml").calibration
-    except (OSError, ValueError):
-        return False
-    return bool(calibration.dataset or calibration.texts)
+    return recipe_calibration(directory) is not None
 
 
 def preflight_model(
@@ -94,31 +90,28 @@ def check_recipe(recipe: Recipe) -> None:
 
 
 def export(checkpoint: str | Path, formats: list[str], threads: int = 2, log=print) -> list[Path]:
-    """Write each of ``formats`` inside ``checkpoint`` (listed in its card and ``SHA256SUMS``); the
-    weights are checked against ``SHA256SUMS`` once, before the first. The quantized GGUF forms are
-    weighted by an importance matrix from the checkpoint's calibration text where it can be read
-    (``quantize.resolve_imatrix``); ``log`` gets a line on that and on each tensor that fell back from
-    its K-quant type."""
-    from core.serving.quantize import describe_fallbacks, fallbacks, tensor_types
-    from core.serving.vllm_form import export_vllm
-
+    """Write each of ``formats`` inside ``checkpoint`` (listed in its card and ``SHA256SUMS``:
+    :func:`write_form`); the weights are checked against ``SHA256SUMS`` once, before the first. The
+    quantized GGUF forms are weighted by one importance matrix, gathered from the checkpoint's
+    calibration text where it can be read (``quantize.Matrices``); ``log`` gets a line on that and on
+    each tensor that fell back from its K-quant type."""
     _unknown(formats)
     checkpoint = Path(checkpoint).expanduser()
     if formats:
         verify_checkpoint(checkpoint)
-    written = []
-    for f in formats:
-        if f == "vllm":
-            written.append(export_vllm(checkpoint, checkpoint / VLLM_DIR, overwrite=True, verify=False))
-            list_forms(checkpoint)
-        else:
-            quant = GGUF_FORMATS[f]
-            matrix, said = resolve_imatrix(checkpoint, quant) if quant in QUANTIZED else (None, "")
-            path = export_gguf(checkpoint, quant=quant, threads=threads, verify=False, imatrix=matrix)
-            for line in ([said] if said else []) + describe_fallbacks(fallbacks(tensor_types(path), quant)):
-                log(f"{path.name}: {line}")
-            written.append(path)
-    return written
+    matrices = Matrices(checkpoint)
+    return [write_form(checkpoint, f, threads=threads, log=log, matrices=matrices).path for f in formats]
 
 
-__all__ = ["FORMATS", "ExportError", "check_recipe", "export", "preflight", "preflight_model"]
+__all__ = [
+    "FORMATS",
+    "GGUF_FORMATS",
+    "ExportError",
+    "Matrices",
+    "Written",
+    "check_recipe",
+    "export",
+    "preflight",
+    "preflight_model",
+    "write_form",
+]

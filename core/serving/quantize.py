@@ -116,59 +116,122 @@ def collect(checkpoint: str | Path, texts: list[str], calibration, dataset: str)
     return Imatrix(names, counts, [dataset], chunk_size=ids.shape[1], chunk_count=ids.shape[0])
 
 
-def imatrix_for(directory: Path, text: str | Path | None = None) -> tuple[Path, str]:
+def recipe_calibration(directory: Path) -> dict | None:
+    """The ``calibration`` mapping of the checkpoint's ``recipe.yaml``, as written (not validated: the
+    text it names may be a file of another machine, or a name a server gives its texts); None without one."""
+    import yaml
+
+    try:
+        recipe = yaml.safe_load((Path(directory) / "recipe.yaml").read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    section = recipe.get("calibration") if isinstance(recipe, dict) else None
+    return section if isinstance(section, dict) and (section.get("dataset") or section.get("texts")) else None
+
+
+def _hinted(message: str, hint: str | None) -> str:
+    return f"{message}: {hint}" if hint else message
+
+
+def imatrix_for(
+    directory: Path, text: str | Path | None = None, out: Path | None = None, hint: str | None = IMATRIX_HINT
+) -> tuple[Path, str]:
     """The importance matrix of the checkpoint in ``directory``, gathered over its recipe's calibration
     windows of its recipe's calibration text (``text``: of that file instead, with the recipe's window
-    settings or defaults), written as ``<checkpoint>/imatrix.gguf``; (path, what it was made from).
-    ``ExportError`` when neither a readable calibration text nor ``text`` is there."""
+    settings or defaults), written as ``out`` (default ``<checkpoint>/imatrix.gguf``); (path, what it was
+    made from). ``ExportError`` when neither a readable calibration text nor ``text`` is there, ending
+    with ``hint`` (what the caller can do about it; None: nothing said)."""
+    from pydantic import ValidationError
+
     from core.data.calibration import load_texts
     from core.serving import imatrix
-    from core.spec.recipe import CalibrationConfig, Recipe
+    from core.spec.errors import validation_message
+    from core.spec.recipe import NAMED_DATASETS, CalibrationConfig
 
-    recipe_file = directory / "recipe.yaml"
-    cfg = None
-    if recipe_file.is_file():
-        try:
-            cfg = Recipe.load(recipe_file).calibration
-        except (OSError, ValueError):
-            cfg = None
+    section = recipe_calibration(directory)
     if text is not None:
-        source = Path(text).expanduser()
-        if not source.is_file():
-            raise ExportError(f"the importance matrix's text {str(text)!r} is not a file")
-        base = cfg or CalibrationConfig(dataset=str(source))
-        cfg = base.model_copy(update={"dataset": str(source), "texts": None})
-    if cfg is None:
-        raise ExportError(f"{directory} has no recipe.yaml with a calibration set: {IMATRIX_HINT}")
+        section = {**(section or {}), "dataset": str(Path(text).expanduser()), "texts": None}
+    if not section:
+        raise ExportError(_hinted(f"{directory} has no recipe.yaml with a calibration set", hint))
+    dataset = section.get("dataset") if section.get("texts") is None else None
+    if dataset and dataset not in NAMED_DATASETS and not Path(dataset).expanduser().is_file():
+        said = str(text) if text is not None else dataset
+        raise ExportError(_hinted(f"the calibration text {said!r} is not a file on this machine", hint))
     try:
+        cfg = CalibrationConfig.model_validate(section)
         texts = load_texts(cfg)
+    except ValidationError as exc:
+        why = validation_message(exc, "calibration")
+        raise ExportError(
+            _hinted(f"the calibration text {section.get('dataset')!r} cannot be read here ({why})", hint)
+        ) from None
     except (OSError, ValueError) as exc:
-        raise ExportError(f"the calibration text {cfg.dataset!r} cannot be read here ({exc}): {IMATRIX_HINT}") from None
+        raise ExportError(_hinted(f"the calibration text {cfg.dataset!r} cannot be read here ({exc})", hint)) from None
     name = Path(cfg.dataset).name if cfg.dataset else "calibration texts"
     made = collect(directory, texts, cfg, name)
-    path = imatrix.write(directory / IMATRIX, made)
+    path = imatrix.write(out if out is not None else directory / IMATRIX, made)
     what = f"{made.chunk_count} windows of {made.chunk_size} tokens of {name}"
     return path, what
+
+
+class Matrices:
+    """The importance matrix that weights one checkpoint's quantized forms, chosen as ``choice`` says
+    (``auto``: gathered from the calibration text, :func:`imatrix_for`; without one, none where the type
+    allows it; ``none``; or a file) and gathered at most once, by the first form that wants it: a job
+    writing several forms makes one forward pass, not one per form. ``text``: gather over that file;
+    ``folder``: where ``imatrix.gguf`` is written (default: the checkpoint); ``hint``: what a refusal
+    tells the reader to do (the command's options by default)."""
+
+    def __init__(
+        self,
+        checkpoint: str | Path,
+        choice: str = "auto",
+        text: str | Path | None = None,
+        folder: Path | None = None,
+        hint: str | None = IMATRIX_HINT,
+    ):
+        self.checkpoint = Path(checkpoint).expanduser()
+        self.choice, self.text, self.hint = choice, text, hint
+        self.folder = self.checkpoint if folder is None else Path(folder)
+        self._gathered: tuple[Path, str] | str | None = None  # (file, what it was made from), or why not
+
+    @property
+    def gathered(self) -> Path | None:
+        """The file gathered so far (None before the first form that wanted one, or where none could be)."""
+        return self._gathered[0] if isinstance(self._gathered, tuple) else None
+
+    def _gather(self) -> tuple[Path, str]:
+        if self._gathered is None:
+            try:
+                self._gathered = imatrix_for(self.checkpoint, self.text, self.folder / IMATRIX, self.hint)
+            except ExportError as exc:
+                self._gathered = str(exc)
+        if isinstance(self._gathered, str):
+            raise ExportError(self._gathered)
+        return self._gathered
+
+    def resolve(self, quant: str) -> tuple[Path | None, str]:
+        """(the importance matrix to quantize to ``quant`` with, one line saying which)."""
+        if quant not in QUANTIZED or (quant == "q8_0" and self.choice == "auto"):  # q8_0 rounds without weights
+            return None, ""
+        if self.choice == "none":
+            if quant in NEEDS_IMATRIX:
+                raise ExportError(_hinted(f"{quant} needs an importance matrix", self.hint))
+            return None, "quantized without an importance matrix"
+        if self.choice != "auto":
+            return Path(self.choice).expanduser(), f"quantized with the importance matrix {Path(self.choice).name}"
+        try:
+            path, what = self._gather()
+        except ExportError as exc:
+            if quant in NEEDS_IMATRIX or self.text is not None:
+                raise
+            return None, f"quantized without an importance matrix ({exc})"
+        return path, f"quantized with an importance matrix from {what}"
 
 
 def resolve_imatrix(
     directory: str | Path, quant: str, choice: str = "auto", text: str | Path | None = None
 ) -> tuple[Path | None, str]:
-    """(the importance matrix to quantize ``directory`` to ``quant`` with, one line saying which) for
-    ``choice`` ``auto`` (gathered from the calibration text, :func:`imatrix_for`; without one, none
-    where the type allows it), ``none``, or a file."""
-    if quant not in QUANTIZED or (quant == "q8_0" and choice == "auto"):  # q8_0 rounds without weights
-        return None, ""
-    if choice == "none":
-        if quant in NEEDS_IMATRIX:
-            raise ExportError(f"{quant} needs an importance matrix: {IMATRIX_HINT}")
-        return None, "quantized without an importance matrix"
-    if choice != "auto":
-        return Path(choice).expanduser(), f"quantized with the importance matrix {Path(choice).name}"
-    try:
-        path, what = imatrix_for(Path(directory).expanduser(), text)
-    except ExportError as exc:
-        if quant in NEEDS_IMATRIX or text is not None:
-            raise
-        return None, f"quantized without an importance matrix ({exc})"
-    return path, f"quantized with an importance matrix from {what}"
+    """(the importance matrix to quantize ``directory`` to ``quant`` with, one line saying which):
+    :meth:`Matrices.resolve` of a matrix gathered for this one form."""
+    return Matrices(directory, choice, text).resolve(quant)

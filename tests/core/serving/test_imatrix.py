@@ -196,6 +196,46 @@ def test_auto_gathers_from_the_recipes_calibration_text(checkpoints, tmp_path):
     assert call_llama_cpp({"op": "info", "model": str(out)})["metadata"]["general.file_type"] == "23"
 
 
+def test_one_writer_gathers_the_matrix_once_and_logs_it_and_the_fallbacks(checkpoints, tmp_path, monkeypatch):
+    """``core.serving.write_form``, which a recipe's ``export`` (``core.serving.export``) and the server's
+    export-only job both write with: the quantized forms share one matrix, gathered into the folder asked
+    for; the log names it and every group of tensors that fell back."""
+    import shutil
+
+    import core.serving as serving
+    import core.serving.quantize as quantize
+    from core.serving import Matrices, write_form
+
+    ckpt = shutil.copytree(checkpoints["pruned"], tmp_path / "ckpt")  # export() writes into it
+    (ckpt / "imatrix.gguf").unlink(missing_ok=True)
+    gathered, collect = [], quantize.collect
+    monkeypatch.setattr(quantize, "collect", lambda *a, **k: gathered.append(1) or collect(*a, **k))
+    calls, real = [], serving.write_form
+    monkeypatch.setattr(serving, "write_form", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    lines: list[str] = []
+    iq, q4 = serving.export(ckpt, ["gguf-iq3_xxs", "gguf-q4_k_m"], log=lines.append)
+    assert calls == ["gguf-iq3_xxs", "gguf-q4_k_m"] and len(gathered) == 1
+    said = "quantized with an importance matrix from 12 windows of 24 tokens of calibration texts"
+    assert f"{iq.name}: {said}" in lines and f"{q4.name}: {said}" in lines
+    assert "imatrix.gguf" in (ckpt / "SHA256SUMS").read_text()  # inside the checkpoint, listed there
+    falls = fallbacks(tensor_types(q4), "q4_k_m")
+    assert falls and [x for x in lines if x.startswith(q4.name) and "fell back to" in x] == [
+        f"{q4.name}: {f['tensors']} × {f['role']}: rows of {f['row']} (not a multiple of 256) fell back to {f['type']}"
+        for f in falls
+    ]
+    # into a folder of its own (the export job's), the matrix beside the file, the checkpoint untouched
+    out = tmp_path / "export"
+    out.mkdir()
+    before = sorted(p.name for p in ckpt.iterdir())
+    matrices, lines = Matrices(ckpt, folder=out, hint=None), []
+    q5 = write_form(ckpt, "gguf-q5_k_m", out / "m.gguf", log=lines.append, matrices=matrices)
+    write_form(ckpt, "gguf-iq2_m", out / "n.gguf", log=lines.append, matrices=matrices)
+    assert len(gathered) == 2 and matrices.gathered == out / "imatrix.gguf"
+    assert sorted(p.name for p in ckpt.iterdir()) == before
+    assert lines[0] == f"m.gguf: {said}" and q5.fallbacks == fallbacks(tensor_types(q5.path), "q5_k_m")
+    assert q5.fallen_back == sum(f["tensors"] for f in q5.fallbacks) > 0 and q5.size == q5.path.stat().st_size
+
+
 def test_the_cli_says_which_matrix_and_what_fell_back(checkpoints, tmp_path, capsys):
     from app.cli import main
 
