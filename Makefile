@@ -41,9 +41,10 @@ demo: $(STAMP)
 # the web app's in Chromium (markers slow, integration, browser: pyproject.toml)
 # It ends with the 25 slowest tests and the time per marker; `make test TEST_TIME=docs/results/test_time.json`
 # also writes that table (then `python bench/test_time.py` renders docs/results/test_time.md from it)
-# Tests run in TEST_PROCESSES processes side by side (one per core, at most 4; a test file stays in one
-# process, so a module's browser, app servers and models are started once)
-TEST_PROCESSES ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+# Tests run in TEST_PROCESSES processes side by side: one per core and one more (the integration and
+# browser tests spend much of their time waiting on worker processes, servers and pages), at most 4.
+# A test file stays in one process, so a module's browser, app servers and models are started once.
+TEST_PROCESSES ?= $(shell n=$$(nproc); echo $$(( n < 3 ? n + 1 : 4 )))
 test: $(STAMP) $(ENGINES) $(FIRSTRUN)
 	$(BIN)/ruff check core jobs app tests bench
 	$(BIN)/lint-imports
