@@ -22,7 +22,7 @@ def points(data: dict) -> list[dict]:
     return out
 
 
-def svg(data: dict) -> str:
+def svg(data: dict, title: str = "SmolLM2-135M") -> str:
     """Perplexity (log scale) against file size: one colour per model, hollow without the matrix."""
     pts = points(data)
     x0, x1 = 0.0, max(p["mib"] for p in pts) * 1.05
@@ -36,7 +36,7 @@ def svg(data: dict) -> str:
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
         f'<rect width="{W}" height="{H}" fill="white"/>',
-        f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">SmolLM2-135M: held-out perplexity in '
+        f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">{title}: held-out perplexity in '
         "llama.cpp against file size</text>",
         f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="black"/>',
         f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" stroke="black"/>',
@@ -109,12 +109,12 @@ def findings(data: dict) -> list[str]:
     return lines
 
 
-def table(data: dict) -> list[str]:
-    head = "| model | " + " | ".join(TYPES) + " |"
-    lines = [head, "|---|" + "---|" * len(TYPES)]
+def table(data: dict, types: tuple[str, ...] = TYPES) -> list[str]:
+    head = "| model | " + " | ".join(types) + " |"
+    lines = [head, "|---|" + "---|" * len(types)]
     for row in data["models"].values():
         f, cells = row["files"], []
-        for t in TYPES:
+        for t in types:
             plain, weighted = f.get(t), f.get(f"{t}+imatrix")
             text = f"{plain['perplexity']:.2f}" if plain else "—"
             if weighted:
@@ -123,9 +123,7 @@ def table(data: dict) -> list[str]:
             cells.append(f"{text} ({size:g} MiB)")
         lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(
-        f"Each cell: perplexity without / **with** the importance matrix ({', '.join(WEIGHTED)}), the file's size."
-    )
+    lines.append("Each cell: perplexity without / **with** the importance matrix (where measured), the file's size.")
     return lines
 
 
@@ -138,7 +136,41 @@ def fallback_lines(data: dict) -> list[str]:
     return out
 
 
-def write(data: dict, out: Path) -> None:
+def qwen_section(data: dict, out: Path) -> list[str]:
+    """Qwen2.5-Coder-0.5B's part of the page (``bench/quantize.py --qwen``) and its picture."""
+    figure = out.parent / "figures" / "quantize_qwen25.svg"
+    figure.write_text(svg(data, "Qwen2.5-Coder-0.5B"))
+    models, lines = data["models"], []
+    for row in models.values():
+        f = row["files"]
+        over = [f"{f[k]['perplexity'] / f['f16']['perplexity'] - 1:+.1%}" for k in ("q4_k_m", "q4_k_m+imatrix")]
+        lines.append(f"- {row['label']}: q4_k_m over f16 {over[0]} without the importance matrix, {over[1]} with it.")
+    rounded = models.get("0.5-k256", {}).get("files", {}).get("q4_k_m", {}).get("fallbacks")
+    if rounded is not None:
+        pruned = [x for x in rounded if x["role"] in ("ffn_down", "attn_output")]
+        said = "; ".join(f"{x['tensors']} × {x['role']} → {x['type']}" for x in pruned) or "none"
+        lines.append(f"- With the 256 rounding at 50%, `ffn_down` / `attn_output` tensors that fall back from their "
+                     f"K type in q4_k_m: {said} (target: none, {'met' if not pruned else 'not met'}).")  # fmt: skip
+    return [
+        "## Qwen2.5-Coder-0.5B-Instruct",
+        "",
+        f"Measured {data['date']} (`python bench/quantize.py --qwen`, {data.get('seconds', 0) / 60:.0f} min): dense "
+        "and pruned by the default recipe at 50%, with and without `round_to: {k_quant: true}`; fewer files per model "
+        "than SmolLM2's (f16, q4_k_m without and with the matrix, q3_k_m with it). Same text and windows.",
+        "",
+        "![Qwen2.5-Coder-0.5B: perplexity against file size](figures/quantize_qwen25.svg)",
+        "",
+        *table(data, ("f16", "q4_k_m", "q3_k_m")),
+        "",
+        *lines,
+        "",
+        "Tensors that fell back from their K type in q4_k_m (hidden size 896 is not a multiple of 256):",
+        *fallback_lines(data),
+        "",
+    ]
+
+
+def write(data: dict, out: Path, qwen: dict | None = None) -> None:
     m = data["machine"]
     figure = out.parent / "figures" / out.with_suffix(".svg").name
     figure.parent.mkdir(exist_ok=True)
@@ -166,6 +198,7 @@ def write(data: dict, out: Path) -> None:
         "(q/k/v, gate/up) falls back whatever the pruning; the pruned widths decide `ffn_down` and `attn_output`.",
         *fallback_lines(data),
         "",
+        *(qwen_section(qwen, out) if qwen else []),
     ]
     out.write_text("\n".join(lines))
 
