@@ -6,7 +6,8 @@ A checkpoint is a set of files and a manifest naming each file's sha256, the blo
 what made it (the recipe, the calibration windows, the planned keep-sets and the engine's code, each
 as a sha256). It is saved whole or not at all: whatever keeps it writes the files first and the
 manifest last, and a checkpoint without its manifest does not exist. The engine defines only the
-interface (:class:`Checkpoints`) and a folder on this host (:class:`FolderCheckpoints`); the job
+interface (:class:`Checkpoints`; :meth:`~Checkpoints.peek` reads the manifest and one small file
+alone, before the rest is needed) and a folder on this host (:class:`FolderCheckpoints`); the job
 service keeps its checkpoints in the job's store (``jobs/checkpoints.py``). What goes into one, and
 how the loop resumes from it, is ``core/pipeline/resume.py``'s.
 """
