@@ -20,9 +20,8 @@ calibration-based criterion) are read first, alone (:meth:`Checkpoints.peek`), a
 scoring when the checkpoint was made by the same format, code, recipe and windows (:func:`kept_scores`).
 The checkpoint's fingerprint (the recipe, the windows, the planned keep-sets and the engine's code,
 each a sha256) must match what the resumed run computed, or the checkpoint is refused and the run
-starts over. The calibration seeds are part of the recipe, and the
-block loop draws no random numbers: what a resumed run computes after block k is, bit for bit, what
-the whole run computed.
+starts over. The calibration seeds are part of the recipe, and the block loop draws no random
+numbers: what a resumed run computes after block k is, bit for bit, what the whole run computed.
 """
 
 from __future__ import annotations
