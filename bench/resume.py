@@ -41,7 +41,14 @@ RATIO = 0.3
 NVME_GBS = 2.0  # an assumed NVMe write rate, not measured
 SHAPES = {"Llama-2-7B": 4096, "Llama-2-70B": 8192}  # hidden sizes: a save holds one block's inputs
 DTYPES = {"float16": 2, "float32": 4}  # a GPU worker's, the CPU's
-KEPT = ("checkpoint_saves", "checkpoint_seconds", "checkpoint_bytes", "checkpoint_state_bytes", "resumed_at_block")
+KEPT = (
+    "checkpoint_saves",
+    "checkpoint_seconds",
+    "checkpoint_bytes",
+    "checkpoint_state_bytes",
+    "resumed_at_block",
+    "scores_kept_from",
+)
 
 
 def recipe(model: str, workdir: Path) -> dict:
@@ -160,7 +167,7 @@ def measure(args: argparse.Namespace) -> dict:
         "recipe": {"ratio": RATIO, "calibration": calibration},
         "uninterrupted": {k: whole[k] for k in ("wall_s", "prune_s", *KEPT[:4])},
         "killed": {k: killed[k] for k in ("wall_s", "blocks_done")},
-        "resumed": {k: resumed[k] for k in ("wall_s", "prune_s", "resumed_at_block")}
+        "resumed": {k: resumed[k] for k in ("wall_s", "prune_s", "resumed_at_block", "scores_kept_from")}
         | {"before_loop_s": round(stamps["load"] - resumed["start"], 3), "load_s": round(load_s, 3)},
         "total_s": round(killed["wall_s"] + resumed["wall_s"], 3),
         "target_s": round(whole["wall_s"] + args.interval + load_s, 3),

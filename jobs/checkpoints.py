@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from core.pipeline.checkpoint import MANIFEST, CheckpointError, check_files
+from core.pipeline.checkpoint import MANIFEST, CheckpointError, check_file, check_files
 from jobs.artifacts import attempt_key, job_key
 from jobs.store import Store
 
@@ -88,22 +88,46 @@ class StoreCheckpoints:
 
     # --- resuming -----------------------------------------------------------------------------
     def load(self, into: Path) -> tuple[dict, dict[str, Path]] | None:
+        found = self._newest()
+        if found is None:
+            return None
+        token, prefix = found
+        self.loaded_from = prefix
+        try:
+            manifest = self._manifest(prefix, into)
+            files = {
+                name: self._read(f"{prefix}/files/{digest}", into / name, digest)
+                for name, digest in manifest["files"].items()
+            }
+        except (OSError, ValueError, KeyError) as exc:  # gone, corrupt, unreadable: not this one
+            raise CheckpointError(f"attempt {token}'s checkpoint cannot be read ({type(exc).__name__})") from None
+        check_files(manifest, files)
+        return manifest, files
+
+    def peek(self, name: str, into: Path) -> tuple[dict, Path | None] | None:
+        """The newest earlier checkpoint's manifest and its file ``name``, nothing else downloaded."""
+        found = self._newest()
+        if found is None:
+            return None
+        token, prefix = found
+        try:
+            manifest = self._manifest(prefix, into)
+            digest = manifest["files"].get(name)
+            path = None if digest is None else self._read(f"{prefix}/files/{digest}", into / name, digest)
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise CheckpointError(f"attempt {token}'s checkpoint cannot be read ({type(exc).__name__})") from None
+        return manifest, None if path is None else check_file(manifest, name, path)
+
+    def _newest(self) -> tuple[int, str] | None:
+        """The newest earlier attempt with a checkpoint (its manifest is in): its token and prefix."""
         for token in self._earlier():
             prefix = f"{attempt_key(self.job_id, token)}/{RESUME}"
-            if not self.store.exists(f"{prefix}/{MANIFEST}"):
-                continue
-            self.loaded_from = prefix
-            try:
-                manifest = json.loads(self._read(f"{prefix}/{MANIFEST}", into / MANIFEST).read_text())
-                files = {
-                    name: self._read(f"{prefix}/files/{digest}", into / name, digest)
-                    for name, digest in manifest["files"].items()
-                }
-            except (OSError, ValueError, KeyError) as exc:  # gone, corrupt, unreadable: not this one
-                raise CheckpointError(f"attempt {token}'s checkpoint cannot be read ({type(exc).__name__})") from None
-            check_files(manifest, files)
-            return manifest, files
+            if self.store.exists(f"{prefix}/{MANIFEST}"):
+                return token, prefix
         return None
+
+    def _manifest(self, prefix: str, into: Path) -> dict:
+        return json.loads(self._read(f"{prefix}/{MANIFEST}", into / MANIFEST).read_text())
 
     def _earlier(self) -> list[int]:
         """The job's attempts before this one, newest first."""

@@ -73,3 +73,11 @@ def test_the_index_claims_read_the_same_results():
 def test_a_results_file_without_a_part_is_not_rendered_silently(missing):
     with pytest.raises(KeyError):
         render({k: v for k, v in SYNTHETIC.items() if k != missing})
+
+
+def test_the_page_says_whether_the_resumed_run_kept_its_scores():
+    assert "(model, windows, scores again)" in render(SYNTHETIC)  # a results file from before scores were kept
+    kept = SYNTHETIC | {"resumed": SYNTHETIC["resumed"] | {"scores_kept_from": "an earlier run"}}
+    page = render(kept)
+    assert "(model and windows again, scores kept from an earlier run)" in page
+    assert "the scores are read from the checkpoint, not computed" in page

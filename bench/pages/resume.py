@@ -33,12 +33,19 @@ def _runs(d: dict) -> str:
         [
             f"resumed at block {r['resumed_at_block']}",
             num(r["wall_s"]),
-            f"{num(r['before_loop_s'])} s from its start to the checkpoint (model, windows, scores again), "
+            f"{num(r['before_loop_s'])} s from its start to the checkpoint ({_again(r)}), "
             f"{num(r['load_s'], 2)} s loading it",
         ],
         ["killed + resumed", num(d["total_s"]), f"target T + interval + load = {num(d['target_s'])} s"],
     ]  # fmt: skip
     return table(["run", "wall s", "notes"], rows)
+
+
+def _again(r: dict) -> str:
+    """What the resumed run computed again before its checkpoint loaded."""
+    if r.get("scores_kept_from"):
+        return f"model and windows again, scores kept from {r['scores_kept_from']}"
+    return "model, windows, scores again"
 
 
 def _shapes(d: dict) -> str:
@@ -60,6 +67,8 @@ def render(d: dict) -> str:
     same = "yes" if d["same_result"] else "**no**"
     per_save = w["checkpoint_seconds"] / w["checkpoint_saves"]
     cal = rc["calibration"]
+    kept = d["resumed"].get("scores_kept_from")
+    scores = "; the scores are read from the checkpoint, not computed" if kept else ", and so are the scores"
     return f"""{d["date"]}, {d["machine"]}, torch {d["torch"]}. {d["model"]} ({d["blocks"]} blocks), streamed
 (`execution: stream`), the default recipe at ratio {rc["ratio"]} ({cal["samples"]} × {cal["tokens"]}
 calibration tokens, {cal["holdout"]} windows held aside), {d["dtype"]} on the CPU; a checkpoint at most
@@ -69,9 +78,10 @@ fresh process; wall seconds from its start to its exit.
 {_runs(d)}
 
 Killed and resumed: {total_against_target(d)}; the resumed run spent {num(d["resumed"]["before_loop_s"])} s
-starting again before its checkpoint loaded (the process, the model's skeleton, the calibration windows and
-the scores are computed again, not saved). The resumed run's result is the uninterrupted one's (the same
-shards, by sha256, and the same kept heads and neurons): {same}.
+starting again before its checkpoint loaded (the process, the model's skeleton and the calibration windows
+are computed again{scores}).
+The resumed run's result is the uninterrupted one's (the same shards, by sha256, and the
+same kept heads and neurons): {same}.
 
 Per save: {num(w["checkpoint_state_bytes"] / MB)} MB written (the activations entering the next block and
 the loop's state; the finished blocks' shards are linked, not copied: {num(w["checkpoint_bytes"] / MB)} MB in

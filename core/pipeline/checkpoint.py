@@ -6,7 +6,8 @@ A checkpoint is a set of files and a manifest naming each file's sha256, the blo
 what made it (the recipe, the calibration windows, the planned keep-sets and the engine's code, each
 as a sha256). It is saved whole or not at all: whatever keeps it writes the files first and the
 manifest last, and a checkpoint without its manifest does not exist. The engine defines only the
-interface (:class:`Checkpoints`) and a folder on this host (:class:`FolderCheckpoints`); the job
+interface (:class:`Checkpoints`; :meth:`~Checkpoints.peek` reads the manifest and one small file
+alone, before the rest is needed) and a folder on this host (:class:`FolderCheckpoints`); the job
 service keeps its checkpoints in the job's store (``jobs/checkpoints.py``). What goes into one, and
 how the loop resumes from it, is ``core/pipeline/resume.py``'s.
 """
@@ -52,6 +53,12 @@ class Checkpoints(Protocol):
         to be copied here), its files checked against their sha256 (:class:`CheckpointError`); None
         when there is none."""
 
+    def peek(self, name: str, into: Path) -> tuple[dict, Path | None] | None:
+        """The kept checkpoint's manifest and its file ``name`` alone (checked against its sha256,
+        :class:`CheckpointError`; None for the file when the checkpoint has none of that name), the
+        other files not fetched: what a run reads before its block loop (its scores). None when there
+        is no checkpoint."""
+
     def discard(self) -> None:
         """Remove the checkpoint (a refused one, or one a finished run no longer needs)."""
 
@@ -78,6 +85,15 @@ def check_files(manifest: dict, files: dict[str, Path]) -> None:
             raise CheckpointError(f"the checkpoint's file {name} is missing")
         if sha256_file(path) != digest:
             raise CheckpointError(f"the checkpoint's file {name} does not match its recorded sha256")
+
+
+def check_file(manifest: dict, name: str, path: Path) -> Path | None:
+    """``path``, the manifest's file ``name``, checked (:func:`check_files`); None if it names none."""
+    digest = manifest.get("files", {}).get(name)
+    if digest is None:
+        return None
+    check_files({"files": {name: digest}}, {name: path})
+    return path
 
 
 @cache
@@ -132,6 +148,13 @@ class FolderCheckpoints:
         files = {name: saves[-1] / name for name in manifest.get("files", {})}
         check_files(manifest, files)
         return manifest, files
+
+    def peek(self, name: str, into: Path) -> tuple[dict, Path | None] | None:
+        saves = self._saves()
+        if not saves:
+            return None
+        manifest = json.loads((saves[-1] / MANIFEST).read_text())
+        return manifest, check_file(manifest, name, saves[-1] / name)
 
     def discard(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

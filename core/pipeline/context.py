@@ -49,7 +49,7 @@ class RunOptions:
         if self.scores is not None and not isinstance(self.scores, list):
             raise TypeError("scores must be the list of an earlier result's scores, one per layer")
         if self.checkpoints is not None and not all(
-            hasattr(self.checkpoints, m) for m in ("save", "load", "discard", "stop_requested", "note")
+            hasattr(self.checkpoints, m) for m in ("save", "load", "peek", "discard", "stop_requested", "note")
         ):
             raise TypeError("checkpoints must implement core.pipeline.checkpoint.Checkpoints")
         if self.progress is not None and not callable(self.progress):
@@ -117,6 +117,7 @@ class RunContext:
     show_progress: bool = False
     speed: BlockSpeed | None = None  # times each block before and after pruning
     checkpoints: Any = None  # core.pipeline.checkpoint.Checkpoints: saved at block boundaries, resumed from
+    scores: Any = None  # core.pipeline.resume.RunScores: the plan's scores, kept with the checkpoints
 
 
 class ModelSource(Protocol):

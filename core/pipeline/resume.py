@@ -11,12 +11,17 @@ After block k the rest of the loop needs:
 - the realised plan, the layout, the per-projection reports, ``head_ratio: obs``'s carry, and the
   block timings (``measure_speed``).
 
-What comes before the loop — calibration windows, scores, plan — is computed again by the resumed
-run: it is deterministic, and the checkpoint's fingerprint (the recipe, the windows, the planned
-keep-sets and the engine's code, each a sha256) must match what the resumed run computed, or the
-checkpoint is refused and the run starts over. The calibration seeds are part of the recipe, and the
-block loop draws no random numbers: what a resumed run computes after block k is, bit for bit, what
-the whole run computed.
+and, written once at a run's first save and carried to its later ones, the finalized scores its plan
+was made from (``scores.pt``).
+
+What comes before the loop — calibration windows, scores, plan — is deterministic. The windows and
+the plan are computed again by the resumed run; the scores (a whole pass over the model for a
+calibration-based criterion) are read first, alone (:meth:`Checkpoints.peek`), and used instead of
+scoring when the checkpoint was made by the same format, code, recipe and windows (:func:`kept_scores`).
+The checkpoint's fingerprint (the recipe, the windows, the planned keep-sets and the engine's code,
+each a sha256) must match what the resumed run computed, or the checkpoint is refused and the run
+starts over. The calibration seeds are part of the recipe, and the block loop draws no random
+numbers: what a resumed run computes after block k is, bit for bit, what the whole run computed.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import json
 import shutil
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,7 @@ import torch
 from core.allocation import Plan
 from core.allocation.plan import LayerPlan
 from core.allocation.split import SplitState
+from core.criteria import Scores
 from core.data.calibration import CalibrationBatch
 from core.models.modeling_liar import ensure_bias, prune_heads_, prune_neurons_
 from core.pipeline.checkpoint import FORMAT, CheckpointError, Checkpoints, StopRequested, code_version, sha256_file
@@ -42,6 +48,7 @@ from core.pipeline.context import RunContext
 from core.pipeline.result import LayerReport
 
 STATE = "state.pt"
+SCORES = "scores.pt"
 
 
 def fingerprint(ctx: RunContext, plan: Plan, calibration: tuple[CalibrationBatch, CalibrationBatch]) -> dict[str, Any]:
@@ -74,6 +81,36 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class RunScores:
+    """The finalized scores a run's plan is made from, as its checkpoints keep them (``SCORES``)."""
+
+    scores: list[Scores]
+    kept_from: str | None = None  # who saved the checkpoint that lent them; None: this run scored
+
+
+def kept_scores(store: Checkpoints, made: dict[str, Any], n_layers: int) -> RunScores | None:
+    """The scores of the checkpoint ``store`` keeps, read alone before any scoring, if it was made by
+    ``made`` (:func:`made_by`: this run's format, code, recipe and windows) and holds them, matching
+    their sha256; else None, and the run scores (whether the checkpoint itself is refused is the
+    block loop's :meth:`Checkpointer.resume` to say)."""
+    with tempfile.TemporaryDirectory(prefix="liar-scores-") as tmp:
+        try:
+            found = store.peek(SCORES, Path(tmp))
+            if found is None or found[1] is None:
+                return None
+            manifest, path = found
+            if any(manifest.get("made", {}).get(part) != value for part, value in made.items()):
+                return None
+            rows = torch.load(path, weights_only=True)  # on the device they were saved from, as scored
+            scores = [Scores(**row) for row in rows]
+        except (CheckpointError, OSError, RuntimeError, TypeError, ValueError):  # unreadable here: score
+            return None
+    if len(scores) != n_layers:
+        return None
+    return RunScores(scores, str(manifest.get("made_by", "an earlier run")))
+
+
 class Checkpointer:
     """The block loop's side of checkpoints: :meth:`resume` before the loop, :meth:`after` each block."""
 
@@ -81,6 +118,7 @@ class Checkpointer:
         self.ctx, self.store, self.made, self.n = ctx, store, made, n_blocks
         self.staging = Path(tempfile.mkdtemp(prefix="liar-checkpoint-"))
         self.blocks: dict[str, tuple[Path, str]] = {}  # a run in memory: the blocks' files written so far
+        self.scores: tuple[Path, str] | None = None  # SCORES as written at this run's first save
         self.last = time.monotonic()
         self.metrics: dict[str, Any] = {}
 
@@ -92,6 +130,7 @@ class Checkpointer:
         """``(first block to run, realised plans, layout)`` from the checkpoint, the runner's
         activations, the reports and the split's carry restored; ``(0, [], [])`` without one (or with
         one refused: the run starts over, and the store's note says why)."""
+        t0 = time.perf_counter()
         try:
             found = self.store.load(self.staging / "loaded")
             if found is None:
@@ -115,10 +154,14 @@ class Checkpointer:
         if self.ctx.speed is not None and state["speed"] is not None:
             self.ctx.speed.seconds = state["speed"]
         self._restore_blocks(manifest, files, realised, state["layout"])
+        seconds = round(time.perf_counter() - t0, 3)
         made_by = manifest.get("made_by", "an earlier run")
         message = f"resumed at block {start + 1} of {self.n}, {start} blocks kept from {made_by}"
-        self.store.note(message)
+        kept = self.ctx.scores is not None and self.ctx.scores.kept_from is not None
+        scoring = f", scores kept from {self.ctx.scores.kept_from}" if kept else ""
+        self.store.note(f"{message}{scoring} (checkpoint loaded in {seconds:.2f} s)")
         self.metrics.update(resumed_at_block=start + 1, resumed_blocks_kept=start, checkpoint_bytes=manifest["bytes"])
+        self.metrics.update(resumed_scores_kept=kept, resume_load_seconds=seconds)
         return start, realised, state["layout"]
 
     def _check(self, manifest: dict) -> None:
@@ -178,6 +221,8 @@ class Checkpointer:
             manifest |= {"streamed": True, "shards": sorted(shards[0])} | shards[1]
         else:
             files |= self._memory_blocks(li + 1)
+        if self.ctx.scores is not None:
+            files[SCORES] = self._scores_file()
         manifest["files"] = {name: digest for name, (_, digest) in files.items()}
         manifest["bytes"] = sum(path.stat().st_size for path, _ in files.values())
         manifest["state_bytes"] = files[STATE][0].stat().st_size
@@ -186,6 +231,14 @@ class Checkpointer:
         self._count(manifest, time.perf_counter() - t0)
         if stop:
             raise StopRequested(f"stopped after block {li + 1} of {self.n}; the checkpoint resumes at block {li + 2}")
+
+    def _scores_file(self) -> tuple[Path, str]:
+        """SCORES, written at the first save; every later save carries the same file."""
+        if self.scores is None:
+            path = self.staging / SCORES
+            torch.save([asdict(s) for s in self.ctx.scores.scores], path)
+            self.scores = (path, sha256_file(path))
+        return self.scores
 
     def _memory_blocks(self, upto: int) -> dict[str, tuple[Path, str]]:
         layers = self.ctx.adapter.layers(self.ctx.model)

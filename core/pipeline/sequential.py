@@ -43,6 +43,7 @@ from core.pipeline.measure import BlockSpeed, peak_memory_mb
 from core.pipeline.planning import make_plan, obs_split, resolved_kv_groups, round_to
 from core.pipeline.preflight import as_recipe, check_model_fit, width_ratio
 from core.pipeline.result import PruneResult
+from core.pipeline.resume import RunScores, kept_scores, made_by
 from core.pipeline.scoring import BlockPass, score_layers, split_batches
 from core.pipeline.streamed import StreamSource, check_streamable
 from core.pipeline.target import prune_to_speed
@@ -273,13 +274,8 @@ def _prune_width(
     fit, held = calibration
     offload = _offload(recipe, source, fit, held)
 
-    n_layers, scores = adapter.n_layers, options.scores
-    report("scoring", 0, n_layers)
-    if scores is None:
-        batches = split_batches(fit, recipe.calibration.batch_size)
-        scores = source.score(recipe, batches, lambda i: report("scoring", i, n_layers), offload)
-    elif len(scores) != n_layers:
-        raise ValueError(f"scores cover {len(scores)} layers but the model has {n_layers}")
+    n_layers = adapter.n_layers
+    scores, kept = _scores(recipe, source, options, calibration, offload)
     rounding, groups = round_to(recipe, adapter, device), resolved_kv_groups(recipe, device, model, adapter, scores)
     plan = make_plan(model, adapter, recipe, scores, rounding, groups)
     split = obs_split(model, adapter, recipe, scores, rounding, groups)
@@ -297,10 +293,38 @@ def _prune_width(
         show_progress=options.show_progress,
         speed=speed,
         checkpoints=options.checkpoints,
+        scores=kept,
     )
     done = reconstruct_blocks(ctx, plan, (fit, held), split)
     metrics = _metrics(ctx, done.plan, rounding) | done.checkpoints
+    if kept is not None and kept.kept_from is not None:
+        metrics["scores_kept_from"] = kept.kept_from
     return _result(recipe, source, before, (done.plan, plan, done.reports, done.layout), scores, metrics)
+
+
+def _scores(
+    recipe: Recipe,
+    source: ModelSource,
+    options: RunOptions,
+    calibration: tuple[CalibrationBatch, CalibrationBatch],
+    offload: Offload,
+) -> tuple[list[Scores], RunScores | None]:
+    """The finalized scores the plan is made from, and what the run's checkpoints keep of them: given
+    (``options.scores``, not kept), lent by the checkpoint the run resumes from when it was made by
+    this format, code, recipe and windows (``core/pipeline/resume.py``), or scored."""
+    n_layers, report = source.adapter.n_layers, options.report
+    report("scoring", 0, n_layers)
+    if options.scores is not None:
+        if len(options.scores) != n_layers:
+            raise ValueError(f"scores cover {len(options.scores)} layers but the model has {n_layers}")
+        return options.scores, None
+    if options.checkpoints is not None:
+        kept = kept_scores(options.checkpoints, made_by(recipe, calibration), n_layers)
+        if kept is not None:  # no scoring pass: the checkpoint's plan is made again from its own scores
+            return kept.scores, kept
+    batches = split_batches(calibration[0], recipe.calibration.batch_size)
+    scores = source.score(recipe, batches, lambda i: report("scoring", i, n_layers), offload)
+    return scores, RunScores(scores)
 
 
 def _result(

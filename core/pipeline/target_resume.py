@@ -188,6 +188,10 @@ class _PruneSaves:
         found = self.saves.under_way
         return (found[1], found[2]) if found is not None and found[0] == self.index else None
 
+    def peek(self, name: str, into: Path) -> tuple[dict, Path | None] | None:
+        found = self.load(into)  # loaded and checked with the target's checkpoint already
+        return None if found is None else (found[0], found[1].get(name))
+
     def discard(self) -> None:  # a refused block-loop checkpoint: the target's own state stays
         self.saves.under_way = None
 

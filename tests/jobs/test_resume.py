@@ -12,10 +12,12 @@ import signal
 import pytest
 
 import jobs.tasks
-from jobs.checkpoints import attempts
+from core.pipeline.checkpoint import CheckpointError, sha256_file
+from jobs.checkpoints import StoreCheckpoints, attempts
 from jobs.db import Status
 from jobs.service import JobService
 from jobs.settings import Settings
+from jobs.store import Store
 from jobs.tasks import execute
 from tests.jobs.conftest import recipe
 from tests.jobs.test_service import _FakeCelery
@@ -77,7 +79,8 @@ def test_a_requeued_job_resumes_at_the_block_after_its_checkpoint(service, job_m
     assert store.exists(f"artifacts/job-{job}/attempt-1/resume/manifest.json")
 
     assert execute(job, service.settings) == "SUCCEEDED", service.show(job)["error"]
-    assert f"resumed at block {STOP_AT + 1} of 8, {STOP_AT} blocks kept from attempt 1" in _log(service, job)
+    resumed = f"resumed at block {STOP_AT + 1} of 8, {STOP_AT} blocks kept from attempt 1, scores kept from attempt 1"
+    assert resumed in _log(service, job)
     assert _weights(service, job) == _weights(service, whole)  # bit for bit
     assert store.children(f"artifacts/job-{job}") == ["attempt-2"]  # no checkpoint left behind
     assert "resume" not in store.children(f"artifacts/job-{job}/attempt-2")
@@ -102,6 +105,29 @@ def test_sigterm_saves_at_the_next_block_requeues_and_the_next_attempt_resumes(s
     first, second = attempts(service.show(job)["log"])
     assert (first["attempt"], first["from_block"], first["saved_block"], first["blocks"]) == (1, 1, STOP_AT + 1, 8)
     assert (second["from_block"], second["blocks"]) == (STOP_AT + 2, 8) and second["saved_block"] == 7
+
+
+def test_a_peek_downloads_the_manifest_and_the_one_file_asked_for(tmp_path):
+    store = Store(f"memory://liar-peek-{tmp_path.name}", tmp_path / "cache")  # a remote store: files are downloaded
+    files = {"state.pt": tmp_path / "state.pt", "scores.pt": tmp_path / "scores.pt"}
+    files["state.pt"].write_bytes(b"activations" * 1000)
+    files["scores.pt"].write_bytes(b"scores")
+    manifest = {"files": {name: sha256_file(path) for name, path in files.items()}, "next_block": 3, "blocks": 8}
+    StoreCheckpoints(store, 7, 1, every_seconds=0).save(files, manifest)
+    again = StoreCheckpoints(store, 7, 2, every_seconds=0)
+    found = again.peek("scores.pt", tmp_path / "peek")
+    assert found is not None and found[1].read_bytes() == b"scores" and found[0]["next_block"] == 3
+    assert sorted(p.name for p in (tmp_path / "peek").iterdir()) == ["manifest.json", "scores.pt"]
+    assert again.peek("other.pt", tmp_path / "none")[1] is None
+    assert (
+        StoreCheckpoints(store, 7, 1, every_seconds=0).peek("scores.pt", tmp_path / "own") is None
+    )  # no earlier attempt
+    with store.fs.open(
+        store._full(f"artifacts/job-7/attempt-1/resume/files/{manifest['files']['scores.pt']}"), "wb"
+    ) as f:
+        f.write(b"changed")
+    with pytest.raises(CheckpointError, match="does not match its recorded sha256"):
+        again.peek("scores.pt", tmp_path / "changed")
 
 
 def test_attempts_are_read_from_the_log():

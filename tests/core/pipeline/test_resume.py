@@ -7,10 +7,15 @@ import random
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
+from core.data.calibration import CalibrationBatch, calibration_batches
+from core.models.loading import ensure_pad_token
 from core.models.tiny import tiny_decoder
 from core.pipeline.checkpoint import FolderCheckpoints, StopRequested
-from core.pipeline.sequential import prune
+from core.pipeline.sequential import MemorySource, prune
+from core.pipeline.streamed import StreamSource
+from core.spec.recipe import Recipe
 from tests.conftest import recipe_for
 
 N_BLOCKS = 6
@@ -91,7 +96,9 @@ def test_a_run_stopped_at_a_random_block_resumes_to_the_same_model(six, corpus, 
         assert not (tmp_path / "out").exists()  # nothing half-written where the result goes
     again = FolderCheckpoints(tmp_path / "ckpt", every_seconds=0, label="attempt 2")
     resumed = _run(recipe, execution, tmp_path, "out", checkpoints=again)
-    assert again.notes == [f"resumed at block {stop + 1} of {n}, {stop} blocks kept from attempt 1"]
+    assert len(again.notes) == 1
+    assert again.notes[0].startswith(f"resumed at block {stop + 1} of {n}, {stop} blocks kept from attempt 1, ")
+    assert "scores kept from attempt 1" in again.notes[0] and resumed.metrics["resumed_scores_kept"]
     assert resumed.metrics["resumed_at_block"] == stop + 1
     assert resumed.metrics["checkpoint_bytes"] > 0
     _same(whole, resumed, execution)
@@ -110,7 +117,9 @@ def test_a_stop_request_saves_at_the_next_boundary_and_the_run_resumes(six, corp
         _run(recipe, "stream", tmp_path, "out", checkpoints=saves, progress=progress)
     again = FolderCheckpoints(tmp_path / "ckpt", every_seconds=3600, label="attempt 2")
     resumed = _run(recipe, "stream", tmp_path, "out", checkpoints=again)
-    assert again.notes == ["resumed at block 4 of 6, 3 blocks kept from attempt 1"]
+    assert again.notes[0].startswith(
+        "resumed at block 4 of 6, 3 blocks kept from attempt 1, scores kept from attempt 1"
+    )
     _same(whole, resumed, "stream")
 
 
@@ -144,3 +153,69 @@ def test_a_checkpoint_that_does_not_fit_is_refused_and_the_run_starts_over(six, 
     assert len(again.notes) == 1 and why in again.notes[0] and again.notes[0].endswith("starting over at block 1")
     assert "resumed_at_block" not in resumed.metrics
     _same(_run(recipe, "memory", tmp_path, "whole"), resumed, "memory")
+
+
+def _spy_scoring(monkeypatch) -> list[str]:
+    """Every scoring pass of either model source, as it is asked for."""
+    calls: list[str] = []
+    for source in (MemorySource, StreamSource):
+        original = source.score
+
+        def score(self, *args, _original=original, **kwargs):
+            calls.append(type(self).__name__)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(source, "score", score)
+    return calls
+
+
+@pytest.mark.parametrize("criterion,execution", [("flap", "stream"), ("obs", "stream"), ("flap", "memory")])
+def test_a_resumed_run_keeps_its_scores_instead_of_scoring_again(
+    six, corpus, tmp_path, monkeypatch, criterion, execution
+):
+    recipe = _recipe(six, corpus, "paper", execution) | {"criterion": {"name": criterion}}
+    whole = _run(recipe, execution, tmp_path, "whole")
+    with pytest.raises(Interrupted):
+        saves = FolderCheckpoints(tmp_path / "ckpt", every_seconds=0, label="attempt 1")
+        _run(recipe, execution, tmp_path, "out", checkpoints=saves, progress=_stop_at(3))
+    assert all((save / "scores.pt").is_file() for save in (tmp_path / "ckpt").iterdir())
+    calls = _spy_scoring(monkeypatch)
+    again = FolderCheckpoints(tmp_path / "ckpt", every_seconds=0, label="attempt 2")
+    resumed = _run(recipe, execution, tmp_path, "out", checkpoints=again)
+    assert calls == []  # no scoring pass: the plan was made from the checkpoint's scores
+    assert again.notes[0].startswith(
+        "resumed at block 4 of 6, 3 blocks kept from attempt 1, scores kept from attempt 1"
+    )
+    assert resumed.metrics["scores_kept_from"] == "attempt 1" and resumed.metrics["resumed_scores_kept"]
+    assert resumed.metrics["resume_load_seconds"] >= 0
+    for a, b in zip(whole.scores, resumed.scores, strict=True):
+        assert torch.equal(a.heads, b.heads) and torch.equal(a.neurons, b.neurons)
+    _same(whole, resumed, execution)
+
+
+def _reversed(batch: CalibrationBatch) -> CalibrationBatch:
+    n = len(batch)
+    return CalibrationBatch.concat([batch.slice(n // 2, n), batch.slice(0, n // 2)])
+
+
+@pytest.mark.parametrize("change,why", [("windows", "other calibration windows"), ("scores", "recorded sha256")])
+def test_a_checkpoint_that_does_not_fit_lends_no_scores(six, corpus, tmp_path, monkeypatch, change, why):
+    recipe = _recipe(six, corpus, "paper", "stream") | {"criterion": {"name": "flap"}}
+    tokenizer = AutoTokenizer.from_pretrained(six)
+    ensure_pad_token(tokenizer)
+    fit, held = calibration_batches(Recipe.model_validate(recipe).calibration, tokenizer, "decoder")
+    first = (_reversed(fit), held) if change == "windows" else (fit, held)
+    with pytest.raises(Interrupted):
+        saves = FolderCheckpoints(tmp_path / "ckpt", every_seconds=0)
+        _run(recipe, "stream", tmp_path, "out", checkpoints=saves, calibration=first, progress=_stop_at(3))
+    if change == "scores":
+        path = next((tmp_path / "ckpt").glob("*/scores.pt"))
+        data = path.read_bytes()
+        path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    calls = _spy_scoring(monkeypatch)
+    again = FolderCheckpoints(tmp_path / "ckpt", every_seconds=0)
+    resumed = _run(recipe, "stream", tmp_path, "out", checkpoints=again, calibration=(fit, held))
+    assert calls == ["StreamSource"]  # scored as a run without a checkpoint does
+    assert len(again.notes) == 1 and why in again.notes[0] and again.notes[0].endswith("starting over at block 1")
+    assert "scores_kept_from" not in resumed.metrics
+    _same(_run(recipe, "stream", tmp_path, "whole", calibration=(fit, held)), resumed, "stream")

@@ -124,7 +124,7 @@ def test_a_target_run_stopped_in_a_prune_resumes_to_the_same_model(
         f"speed target resumed: the latency table and {stop_prune} finished prunes kept from attempt 1; "
         f"prune {stop_prune + 1} goes on from its own checkpoint"
     )
-    assert again.notes[1].startswith("resumed at block 4 of ")
+    assert again.notes[1].startswith("resumed at block 4 of ") and "scores kept from attempt 1" in again.notes[1]
     assert resumed.metrics["resumed_prunes_kept"] == stop_prune
     assert resumed.metrics["checkpoint_saves"] > 0 and resumed.metrics["checkpoint_bytes"] > 0
     _same(whole, resumed)
