@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import resource
 import signal
 import socket
@@ -264,3 +265,37 @@ def kill(pid: int, group: bool = False) -> float:
     except ProcessLookupError:
         pass
     return t
+
+
+_LAYER_TIMED = re.compile(r"^layer (\d+)/(\d+): ")
+_RESUMED_AT = re.compile(r"^resumed at block (\d+) of \d+")
+
+
+def blocks_begun(log: list[dict]) -> list[list[int]]:
+    """The blocks (1-based) each attempt of a job began, read from its log. An attempt ("started on …")
+    begins at block 1, or where it resumed ("resumed at block R of n"); each "layer k/n: …" line (block
+    k's time, written in the transaction that moves the job to block k + 1, before that block is
+    computed) says block k + 1 began, up to n. An upper bound: an attempt that ended before its block
+    loop counts its first block as begun."""
+    found: list[list[int]] = []
+    for line in log:
+        message = line["message"]
+        if message.startswith("started on "):
+            found.append([1])
+        elif found and (m := _RESUMED_AT.match(message)):
+            found[-1] = [int(m[1])]
+        elif found and (m := _LAYER_TIMED.match(message)) and int(m[1]) < int(m[2]):
+            found[-1].append(int(m[1]) + 1)
+    return found
+
+
+def job_rows(service) -> dict[int, dict]:
+    """Every job's status, stage, block in progress (0-based ``layer``), attempts and process
+    (``host:pid``), in one query: what a test polling many jobs at once reads."""
+    from sqlalchemy import select
+
+    from jobs.db import Job
+
+    columns = (Job.id, Job.status, Job.stage, Job.layer, Job.attempts, Job.worker)
+    with service.sessions() as s:
+        return {row.id: row._asdict() for row in s.execute(select(*columns))}
