@@ -13,7 +13,6 @@ step begin and act while the job is in it. Nothing waits a fixed time: every wai
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import hashlib
 import os
@@ -22,20 +21,21 @@ import shutil
 import signal
 import socket
 import time
-from collections import Counter
 
 import pytest
 
-from jobs.checkpoints import attempts
 from jobs.db import Job, utcnow
 from tests.jobs.conftest import _pg_available, postgres_database, recipe, wait_for
 from tests.jobs.faults import (
     FINISHED,
     ROOT,
+    STOP_SECONDS,
+    STORM_BLOCKS,
     FaultStack,
     RedisServer,
+    Storm,
     alive,
-    blocks_begun,
+    check_blocks,
     children,
     files,
     finished,
@@ -45,9 +45,11 @@ from tests.jobs.faults import (
     kill,
     parent,
     pause,
+    prune_result,
     rss_mb,
     snapshot,
     started_lines,
+    storm_plan,
     terminate_backends,
     wait_job,
 )
@@ -424,105 +426,12 @@ def test_twenty_clients_submitting_five_jobs_each_at_once(faults, job_models):
     report("20 clients x 5 submissions", submitted_s=submitted, all_done_s=time.monotonic() - released)
 
 
-BLOCKS = 10  # the storm's model: enough blocks for a fault to land well inside its block loop
 STORM_RECIPES = (  # four recipes, five jobs each: the first job of each runs untouched, the reference
     {"ratio": 0.3},  # the default criterion: obs selection, its head split carried from block to block
     {"ratio": 0.5},
     {"ratio": 0.3, "criterion": {"name": "magnitude"}},
     {"ratio": 0.4, "reconstruction": {"target": "dense"}},  # error feedback: the dense activations saved too
 )
-STOP_SECONDS = 20
-
-
-def _storm_plan(rng: random.Random) -> list[tuple[str, int, int]]:
-    """Four SIGKILLs and four SIGTERMs in a seeded order, the broker wiped once among them: each
-    ``(kind, jobs finished before it, the least block (0-based) its victim must be in)``."""
-    kinds = ["kill"] * 4 + ["term"] * 4
-    rng.shuffle(kinds)
-    kinds.insert(rng.randrange(1, len(kinds)), "wipe")
-    after = sorted(rng.randrange(0, 11) for _ in kinds)
-    return [(kind, n, rng.randrange(1, BLOCKS - 3)) for kind, n in zip(kinds, after)]
-
-
-@dataclasses.dataclass
-class _Storm:
-    """The faults of one storm and what they hit: jobs whose worker was SIGKILLed (how often), the
-    attempts whose worker was SIGTERMed (``(job, attempt)`` → seconds the worker took to exit)."""
-
-    faults: FaultStack
-    rng: random.Random
-    spared: set[int]  # never a victim
-    killed: Counter = dataclasses.field(default_factory=Counter)
-    stopped: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)
-    wiped: int = 0
-
-    def victim(self, rows: dict[int, dict], kind: str, at: int) -> tuple | None:
-        """``(job, its row, its worker)``: a live worker whose job (not spared) is inside block ``at``
-        or later; for a SIGTERM, early enough that the stop lands before the last block (which runs to
-        its end); for a SIGKILL, a job not killed before (``LIAR_MAX_ATTEMPTS=2`` allows one lost
-        worker per job) and, until one is, a job stopped before while one is unfinished: its stop must
-        not count as an attempt, or losing its worker now would fail it."""
-        live = {p.pid: p for p in self.faults.workers if p.poll() is None}
-        last = BLOCKS - 1 if kind == "kill" else BLOCKS - 3
-        found = []
-        for job, row in rows.items():
-            if row["status"] != "RUNNING" or row["stage"] != "reconstruct" or job in self.spared:
-                continue
-            if not at <= (row["layer"] or 0) <= last or (kind == "kill" and job in self.killed):
-                continue
-            try:
-                worker = live.get(parent(job_pid(row)))
-            except (FileNotFoundError, ProcessLookupError, AttributeError):  # its process has just ended
-                continue
-            if worker is not None:
-                found.append((job, row, worker))
-        stopped = {job for job, _ in self.stopped}
-        if kind == "kill" and not stopped & set(self.killed):  # the first kill after a stop waits for its job
-            waiting = {job for job in stopped if rows[job]["status"] != "SUCCEEDED"}
-            found = [f for f in found if f[0] in waiting] if waiting else found
-        return self.rng.choice(found) if found else None
-
-    def strike(self, kind: str, job: int, row: dict, worker) -> None:
-        """SIGKILL (the worker's process group) or SIGTERM the worker, wait for it to exit and start a
-        fresh one in its place."""
-        sent = time.monotonic()
-        if kind == "kill":
-            kill(worker.pid, group=True)
-        else:
-            os.killpg(worker.pid, signal.SIGTERM)  # as a deploy stops it: the parent and its job's process
-        worker.wait(timeout=STOP_SECONDS + 30)
-        took = time.monotonic() - sent
-        self.faults.start_worker()
-        if kind == "kill":
-            self.killed[job] += 1
-        else:
-            assert took < STOP_SECONDS, f"the SIGTERMed worker took {took:.1f} s to exit"
-            self.stopped[(job, row["attempts"])] = took
-
-
-def _result(info: dict) -> tuple:
-    """What a prune made: its weights and config (each file's sha256) and the units each layer kept."""
-    files = {a["name"]: a["sha256"] for a in info["artifacts"] if a.get("name")}
-    kept = [(r["layer"], r["module"], r["kept"], r["total"]) for r in info["report"]]
-    return {n: d for n, d in files.items() if n.endswith(".safetensors") or n == "config.json"}, kept
-
-
-def _check_blocks(info: dict, lost: int, stopped: list[int]) -> int:
-    """No block begun more than twice, and no more extra blocks than attempts lost with their worker
-    (a SIGKILL loses the block under way; a stop finishes it): every later attempt resumes after the
-    last checkpoint an earlier one logged; attempts ``stopped`` (SIGTERM) said so, and the next one
-    resumed at the block after the one they stopped at. How many blocks were begun again."""
-    begun = Counter(b for run in blocks_begun(info["log"]) for b in run)
-    assert sorted(begun) == list(range(1, BLOCKS + 1)) and max(begun.values()) <= 2, (info["id"], begun)
-    assert sum(begun.values()) <= BLOCKS + lost, (info["id"], begun, lost)
-    runs = attempts(info["log"])
-    for k, run in enumerate(runs[1:], 1):
-        assert run["from_block"] >= max(r["saved_block"] or 0 for r in runs[:k]) + 1, (info["id"], runs)
-    stops = [line["message"] for line in info["log"] if "stopping: stopped after block" in line["message"]]
-    assert len(stops) == len(stopped), (info["id"], stops, stopped)
-    for attempt in stopped:
-        assert runs[attempt]["from_block"] == runs[attempt - 1]["saved_block"] + 1, (info["id"], runs)
-    return sum(begun.values()) - BLOCKS
 
 
 def test_twenty_jobs_resume_through_killed_and_stopped_workers_and_a_wiped_broker(faults, job_models, tmp_path):
@@ -535,7 +444,7 @@ def test_twenty_jobs_resume_through_killed_and_stopped_workers_and_a_wiped_broke
     from core.models.tiny import tiny_decoder
 
     rng = random.Random(20240611)
-    model = tiny_decoder(tmp_path / "ten", num_hidden_layers=BLOCKS)
+    model = tiny_decoder(tmp_path / "ten", num_hidden_layers=STORM_BLOCKS)
     faults.env.update(
         LIAR_CHECKPOINT_MINUTES="0.0001",  # a save after every block
         LIAR_STOP_SECONDS=str(STOP_SECONDS),
@@ -551,8 +460,8 @@ def test_twenty_jobs_resume_through_killed_and_stopped_workers_and_a_wiped_broke
         service.submit(recipe(job_models, model=str(model), execution="stream", **STORM_RECIPES[n % 4]))
         for n in range(20)
     ]
-    storm = _Storm(faults, rng, spared=set(ids[: len(STORM_RECIPES)]))  # the references: never a victim
-    for kind, after, at in _storm_plan(rng):
+    storm = Storm(faults, rng, spared=set(ids[: len(STORM_RECIPES)]))  # the references: never a victim
+    for kind, after, at in storm_plan(rng):
 
         def moment(kind=kind, after=after, at=at):
             rows = job_rows(service)
@@ -578,13 +487,13 @@ def test_twenty_jobs_resume_through_killed_and_stopped_workers_and_a_wiped_broke
     assert (len(storm.killed), len(storm.stopped), storm.wiped) == (4, 4, 1)
     assert set(storm.killed) & {job for job, _ in storm.stopped}, "no job was stopped and then lost its worker"
     assert any(line["message"].endswith("re-sent") for i in infos.values() for line in i["log"])
-    reference = {n: _result(infos[ids[n]]) for n in range(len(STORM_RECIPES))}
+    reference = {n: prune_result(infos[ids[n]]) for n in range(len(STORM_RECIPES))}
     again = 0
     for n, job in enumerate(ids):
         info = infos[job]
         if job in storm.spared:
             assert info["attempts"] == 1 and "resumed_at_block" not in info["metrics"], job
-        assert _result(info) == reference[n % 4], job
-        again += _check_blocks(info, storm.killed[job], sorted(a for j, a in storm.stopped if j == job))
+        assert prune_result(info) == reference[n % 4], job
+        again += check_blocks(info, storm.killed[job], sorted(a for j, a in storm.stopped if j == job))
     figures = {"all_done_s": done, "slowest_stop_s": max(storm.stopped.values()), "blocks_begun_again": again}
     report("20 jobs, 4 workers killed, 4 stopped, the broker wiped", **figures)
