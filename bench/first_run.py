@@ -75,12 +75,15 @@ def _worker_rate(service, limit: float = 120) -> float:
 
 
 def run(data: Path, runs=RUNS) -> dict:
+    from app.cli.firstrun import SMOLLM2_DIR
     from app.web import forms, preview
     from app.web.figures import SPEEDUPS, speedup_of, speedup_text
+    from core.models import bundled
     from jobs.access import OPEN
     from jobs.service import JobService
 
     os.environ["LIAR_DATA_DIR"] = str(data)
+    bundled.prepare(data / "models" / SMOLLM2_DIR)  # now: the app prepares it in the background, offered when done
     service = JobService()
     service.settings.ensure_dirs()
     worker = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--loglevel", "WARNING"])

@@ -113,6 +113,9 @@ class Job(Base):
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime)
     worker: Mapped[str | None] = mapped_column(String(255))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # attempts that ended in a polite stop (SIGTERM: a checkpoint saved, the job handed back,
+    # jobs.stopping); they do not count against LIAR_MAX_ATTEMPTS (revision 0008)
+    stops: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     celery_id: Mapped[str | None] = mapped_column(String(64))
     submitted_by: Mapped[str | None] = mapped_column(String(255), index=True)

@@ -209,13 +209,21 @@ def finish(
         s.add(JobLog(job_id=job_id, level=level, message=f"{status.value.lower()}: {error}"))
 
 
-def requeue_or_fail(sf: sessionmaker, job_id: int, token: int, max_attempts: int, reason: str) -> bool:
+def requeue_or_fail(
+    sf: sessionmaker, job_id: int, token: int, max_attempts: int, reason: str, stopped: bool = False
+) -> bool:
     """After a transient error in attempt ``token``: the job back in the queue for another attempt,
-    or FAILED once it has had ``max_attempts``; whether it ended the job."""
-    if token < max_attempts:
-        with fenced(sf, job_id, token, status=Status.QUEUED.value, stage="requeued") as s:
+    or FAILED once ``max_attempts`` of its attempts have counted; whether it ended the job. A polite
+    stop (``stopped``: the attempt saved a checkpoint and hands the job back) always requeues it and
+    is not counted, then or later (the job's ``stops``)."""
+    with fenced(sf, job_id, token) as s:
+        counted = token - s.scalar(select(Job.stops).where(Job.id == job_id))
+        if stopped or counted < max_attempts:
+            values = {"status": Status.QUEUED.value, "stage": "requeued", "stops": Job.stops + int(stopped)}
+            s.execute(update(Job).where(Job.id == job_id).values(**values))
             s.add(JobLog(job_id=job_id, level="WARNING", message=f"{reason}; will retry"))
-        return False
-    with fenced(sf, job_id, token, status=Status.FAILED.value, finished_at=server_utcnow(), error=reason) as s:
+            return False
+        ended = {"status": Status.FAILED.value, "finished_at": server_utcnow(), "error": reason}
+        s.execute(update(Job).where(Job.id == job_id).values(**ended))
         s.add(JobLog(job_id=job_id, level="ERROR", message=f"failed after {token} attempts: {reason}"))
     return True

@@ -463,7 +463,7 @@ class JobService(JobFiles):
                 if job.cancel_requested:
                     job.status, job.finished_at, job.error = Status.CANCELLED.value, now, reason
                     ended.append(job.id)
-                elif job.attempts < self.settings.max_attempts:
+                elif job.attempts - job.stops < self.settings.max_attempts:  # stopped attempts do not count
                     job.status, job.stage, job.heartbeat_at = Status.QUEUED.value, "requeued", None
                     s.add(JobLog(job_id=job.id, level="WARNING", message=f"{reason}; re-queued"))
                     resend.append(job.id)

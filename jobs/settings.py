@@ -152,7 +152,7 @@ class Settings:
     database_url: str
     broker_url: str
     lease_seconds: float = 60.0
-    max_attempts: int = 2
+    max_attempts: int = 2  # runs of a job before a lost worker fails it; a polite stop (SIGTERM) does not count
     data_roots: tuple[Path, ...] = ()  # beyond the data dir and the cache: folders the web app may read
     # lm-eval task folders a web or API job may name: their YAMLs can run Python (``!function``), so
     # only an administrator's list, never the data folders

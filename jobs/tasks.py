@@ -148,8 +148,8 @@ def _attempt(sf, job_id: int, token: int, worker: str, settings: Settings, refus
         raise
     except StopRequested as exc:  # the worker is stopping: the checkpoint is saved, the job goes back
         _discard(settings, job_id, token, keep=RESUME)
-        # requeued whatever the attempt count: a polite stop is not the job's failure
-        requeue_or_fail(sf, job_id, token, token + 1, f"worker {worker} stopping: {exc}")
+        # requeued whatever the attempt count, and not counted: a polite stop is not the job's failure
+        requeue_or_fail(sf, job_id, token, settings.max_attempts, f"worker {worker} stopping: {exc}", stopped=True)
         _send_again(settings, job_id)
         return Status.QUEUED.value
     except JobCancelled:

@@ -1,19 +1,26 @@
 """What the fault suite (``test_faults.py``) runs against: a fresh PostgreSQL database and a private
 ``redis-server`` per test (on a free port, stopped and restarted at will), real ``liar worker``
-processes, and readings of their processes (pids, resident memory) from ``/proc``."""
+processes, and readings of their processes (pids, resident memory) from ``/proc``; the resume case's
+storm of killed and stopped workers (:class:`Storm`) and what it checks of each job's log
+(:func:`blocks_begun`, :func:`check_blocks`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+import random
+import re
 import resource
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
+from jobs.checkpoints import attempts
 from tests.jobs.conftest import PG_ADMIN, Stack, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -264,3 +271,132 @@ def kill(pid: int, group: bool = False) -> float:
     except ProcessLookupError:
         pass
     return t
+
+
+_LAYER_TIMED = re.compile(r"^layer (\d+)/(\d+): ")
+_RESUMED_AT = re.compile(r"^resumed at block (\d+) of \d+")
+
+
+def blocks_begun(log: list[dict]) -> list[list[int]]:
+    """The blocks (1-based) each attempt of a job began, read from its log. An attempt ("started on …")
+    begins at block 1, or where it resumed ("resumed at block R of n"); each "layer k/n: …" line (block
+    k's time, written in the transaction that moves the job to block k + 1, before that block is
+    computed) says block k + 1 began, up to n. An upper bound: an attempt that ended before its block
+    loop counts its first block as begun."""
+    found: list[list[int]] = []
+    for line in log:
+        message = line["message"]
+        if message.startswith("started on "):
+            found.append([1])
+        elif found and (m := _RESUMED_AT.match(message)):
+            found[-1] = [int(m[1])]
+        elif found and (m := _LAYER_TIMED.match(message)) and int(m[1]) < int(m[2]):
+            found[-1].append(int(m[1]) + 1)
+    return found
+
+
+def job_rows(service) -> dict[int, dict]:
+    """Every job's status, stage, block in progress (0-based ``layer``), attempts and process
+    (``host:pid``), in one query: what a test polling many jobs at once reads."""
+    from sqlalchemy import select
+
+    from jobs.db import Job
+
+    columns = (Job.id, Job.status, Job.stage, Job.layer, Job.attempts, Job.worker)
+    with service.sessions() as s:
+        return {row.id: row._asdict() for row in s.execute(select(*columns))}
+
+
+STORM_BLOCKS = 10  # the storm's model: enough blocks for a fault to land well inside its block loop
+STOP_SECONDS = 20  # LIAR_STOP_SECONDS of the storm's workers
+
+
+def storm_plan(rng: random.Random) -> list[tuple[str, int, int]]:
+    """Four SIGKILLs and four SIGTERMs in a seeded order, the broker wiped once among them: each
+    ``(kind, jobs finished before it, the least block (0-based) its victim must be in)``."""
+    kinds = ["kill"] * 4 + ["term"] * 4
+    rng.shuffle(kinds)
+    kinds.insert(rng.randrange(1, len(kinds)), "wipe")
+    after = sorted(rng.randrange(0, 11) for _ in kinds)
+    return [(kind, n, rng.randrange(1, STORM_BLOCKS - 3)) for kind, n in zip(kinds, after)]
+
+
+@dataclasses.dataclass
+class Storm:
+    """The faults of one storm and what they hit: jobs whose worker was SIGKILLed (how often), the
+    attempts whose worker was SIGTERMed (``(job, attempt)`` → seconds the worker took to exit)."""
+
+    faults: FaultStack
+    rng: random.Random
+    spared: set[int]  # never a victim
+    killed: Counter = dataclasses.field(default_factory=Counter)
+    stopped: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)
+    wiped: int = 0
+
+    def victim(self, rows: dict[int, dict], kind: str, at: int) -> tuple | None:
+        """``(job, its row, its worker)``: a live worker whose job (not spared) is inside block ``at``
+        or later; for a SIGTERM, early enough that the stop lands before the last block (which runs to
+        its end); for a SIGKILL, a job not killed before (``LIAR_MAX_ATTEMPTS=2`` allows one lost
+        worker per job) and, until one is, a job stopped before while one is unfinished: its stop must
+        not count as an attempt, or losing its worker now would fail it."""
+        live = {p.pid: p for p in self.faults.workers if p.poll() is None}
+        last = STORM_BLOCKS - 1 if kind == "kill" else STORM_BLOCKS - 3
+        found = []
+        for job, row in rows.items():
+            if row["status"] != "RUNNING" or row["stage"] != "reconstruct" or job in self.spared:
+                continue
+            if not at <= (row["layer"] or 0) <= last or (kind == "kill" and job in self.killed):
+                continue
+            try:
+                worker = live.get(parent(job_pid(row)))
+            except (FileNotFoundError, ProcessLookupError, AttributeError):  # its process has just ended
+                continue
+            if worker is not None:
+                found.append((job, row, worker))
+        stopped = {job for job, _ in self.stopped}
+        if kind == "kill" and not stopped & set(self.killed):  # the first kill after a stop waits for its job
+            waiting = {job for job in stopped if rows[job]["status"] != "SUCCEEDED"}
+            found = [f for f in found if f[0] in waiting] if waiting else found
+        return self.rng.choice(found) if found else None
+
+    def strike(self, kind: str, job: int, row: dict, worker) -> None:
+        """SIGKILL (the worker's process group) or SIGTERM the worker, wait for it to exit and start a
+        fresh one in its place."""
+        sent = time.monotonic()
+        if kind == "kill":
+            kill(worker.pid, group=True)
+        else:
+            os.killpg(worker.pid, signal.SIGTERM)  # as a deploy stops it: the parent and its job's process
+        worker.wait(timeout=STOP_SECONDS + 30)
+        took = time.monotonic() - sent
+        self.faults.start_worker()
+        if kind == "kill":
+            self.killed[job] += 1
+        else:
+            assert took < STOP_SECONDS, f"the SIGTERMed worker took {took:.1f} s to exit"
+            self.stopped[(job, row["attempts"])] = took
+
+
+def prune_result(info: dict) -> tuple:
+    """What a prune made: its weights and config (each file's sha256) and the units each layer kept."""
+    files = {a["name"]: a["sha256"] for a in info["artifacts"] if a.get("name")}
+    kept = [(r["layer"], r["module"], r["kept"], r["total"]) for r in info["report"]]
+    return {n: d for n, d in files.items() if n.endswith(".safetensors") or n == "config.json"}, kept
+
+
+def check_blocks(info: dict, lost: int, stopped: list[int]) -> int:
+    """No block begun more than twice, and no more extra blocks than attempts lost with their worker
+    (a SIGKILL loses the block under way; a stop finishes it): every later attempt resumes after the
+    last checkpoint an earlier one logged; attempts ``stopped`` (SIGTERM) said so, and the next one
+    resumed at the block after the one they stopped at. How many blocks were begun again."""
+    begun = Counter(b for run in blocks_begun(info["log"]) for b in run)
+    assert sorted(begun) == list(range(1, STORM_BLOCKS + 1)) and max(begun.values()) <= 2, (info["id"], begun)
+    assert sum(begun.values()) <= STORM_BLOCKS + lost, (info["id"], begun, lost)
+    runs = attempts(info["log"])
+    for k, run in enumerate(runs[1:], 1):
+        assert run["from_block"] >= max(r["saved_block"] or 0 for r in runs[:k]) + 1, (info["id"], runs)
+    stops = [line["message"] for line in info["log"] if "stopping: stopped after block" in line["message"]]
+    assert len(stops) == len(stopped), (info["id"], stops, stopped)
+    for attempt in stopped:
+        assert runs[attempt]["from_block"] == runs[attempt - 1]["saved_block"] + 1, (info["id"], runs)
+    return sum(begun.values()) - STORM_BLOCKS

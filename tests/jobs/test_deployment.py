@@ -5,7 +5,8 @@ standing in for GPU kinds).
 
 One run of the module: 20 jobs of two estimated sizes, each routed to its queue and finished; every
 checkpoint downloaded through the web process and reloaded; a worker killed in the middle of an upload
-leaves nothing listed; the Workers tab lists both workers; a stalled job is failed by the watchdog.
+leaves nothing listed; the Workers tab lists both workers; a stalled job is failed by the watchdog; a
+worker SIGTERMed inside a streamed job hands it, through a checkpoint in the store, to another.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import pytest
 
 from core.pipeline.estimate import estimate
 from jobs.db import Job
-from jobs.routing import queue_worker
+from jobs.routing import queue_worker, route
 from jobs.service import JobService
 from jobs.settings import Queue, Settings, parse_queues
 from tests.jobs.conftest import _pg_available, postgres_database, recipe, wait_for
@@ -69,10 +70,12 @@ class Deployment:
         self.procs[name] = proc
         return proc
 
-    def worker(self, queue: str, **env: str) -> subprocess.Popen:
-        """A worker of ``queue``, in the queue's own data folder (``worker-<queue>``)."""
-        argv = ["worker", "--loglevel", "INFO", "--queues", queue, "--name", f"{queue}@%h"]
-        return self.start(f"worker-{queue}", argv, f"worker-{queue}", **env)
+    def worker(self, queue: str, folder: str | None = None, **env: str) -> subprocess.Popen:
+        """A worker of ``queue``, in a data folder of its own: ``folder``, by default the queue's
+        (``worker-<queue>``); the folder names the process (``stop``) and the worker (``<queue>@host``)."""
+        folder = folder or f"worker-{queue}"
+        argv = ["worker", "--loglevel", "INFO", "--queues", queue, "--name", f"{folder.removeprefix('worker-')}@%h"]
+        return self.start(folder, argv, folder, **env)
 
     def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
         proc = self.procs.pop(name)
@@ -259,3 +262,64 @@ def test_a_stalled_job_is_failed_by_the_watchdog(deployment):
     assert any("stopped by the watchdog" in line["message"] for line in info["log"])
     d.stop("worker-small")
     d.worker("small")
+
+
+STOP_SECONDS = 30  # LIAR_STOP_SECONDS of the SIGTERM case's workers
+
+
+def _weights(d: Deployment, job_id: int) -> dict[str, str]:
+    files = d.service.show(job_id)["artifacts"]
+    return {a["name"]: a["sha256"] for a in files if (a.get("name") or "").endswith(".safetensors")}
+
+
+def test_a_sigtermed_worker_hands_its_streamed_job_to_another_through_the_store(deployment, job_models):
+    """A worker of the job's queue is SIGTERMed inside block 4 of a streamed 8-block job: it finishes
+    the block, keeps a checkpoint in the S3 store (nothing in its own data folder), requeues the job
+    and exits within LIAR_STOP_SECONDS. A second worker of the queue, in a data folder of its own,
+    resumes the job at the next block from the store's checkpoint; the weights equal those of the same
+    recipe run without a stop, and the store keeps the finished attempt's files only."""
+    d = deployment
+    r = recipe(job_models, "deep", criterion={"name": "magnitude"}, execution="stream")
+    queue, _ = route(d.service.settings.queues, r)
+    saves = {"LIAR_CHECKPOINT_MINUTES": "0.0001", "LIAR_STOP_SECONDS": str(STOP_SECONDS)}  # one after each block
+    first, second = f"worker-{queue}", f"worker-{queue}-2"
+    d.stop(first)
+    d.worker(queue, LIAR_STAGE_PAUSE="reconstruct=1", **saves)  # a second at each block's start
+    job_id = d.service.submit(r)
+    wait_for(
+        lambda: (i := d.service.show(job_id))["stage"] == "reconstruct" and (i["layer"] or 0) >= 3,
+        timeout=300,
+        what="the job inside block 4",
+    )
+    sent = time.monotonic()
+    d.stop(first, signal.SIGTERM)  # the worker's parent and its job's process, as a deploy stops them
+    assert time.monotonic() - sent < STOP_SECONDS
+    info = d.service.show(job_id)
+    assert info["status"] == "QUEUED" and info["attempts"] == 1, info
+    stop = next(line["message"] for line in info["log"] if "stopping: stopped after block" in line["message"])
+    stopped_at = int(stop.split("stopped after block ")[1].split()[0])
+    held = objects(d.endpoint, d.bucket, f"liar/artifacts/job-{job_id}/attempt-1/resume/")
+    assert f"liar/artifacts/job-{job_id}/attempt-1/resume/manifest.json" in held
+    assert not [p for p in (d.root / first / "artifacts").rglob("*") if p.is_file()]  # the store holds it all
+
+    d.worker(queue, folder=second, **saves)
+    wait_for(lambda: d.status(job_id) in ("SUCCEEDED", "FAILED"), timeout=300, what="the resumed attempt")
+    info = d.service.show(job_id)
+    assert info["status"] == "SUCCEEDED" and info["attempts"] == 2, info["error"]
+    assert info["metrics"]["resumed_at_block"] == stopped_at + 1 > 1
+    kept = f"resumed at block {stopped_at + 1} of 8, {stopped_at} blocks kept from attempt 1"
+    assert kept in [line["message"] for line in info["log"]]
+    ours = f"liar/artifacts/job-{job_id}/attempt-2/checkpoint/"
+
+    def only_the_result() -> bool:  # attempt 1's folder and both checkpoints go once the success is recorded
+        left = objects(d.endpoint, d.bucket, f"liar/artifacts/job-{job_id}/")
+        return bool(left) and all(k.startswith(ours) for k in left)
+
+    wait_for(only_the_result, timeout=60, what="the store to keep the finished attempt's checkpoint only")
+
+    whole = d.service.submit(r)  # the same recipe, run whole on the second worker
+    wait_for(lambda: d.status(whole) in ("SUCCEEDED", "FAILED"), timeout=300, what="the run without a stop")
+    assert d.service.show(whole)["attempts"] == 1 and "resumed_at_block" not in d.service.show(whole)["metrics"]
+    assert _weights(d, job_id) == _weights(d, whole)
+    d.stop(second)
+    d.worker(queue)  # the deployment as the module set it up

@@ -1,6 +1,8 @@
 """The fault suite: the job runner under killed workers, a lost or stopped broker, killed database
-connections, a full disk, cancellations and duplicated messages — each case against the real
-PostgreSQL, a private ``redis-server`` and real ``liar worker`` processes on a tiny model.
+connections, a full disk, cancellations and duplicated messages, and streamed jobs resuming from
+their block checkpoints through a storm of killed and stopped workers and a wiped broker — each case
+against the real PostgreSQL, a private ``redis-server`` and real ``liar worker`` processes on a tiny
+model.
 
 Where a kill or a cancel must land inside a stage, the worker pauses at the start of each step of
 that stage (``LIAR_STAGE_PAUSE``, see ``jobs.settings``) after recording it, so the test can see the
@@ -14,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -24,21 +27,29 @@ import pytest
 from jobs.db import Job, utcnow
 from tests.jobs.conftest import _pg_available, postgres_database, recipe, wait_for
 from tests.jobs.faults import (
+    FINISHED,
     ROOT,
+    STOP_SECONDS,
+    STORM_BLOCKS,
     FaultStack,
     RedisServer,
+    Storm,
     alive,
+    check_blocks,
     children,
     files,
     finished,
     in_layer,
     job_pid,
+    job_rows,
     kill,
     parent,
     pause,
+    prune_result,
     rss_mb,
     snapshot,
     started_lines,
+    storm_plan,
     terminate_backends,
     wait_job,
 )
@@ -413,3 +424,76 @@ def test_twenty_clients_submitting_five_jobs_each_at_once(faults, job_models):
     assert [tuple(row) for row in states] == [("SUCCEEDED", 1, 100)]
     assert sorted(job for job, n in starts if n == 1) == sorted(ids)
     report("20 clients x 5 submissions", submitted_s=submitted, all_done_s=time.monotonic() - released)
+
+
+STORM_RECIPES = (  # four recipes, five jobs each: the first job of each runs untouched, the reference
+    {"ratio": 0.3},  # the default criterion: obs selection, its head split carried from block to block
+    {"ratio": 0.5},
+    {"ratio": 0.3, "criterion": {"name": "magnitude"}},
+    {"ratio": 0.4, "reconstruction": {"target": "dense"}},  # error feedback: the dense activations saved too
+)
+
+
+def test_twenty_jobs_resume_through_killed_and_stopped_workers_and_a_wiped_broker(faults, job_models, tmp_path):
+    """20 streamed jobs (four recipes on a ten-block model, a checkpoint after every block) on three
+    workers, through a seeded storm: four workers SIGKILLed and four SIGTERMed while their job is inside
+    a block, a fresh worker started in each one's place, and the broker wiped once (restarted without
+    persistence). Every job succeeds with the weights, config and kept units of its recipe's untouched
+    run; a SIGTERMed worker exits within LIAR_STOP_SECONDS, its job resumed at the next block; no block
+    is begun more than twice (the job's log: ``blocks_begun``)."""
+    from core.models.tiny import tiny_decoder
+
+    rng = random.Random(20240611)
+    model = tiny_decoder(tmp_path / "ten", num_hidden_layers=STORM_BLOCKS)
+    faults.env.update(
+        LIAR_CHECKPOINT_MINUTES="0.0001",  # a save after every block
+        LIAR_STOP_SECONDS=str(STOP_SECONDS),
+        LIAR_STAGE_PAUSE="reconstruct=0.4",  # each block long enough for a fault to land inside it
+        LIAR_LEASE_SECONDS="6",  # three workers and a busy machine: no false "lost worker"
+        LIAR_WORKER_MAX_TASKS_PER_CHILD="100",
+    )
+    service = faults.service()
+    for _ in range(3):
+        faults.start_worker()
+    started = time.monotonic()
+    ids = [
+        service.submit(recipe(job_models, model=str(model), execution="stream", **STORM_RECIPES[n % 4]))
+        for n in range(20)
+    ]
+    storm = Storm(faults, rng, spared=set(ids[: len(STORM_RECIPES)]))  # the references: never a victim
+    for kind, after, at in storm_plan(rng):
+
+        def moment(kind=kind, after=after, at=at):
+            rows = job_rows(service)
+            if sum(r["status"] == "SUCCEEDED" for r in rows.values()) < after:
+                return None
+            if kind == "wipe":  # while jobs wait: their messages are lost with it
+                return any(r["status"] == "QUEUED" for r in rows.values())
+            return storm.victim(rows, kind, at)
+
+        found = wait_for(moment, timeout=180, every=0.1, what=f"a moment for the {kind}")
+        if kind == "wipe":
+            faults.redis.restart()
+            storm.wiped += 1
+        else:
+            storm.strike(kind, *found)
+
+    wait_for(lambda: all(r["status"] in FINISHED for r in job_rows(service).values()), timeout=300, what="20 jobs")
+    done = time.monotonic() - started
+    infos = {job: service.show(job, internal=True) for job in ids}
+    assert {j: i["status"] for j, i in infos.items()} == dict.fromkeys(ids, "SUCCEEDED"), {
+        j: i["error"] for j, i in infos.items() if i["error"]
+    }
+    assert (len(storm.killed), len(storm.stopped), storm.wiped) == (4, 4, 1)
+    assert set(storm.killed) & {job for job, _ in storm.stopped}, "no job was stopped and then lost its worker"
+    assert any(line["message"].endswith("re-sent") for i in infos.values() for line in i["log"])
+    reference = {n: prune_result(infos[ids[n]]) for n in range(len(STORM_RECIPES))}
+    again = 0
+    for n, job in enumerate(ids):
+        info = infos[job]
+        if job in storm.spared:
+            assert info["attempts"] == 1 and "resumed_at_block" not in info["metrics"], job
+        assert prune_result(info) == reference[n % 4], job
+        again += check_blocks(info, storm.killed[job], sorted(a for j, a in storm.stopped if j == job))
+    figures = {"all_done_s": done, "slowest_stop_s": max(storm.stopped.values()), "blocks_begun_again": again}
+    report("20 jobs, 4 workers killed, 4 stopped, the broker wiped", **figures)

@@ -90,6 +90,7 @@ def _writes(service: JobService, job_id: int, token: int) -> dict:
         "cancel": lambda: finish(sf, job_id, token, Status.CANCELLED, "cancelled by request"),
         "requeue": lambda: requeue_or_fail(sf, job_id, token, 3, "transient error"),
         "out of attempts": lambda: requeue_or_fail(sf, job_id, token, 1, "transient error"),
+        "stop": lambda: requeue_or_fail(sf, job_id, token, 1, "worker stopping", stopped=True),
     }
 
 
@@ -123,6 +124,19 @@ def test_claims_count_the_attempts(service):
     with service.sessions.begin() as s:
         s.execute(update(Job).where(Job.id == job).values(status=Status.CANCELLED.value))
     assert claim(service.sessions, job, "c:3") is None
+
+
+def test_a_stop_is_not_counted_against_the_attempts(service):
+    """With two attempts allowed: attempt 1 stopped politely goes back to the queue uncounted, attempt
+    2's transient error requeues the job (one attempt counted), attempt 3's ends it (two)."""
+    job, sf = _job(service), service.sessions
+    assert requeue_or_fail(sf, job, claim(sf, job, "a:1"), 2, "worker a:1 stopping", stopped=True) is False
+    assert requeue_or_fail(sf, job, claim(sf, job, "b:2"), 2, "transient error") is False
+    assert requeue_or_fail(sf, job, claim(sf, job, "c:3"), 2, "transient error") is True
+    with service.sessions() as s:
+        row = s.get(Job, job)
+        assert (row.status, row.attempts, row.stops) == ("FAILED", 3, 1)
+        assert row.error == "transient error"
 
 
 def test_a_superseded_attempt_writes_nothing(service):

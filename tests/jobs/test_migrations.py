@@ -122,7 +122,7 @@ def test_upgrade_keeps_a_finished_job_and_its_archive(empty_database, tmp_path):
             ],
         )
     engine.dispose()
-    assert upgrade(url) == "0007"
+    assert upgrade(url) == "0008"
 
     service = JobService(Settings(data_dir=tmp_path, database_url=url, broker_url="memory://"), _FakeCelery())
     info = service.show(1)

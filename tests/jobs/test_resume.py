@@ -6,15 +6,17 @@ checkpoint lives in the job's store."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import os
 import signal
 
 import pytest
+from sqlalchemy import update
 
 import jobs.tasks
 from core.pipeline.checkpoint import CheckpointError, sha256_file
 from jobs.checkpoints import StoreCheckpoints, attempts
-from jobs.db import Status
+from jobs.db import Job, Status, utcnow
 from jobs.service import JobService
 from jobs.settings import Settings
 from jobs.store import Store
@@ -128,6 +130,29 @@ def test_a_peek_downloads_the_manifest_and_the_one_file_asked_for(tmp_path):
         f.write(b"changed")
     with pytest.raises(CheckpointError, match="does not match its recorded sha256"):
         again.peek("scores.pt", tmp_path / "changed")
+
+
+def test_a_stopped_attempt_is_not_counted_against_the_jobs_attempts(service, job_models, monkeypatch):
+    """LIAR_MAX_ATTEMPTS (2 here) counts lost and failed attempts, not stopped ones: a job stopped by
+    SIGTERM in attempt 1 and lost with its worker in attempt 2 goes back to the queue (it was failed,
+    the stop counted as an attempt), and attempt 3 resumes from attempt 1's checkpoint."""
+    r = recipe(job_models, "deep", criterion={"name": "magnitude"}, execution="stream")
+    job = service.submit(r)
+    _stopping_at(monkeypatch, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    assert execute(job, service.settings) == Status.QUEUED.value
+    old = utcnow() - dt.timedelta(seconds=600)
+    lost = dict(status=Status.RUNNING.value, heartbeat_at=old, attempts=2, worker="gone:1")
+    with service.sessions.begin() as s:  # attempt 2 claimed by a worker that then vanished
+        s.execute(update(Job).where(Job.id == job).values(**lost))
+    assert service.reap() == [job]
+    shown = service.show(job)
+    assert shown["status"] == Status.QUEUED.value, shown["error"]
+    with service.sessions() as s:
+        assert (s.get(Job, job).attempts, s.get(Job, job).stops) == (2, 1)
+
+    assert execute(job, service.settings) == "SUCCEEDED", service.show(job)["error"]
+    assert f"resumed at block {STOP_AT + 2} of 8, {STOP_AT + 1} blocks kept from attempt 1" in _log(service, job)
+    assert service.show(job)["attempts"] == 3
 
 
 def test_attempts_are_read_from_the_log():
