@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import update
 
 from jobs.db import Job, Status, utcnow
-from jobs.service import JobService, QueueError, SubmitError
+from jobs.service import JobService, NotNow, QueueError, SubmitError
 from jobs.settings import Settings
 from jobs.tasks import execute
 from tests.jobs.conftest import recipe
@@ -76,8 +76,14 @@ def test_a_jobs_checkpoint_is_named_by_its_id(service, job_models):
     (child,) = [j["id"] for j in service.list() if j["model"] == f"job:{first}"]
     loaded, _, named = _load_job(service.sessions, child, service.settings)
     assert loaded["model"] == checkpoint and named == f"job:{first}"
-    service.delete(first)  # the parent goes before the child runs: the child says so
-    assert execute(child, service.settings) == "FAILED"
+    with pytest.raises(NotNow, match=f"job {child} reads job {first}'s checkpoint"):
+        service.delete(first)  # refused while the child waits for it
+    with service.sessions.begin() as s:  # as if the child had been queued after the delete began
+        s.get(Job, child).status = Status.CANCELLED.value
+    service.delete(first)
+    with service.sessions.begin() as s:
+        s.get(Job, child).status = Status.QUEUED.value
+    assert execute(child, service.settings) == "FAILED"  # the parent went before the child ran: it says so
     assert service.show(child)["error"].startswith(f"model job:{first}: job {first} was deleted on ")
 
 
@@ -301,10 +307,10 @@ def test_a_job_writes_its_serving_files_into_the_checkpoint(service, job_models,
 def test_an_export_that_fails_after_the_prune_keeps_the_checkpoint(service, job_models, serving_models, monkeypatch):
     import core.serving
 
-    def refuse(checkpoint, forms, threads=2, log=print):
+    def refuse(*args, **kwargs):  # each form's writer (the job's export writes them one by one)
         raise core.serving.ExportError("llama.cpp did not answer 'quantize' within 600 s")
 
-    monkeypatch.setattr(core.serving, "export", refuse)
+    monkeypatch.setattr(core.serving, "write_form", refuse)
     job_id = service.submit(recipe(job_models, model=str(serving_models["llama"]), export=["gguf-f16", "gguf-q8_0"]))
     assert execute(job_id, service.settings) == "SUCCEEDED"
     info = service.show(job_id)
