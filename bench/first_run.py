@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import finished_job, stamp  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "first_run.json"
+PARTIAL = Path(tempfile.gettempdir()) / "liar-first-run.partial.json"
 PAGE = ROOT / "docs" / "results" / "first_run.md"
 PAGE_TEXT = """# The first run: SmolLM2-135M-Instruct on the Wikipedia text, estimate against real time
 
@@ -112,14 +113,13 @@ def run(data: Path, runs=RUNS) -> dict:
                 )
             )  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
+            partial = {**stamp(), "gemm_gflops": round(rate / 1e9, 1), "rows": rows}
+            PARTIAL.write_text(json.dumps(partial, indent=2) + "\n")  # the rows so far, if the run is stopped
     finally:
         worker.terminate()
         worker.wait(timeout=60)
-    return {
-        **stamp(),
-        "gemm_gflops": round(rate / 1e9, 1),
-        "rows": rows,
-    }
+    PARTIAL.unlink(missing_ok=True)
+    return {**stamp(), "gemm_gflops": round(rate / 1e9, 1), "rows": rows}
 
 
 def main() -> None:
