@@ -299,8 +299,9 @@ def _peak_in_matrices(call: str) -> float:
 
 @pytest.mark.slow
 def test_inverse_spd_peaks_at_one_matrix_beyond_its_input():
-    # the copy only; a factor and an inverse beside it would make 2–3
-    assert _peak_in_matrices("inverse_spd(lambda: g.clone(), 1e-3)") < 1.3
+    # the copy only, and the allocator's and LAPACK's slack (up to 1.33 seen on a loaded machine); a factor
+    # and an inverse beside it would make 2–3
+    assert _peak_in_matrices("inverse_spd(lambda: g.clone(), 1e-3)") < 1.5
 
 
 def test_solve_spd_in_place_equals_the_damped_solve_in_the_temporarys_memory():
