@@ -30,6 +30,7 @@ def render(r: dict) -> str:
         "",
         f"`make test`'s tests: {minutes(r['wall_seconds'])} wall in {r.get('processes', 1)} processes{ci}. "
         f"Targets: {TARGETS}.",
+        *([f"Conditions: {r['conditions']}.", ""] if r.get("conditions") else []),
         "A test counts once, under the first of deploy, browser, integration, slow it carries; the seconds are "
         "each test's own, so with several processes they add up to more than the wall time.",
         "",
