@@ -44,6 +44,27 @@ def _state(choice: export_jobs.Choice) -> str:
     return "possible"
 
 
+def _rows(choices: list[export_jobs.Choice]) -> list[str]:
+    """The table's rows: one per form, but neighbouring forms refused for the same reason in one row (a
+    tokenizer GGUF cannot hold refuses every GGUF type alike)."""
+    groups: list[tuple[list[export_jobs.Choice], str]] = []
+    for c in choices:
+        state = _state(c)
+        if groups and c.problem is not None and groups[-1][1] == state:
+            groups[-1][0].append(c)
+        else:
+            groups.append(([c], state))
+    rows = []
+    for group, state in groups:
+        label = group[0].label
+        if len(group) > 1:
+            kinds = [c.label.removeprefix("GGUF ").removesuffix(" (llama.cpp)") for c in group]
+            gguf = all(c.label.startswith("GGUF ") for c in group)
+            label = f"GGUF {', '.join(kinds)} (llama.cpp)" if gguf else " / ".join(c.label for c in group)
+        rows.append(f"| {label} | {' '.join(f'`{c.form}`' for c in group)} | {state} |")
+    return rows
+
+
 def view(service: JobService, job_id: int | None, actor: Actor = OPEN) -> tuple[str, list[tuple[str, str]]]:
     """The panel's text for the job on the page, and the forms it lets one export now as (label,
     form), from one look at the checkpoint: nothing for no job, or one without a finished checkpoint
@@ -64,7 +85,7 @@ def panel(
         return RESTRICTED, [], None, ""
     except (KeyError, NotNow):
         return "", [], None, ""
-    lines = [f"| {c.label} | `{c.form}` | {_state(c)} |" for c in choices]
+    lines = _rows(choices)
     text = "### Serving forms\n\n| form | name | can this checkpoint take it? |\n|---|---|---|\n" + "\n".join(lines)
     text += (
         "\n\nEach export is a job of its own on this checkpoint (nothing is pruned again); a quantized GGUF "
