@@ -37,7 +37,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from core.spec.recipe import EXPORT_FORMATS
+from core.spec.recipe import GGUF_FORMATS
 from jobs.access import OPEN, Actor, Forbidden, NotNow, public_text, require_owner
 from jobs.artifacts import checkpoint_files, job_dir, publish, remove_earlier_attempts
 from jobs.db import Artifact, Job, Status, retry_on_disconnect
@@ -60,7 +60,7 @@ EXPORT_ONLY = "export_only"  # the stored recipe's mark
 KIND = "export"  # the artifact row of an export job's folder
 FOLDER = "export"
 # the forms, in the order the page offers them (core.serving.FORMATS; torch-free names here)
-GGUF_QUANT = {f: f.removeprefix("gguf-") for f in EXPORT_FORMATS if f.startswith("gguf-")}
+GGUF_QUANT = GGUF_FORMATS
 LABELS = {**{f: f"GGUF {quant} (llama.cpp)" for f, quant in GGUF_QUANT.items()}, "vllm": "vLLM (DeciLM form)"}
 UNFINISHED = (Status.QUEUED.value, Status.RUNNING.value)
 

@@ -16,10 +16,7 @@ from pathlib import Path
 
 from core.serving.card import VLLM_DIR, list_forms
 from core.serving.quantize import QUANTIZED, Matrices
-from core.spec.recipe import EXPORT_FORMATS
-
-# form name → GGUF weight type; "vllm": vLLM's DeciLM form, a folder
-GGUF_FORMATS = {f: f.removeprefix("gguf-") for f in EXPORT_FORMATS if f.startswith("gguf-")}
+from core.spec.recipe import GGUF_FORMATS
 
 
 @dataclass(frozen=True)

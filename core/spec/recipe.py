@@ -62,6 +62,8 @@ METHODS = ("none", "bias", "mask_tuning", "liar", "ls")
 GGUF_TYPES = ("f32", "f16", "q8_0", "q5_k_m", "q4_k_m", "q3_k_m", "iq3_xxs", "iq2_m")
 # the forms a recipe's export names: a GGUF of each type but f32 (llama.cpp), and vLLM's DeciLM form
 EXPORT_FORMATS = (*(f"gguf-{t}" for t in GGUF_TYPES if t != "f32"), "vllm")
+# form name → GGUF weight type; "vllm" is a folder, no GGUF
+GGUF_FORMATS = {f: f.removeprefix("gguf-") for f in EXPORT_FORMATS if f.startswith("gguf-")}
 
 
 class _Strict(BaseModel):
