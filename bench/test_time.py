@@ -44,6 +44,11 @@ def render(r: dict) -> str:
     ]
     lines += ["", f"## The {len(r['slowest'])} slowest tests", "", "| test | marker | seconds |", "|---|---|---:|"]
     lines += [f"| `{t['test']}` | {t['marker']} | {t['seconds']:.1f} |" for t in r["slowest"]]
+    if r.get("files"):  # a file runs in one process (`--dist loadfile`): the longest one bounds the wall
+        lines += ["", f"## The {len(r['files'])} heaviest files", "", "A file's tests run in one process, one after "
+                  "another, so no run is shorter than its heaviest file.", "", "| file | tests | seconds |",
+                  "|---|---:|---:|"]  # fmt: skip
+        lines += [f"| `{f['file']}` | {f['tests']} | {f['seconds']:.1f} |" for f in r["files"]]
     return "\n".join(lines) + "\n"
 
 

@@ -81,3 +81,16 @@ def test_the_page_says_whether_the_resumed_run_kept_its_scores():
     page = render(kept)
     assert "(model and windows again, scores kept from an earlier run)" in page
     assert "the scores are read from the checkpoint, not computed" in page
+
+
+def test_the_other_recipes_are_a_table_and_a_different_result_is_shown_bold():
+    cases = [
+        {"case": "paper", "recipe": {"head_ratio": "same"}, "blocks": 30, "killed_after": 9, "resumed_at_block": 9,
+         "same_result": True},
+        {"case": "depth+width", "recipe": {"ratio": 0.5}, "blocks": 22, "killed_after": 17, "resumed_at_block": 17,
+         "same_result": False},
+    ]  # fmt: skip
+    page = render(SYNTHETIC | {"cases": cases})
+    assert '| paper | `{"head_ratio": "same"}` | 9 of 30 | 9 | yes |' in page
+    assert '| depth+width | `{"ratio": 0.5}` | 17 of 22 | 17 | **no** |' in page
+    assert "Other recipes" not in render(SYNTHETIC)  # a results file from before the cases were run

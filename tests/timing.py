@@ -54,6 +54,10 @@ class TestTimes:
         for nodeid, seconds in self.seconds.items():
             rows.setdefault(self.classes.get(nodeid, "unmarked"), []).append(seconds)
         slowest = sorted(self.seconds.items(), key=lambda kv: -kv[1])[:SLOWEST]
+        files: dict[str, list[float]] = {}
+        for nodeid, seconds in self.seconds.items():
+            files.setdefault(nodeid.split("::", 1)[0], []).append(seconds)
+        heaviest = sorted(files.items(), key=lambda kv: -sum(kv[1]))[:SLOWEST]
         return {
             "date": dt.date.today().isoformat(),
             "machine": f"{cpu_model()}, {os.cpu_count()} cores",
@@ -69,6 +73,8 @@ class TestTimes:
             "slowest": [
                 {"test": n, "marker": self.classes.get(n, "unmarked"), "seconds": round(s, 2)} for n, s in slowest
             ],
+            # `--dist loadfile` gives each file to one process: the longest file bounds the wall time
+            "files": [{"file": f, "tests": len(s), "seconds": round(sum(s), 1)} for f, s in heaviest],
         }
 
     def pytest_terminal_summary(self, terminalreporter) -> None:

@@ -239,14 +239,18 @@ def _wire(service: JobService, c: dict, login: Login, advanced, recipe_panel, st
             return outcome(line)
         return (gr.update(value="✓ fixed: the form is valid", visible=True), None, *_marks(c, None))
 
+    # The events that write the status line run one at a time, in the order they were sent: a box's
+    # recheck sent before Submit must not land after Submit's answer and replace it (seen under load:
+    # a stale "✓ fixed" over "ratio 1.5 must lie …"). Each is a check of the form, well under a second.
+    ordered = {"api_name": False, "concurrency_id": "new-run-status", "concurrency_limit": 1}
     outputs = [status, showing, *marked]
-    check.click(validate, inputs, [*outputs, c["recipe"], recipe_file, recipe_panel], api_name=False)
-    submit.click(submit_form, inputs, outputs, api_name=False)
+    check.click(validate, inputs, [*outputs, c["recipe"], recipe_file, recipe_panel], **ordered)
+    submit.click(submit_form, inputs, outputs, **ordered)
     yaml_inputs = [c["recipe"], c["evaluate"], c["tasks"], c["task_dir"], c["user"]]
-    submit_yaml.click(submit_yaml_text, yaml_inputs, outputs, api_name=False)
+    submit_yaml.click(submit_yaml_text, yaml_inputs, outputs, **ordered)
     for name in (*FORM_FIELDS, "methods"):
         event = c[name].blur if isinstance(c[name], (gr.Textbox, gr.Number)) else c[name].change
-        event(recheck, [showing, *inputs], outputs, api_name=False, trigger_mode="always_last")
+        event(recheck, [showing, *inputs], outputs, trigger_mode="always_last", **ordered)
 
 
 def _wire_hints(demo: gr.Blocks, service: JobService, c: dict, advanced) -> None:

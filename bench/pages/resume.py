@@ -4,6 +4,8 @@ shapes computed from the same arithmetic."""
 
 from __future__ import annotations
 
+import json
+
 from bench.pages.page import renderer
 from bench.pages.values import data, num, table, times
 
@@ -48,6 +50,23 @@ def _again(r: dict) -> str:
     return "model, windows, scores again"
 
 
+def _cases(d: dict) -> str:
+    """The other recipes, each killed at a random block and resumed: the same result or not."""
+    if not d.get("cases"):
+        return ""
+    rows = [
+        [c["case"], f"`{json.dumps(c['recipe'])}`", f"{c['killed_after']} of {c['blocks']}", str(c["resumed_at_block"]),
+         "yes" if c["same_result"] else "**no**"]
+        for c in d["cases"]
+    ]  # fmt: skip
+    head = ["recipe", "changed from the default", "killed after blocks", "resumed at block", "same result"]
+    return (
+        "\n\nOther recipes, each run uninterrupted and then SIGKILLed at a random block and resumed (a fresh "
+        "process each; the same result means the same shards by sha256 and the same kept heads and neurons):\n\n"
+        + table(head, rows)
+    )
+
+
 def _shapes(d: dict) -> str:
     rate, nvme = d["write_rate_gbs"], d["nvme_gbs"]
     rows = [
@@ -81,7 +100,7 @@ Killed and resumed: {total_against_target(d)}; the resumed run spent {num(d["res
 starting again before its checkpoint loaded (the process, the model's skeleton and the calibration windows
 are computed again{scores}).
 The resumed run's result is the uninterrupted one's (the same shards, by sha256, and the
-same kept heads and neurons): {same}.
+same kept heads and neurons): {same}.{_cases(d)}
 
 Per save: {num(w["checkpoint_state_bytes"] / MB)} MB written (the activations entering the next block and
 the loop's state; the finished blocks' shards are linked, not copied: {num(w["checkpoint_bytes"] / MB)} MB in
