@@ -42,18 +42,21 @@ demo: $(STAMP)
 # It ends with the 25 slowest tests and the time per marker; `make test TEST_TIME=docs/results/test_time.json`
 # also writes that table (then `python bench/test_time.py` renders docs/results/test_time.md from it)
 # Tests run in TEST_PROCESSES processes side by side: one per core and one more (the integration and
-# browser tests spend much of their time waiting on worker processes, servers and pages), at most 4.
+# browser tests spend much of their time waiting on worker processes, servers and pages), at most 4;
+# each process, and the workers and servers it starts, computes on its share of the cores' threads
+# (tests/conftest.py). On 2 cores, 4 processes took 23.7 min against 3's 16.4 (the servers and workers
+# the integration tests start then crowd the cores).
 # A test file stays in one process, so a module's browser, app servers and models are started once.
 TEST_PROCESSES ?= $(shell n=$$(nproc); echo $$(( n < 3 ? n + 1 : 4 )))
 test: $(STAMP) $(ENGINES) $(FIRSTRUN)
 	$(BIN)/ruff check core jobs app tests bench
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile --durations=25 $(if $(TEST_TIME),--test-time $(TEST_TIME))
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile --durations=25 $(if $(TEST_TIME),--test-time=$(TEST_TIME))
 
-# the engine's logic in under two minutes: tests/core, the CLI's and the cross-cutting tests, without
+# the engine's logic in under two minutes: tests/core, the CLI's, the Model page's attempts and the cross-cutting tests, without
 # the slow matrices (every family, criterion or reconstruction; streamed twins), servers or a browser
 test-fast: $(STAMP) $(ENGINES)
-	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser" tests/core tests/app/test_cli.py $(wildcard tests/test_*.py)
+	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser" tests/core tests/app/test_cli.py tests/app/test_model_attempts.py $(wildcard tests/test_*.py)
 
 # the multi-machine deployment alone (part of `test`): a web process and two workers with private data
 # folders, an S3 store (moto's server), PostgreSQL and Redis, 20 routed jobs (docs/deploy-cluster.md)

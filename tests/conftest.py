@@ -13,6 +13,13 @@ os.environ.setdefault("LIAR_BUNDLED", "tiny")
 # Some virtual machines advertise AMX but do not enable it for processes: oneDNN's AMX bfloat16
 # kernels then die with SIGILL. Capping the ISA keeps the bfloat16 tests on AVX-512 kernels.
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+# Test processes side by side (`make test`: pytest-xdist) share the cores: each takes its share of
+# threads, and so do the workers and servers its tests start (they inherit OMP_NUM_THREADS). With two
+# threads in each of 3 processes on 2 cores, OpenMP's spinning threads made the engine's tests 2.8×
+# slower (152 s against 55 s, tests/core's fast tier). One process alone keeps two threads.
+_PROCESSES = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = max(1, min(2, (os.cpu_count() or 2) // _PROCESSES))
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -23,7 +30,7 @@ from tests.timing import TestTimes  # noqa: E402
 
 hf_logging.disable_progress_bar()
 hf_logging.set_verbosity_error()
-torch.set_num_threads(2)
+torch.set_num_threads(THREADS)
 
 # Fixtures that start servers or worker processes: a test using one is an integration test (marked
 # explicitly in its module; the rule below keeps a new test out of `make test-fast` if it is not).

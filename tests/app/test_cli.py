@@ -109,6 +109,17 @@ def test_activations_recompute_flag_is_recorded(llama_dir, calib_file, tmp_path,
     assert printed["activations"] == "recompute"
 
 
+def test_activations_flag_reaches_the_recipe(calib_file, tmp_path):
+    """The fast twin of the test above: the flag's path into the recipe, without a prune (the engine
+    recording ``activations`` in its metrics is tests/core/models/test_offload.py's)."""
+    from app.cli import build_parser
+    from app.cli.prune import recipe_from_args
+
+    argv = ["prune", "--model", str(tmp_path), "--ratio", "0.3", "--calibration", str(calib_file), "-o", "x"]
+    assert recipe_from_args(build_parser().parse_args([*argv, "--activations", "recompute"])).activations == "recompute"
+    assert recipe_from_args(build_parser().parse_args(argv)).activations != "recompute"
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -253,7 +253,9 @@ def test_a_stalled_job_is_failed_by_the_watchdog(deployment):
     # (a job's start, importing the engine on two busy cores, must not look like one)
     d.worker("small", LIAR_STAGE_PAUSE="reconstruct=600", LIAR_STALL_MINUTES="0.5")
     job_id = d.service.submit(d.recipes["small"])
-    wait_for(lambda: d.service.show(job_id)["stage"] == "reconstruct", timeout=300, what="the job to reach a layer")
+    info = wait_for(lambda: (i := d.service.show(job_id))["stage"] == "reconstruct" or i["status"] == "FAILED" and i,
+                    timeout=300, what="the job to reach a layer")  # fmt: skip
+    assert info is True or info["stage"] == "reconstruct", f"failed before its first layer: {info['error']}"
     hung = time.monotonic()
     wait_for(lambda: d.status(job_id) == "FAILED", timeout=180, what="the watchdog")
     assert time.monotonic() - hung < 30 + LEASE + 20  # the watchdog's interval plus one lease, and a margin

@@ -15,7 +15,7 @@ from core.models.tiny import tiny_decoder
 from core.pipeline import target as target_mod
 from core.pipeline.checkpoint import FolderCheckpoints, StopRequested
 from core.pipeline.sequential import prune
-from tests.conftest import recipe_for
+from tests.conftest import fast_first, recipe_for
 
 TABLE = LatencyTable("decode_b1", 6, [0.0, 0.3, 0.6], [1.0] * 3, [1.0, 0.8, 0.5], "cpu")
 
@@ -100,8 +100,9 @@ def whole(model, corpus):
     return result
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stop_prune", [0, 1, 3])  # prune 3 removes blocks only: no block loop
+# prune 3 removes blocks only: no block loop; stopping in prune 1 (a finished prune kept, a block loop
+# resumed) is the fast twin of the others
+@pytest.mark.parametrize("stop_prune", fast_first(1, [1, 0, 3]))
 def test_a_target_run_stopped_in_a_prune_resumes_to_the_same_model(
     model, corpus, tmp_path, whole, timed, monkeypatch, stop_prune
 ):
@@ -130,8 +131,7 @@ def test_a_target_run_stopped_in_a_prune_resumes_to_the_same_model(
     _same(whole, resumed)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("after", [1, 4])
+@pytest.mark.parametrize("after", fast_first(1, [4, 1]))  # after the last prune: the kept one rebuilt
 def test_a_stop_request_saves_after_the_prune_and_the_next_attempt_goes_on(
     model, corpus, tmp_path, whole, timed, after
 ):

@@ -16,46 +16,23 @@ from contextlib import ExitStack, suppress
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from core import prune
 from core.models.loading import load_pruned
 from core.models.manifest import read_manifest
-from core.models.tiny import tiny_corpus, tiny_decoder
+from core.models.tiny import tiny_corpus
 from core.serving import export
 from core.serving.engines import VllmServer
-from core.serving.gguf_export import ExportError
 from core.serving.vllm_form import export_vllm
 from tests.conftest import recipe_for
-from tests.core.serving.crafted import crafted_checkpoint
+from tests.core.serving.test_vllm_form import LAYOUT, _checkpoint, _source
 
 PROMPTS = [[2, 55, 301, 268, 311], [7, 8, 9], [100, 101, 102, 103, 104, 105, 106], [2, 20], [250, 30, 40, 50]]
 NEW_TOKENS = 32
-# each test starts a vLLM server (about a minute): `make test` runs them, `make test-fast` does not
+# each test starts a vLLM server (about a minute): `make test` runs them, `make test-fast` does not; the
+# form they serve is checked without a server in test_vllm_form.py (their fast twin)
 pytestmark = pytest.mark.slow
 SERVE = ("--trust-remote-code", "--dtype", "float32", "--max-model-len", "256", "--enforce-eager")
-# 8 query heads of 64 over 4 key/value heads; each layer keeps 4 query heads, in groups of 2+2 over two
-# key/value heads, 1+1+1+1 over four, and 2+1+1 (repeated to four key/value heads for vLLM)
-LAYOUT = [
-    {"heads": [0, 1, 2, 3], "kv_heads": [0, 1], "neurons": 48, "bias": ["mlp.down_proj"]},
-    {"heads": [0, 2, 4, 6], "kv_heads": [0, 1, 2, 3], "neurons": 20, "bias": ["self_attn.o_proj"]},
-    {"heads": [0, 1, 2, 4], "kv_heads": [0, 1, 2], "neurons": 33, "bias": ["self_attn.o_proj", "mlp.down_proj"]},
-]
-
-
-def _source(root, family: str):
-    shape = dict(hidden_size=128, head_dim=64, num_attention_heads=8, num_key_value_heads=4, intermediate_size=64)
-    src = tiny_decoder(root / f"{family}-src", family=family, tokenizer="bpe", num_hidden_layers=3, **shape)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(40.0)
-    model.save_pretrained(src)
-    return src
-
-
-def _checkpoint(root, family: str, layout: list[dict]):
-    src = _source(root, family)
-    return crafted_checkpoint(src, root / f"{family}-pruned", layout, family, seed=5, bias_scale=0.1)
 
 
 def _reference(checkpoint) -> list[tuple[list[int], list[float], float]]:
@@ -123,22 +100,3 @@ def test_default_recipe_with_uniform_query_heads_serves_in_vllm(tmp_path):
     assert "vllm/config.json" in {e.name for e in read_manifest(ckpt)}
     assert "vllm serve vllm --trust-remote-code" in (ckpt / "README.md").read_text()
     _serve_and_compare(ckpt, form, tmp_path)
-
-
-def test_unequal_query_heads_per_layer_are_refused(tmp_path):
-    layout = [dict(LAYOUT[0]), {**LAYOUT[1], "heads": [0, 2, 4], "kv_heads": [0, 1, 2]}, dict(LAYOUT[2])]
-    ckpt = _checkpoint(tmp_path, "llama", layout)
-    with pytest.raises(ExportError, match="keeps 3 to 4 heads per layer: prune with `heads: uniform`"):
-        export_vllm(ckpt)
-    assert not (tmp_path / "llama-pruned-vllm").exists()
-
-
-def test_the_vllm_form_stays_with_the_llama_like_families():
-    """GGUF writes Qwen3, Gemma and Phi-3 in llama.cpp's own architectures; vLLM's DeciLM form computes
-    LLaMA's blocks only, so it keeps refusing them, naming its own families."""
-    from core.serving.vllm_form import check_vllm_family
-
-    for model_type, label in (("gemma3_text", "Gemma 3 \\(text\\)"), ("qwen3", "Qwen3"), ("phi3", "Phi-3")):
-        with pytest.raises(ExportError, match=f"^vLLM's DeciLM form writes the LLaMA, Mistral and Qwen2 families; "
-                           f"this checkpoint is {label}"):  # fmt: skip
-            check_vllm_family({"model_type": model_type})

@@ -229,6 +229,50 @@ def test_failed_cell_is_recorded_and_retried(tmp_path, llama_dir, texts, monkeyp
     assert "failed |" not in (out / "results.md").read_text() and "Failed cells" not in (out / "results.md").read_text()
 
 
+def test_a_grid_of_one_ratio_keeps_its_finished_cell_and_retries_its_failed_one(
+    tmp_path, llama_dir, texts, monkeypatch
+):
+    """The fast twin of the two tests above, on the dense cell and two prunes: a cell finished before an
+    interrupt is kept; a failed cell is recorded with its error and is the only one run again."""
+    grid = write_grid(tmp_path / "grid.yaml", grid_dict(llama_dir, texts, ratios=(0.4,)))
+    out = tmp_path / "out"
+    real = pipeline.prune
+    calls: list[str] = []
+
+    def interrupted(recipe, **kw):
+        calls.append(recipe.reconstruction.method)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(recipe, **kw)
+
+    monkeypatch.setattr(pipeline, "prune", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(grid, out, log=lambda _m: None)
+    assert [(r["kind"], r["status"]) for r in lines(out / "results.jsonl")] == [("dense", "ok"), ("prune", "ok")]
+    assert not (out / "results.md").exists()
+
+    def failing(recipe, **kw):
+        calls.append(recipe.reconstruction.method)
+        raise RuntimeError("solver exploded")
+
+    calls.clear()
+    monkeypatch.setattr(pipeline, "prune", failing)
+    outcome = run_sweep(grid, out, log=lambda _m: None)
+    assert (outcome.skipped, outcome.ran, outcome.failed) == (2, 1, 1) and calls == ["liar"]
+    failed = [r for r in read_records(out / "results.jsonl").values() if r["status"] == "failed"]
+    assert len(failed) == 1 and failed[0]["error"] == "RuntimeError: solver exploded"
+    assert "solver exploded" in failed[0]["traceback"] and "failed |" in (out / "results.md").read_text()
+
+    calls.clear()
+    monkeypatch.setattr(
+        pipeline, "prune", lambda recipe, **kw: calls.append(recipe.reconstruction.method) or real(recipe, **kw)
+    )
+    outcome = run_sweep(grid, out, log=lambda _m: None)
+    assert (outcome.skipped, outcome.ran, outcome.failed) == (2, 1, 0) and calls == ["liar"]
+    assert all(r["status"] == "ok" for r in read_records(out / "results.jsonl").values())
+    assert "failed |" not in (out / "results.md").read_text()
+
+
 @pytest.mark.slow
 def test_metric_callable_and_error_plot_ratio(tmp_path, llama_dir, texts):
     data = grid_dict(
