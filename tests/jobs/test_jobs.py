@@ -107,6 +107,9 @@ def test_cancel_queued_job(stack, job_models):
     assert _status(service, job_id) == "CANCELLED"  # the worker skipped it
 
 
+# embedded only: on PostgreSQL + Redis, test_faults.py's twenty resumed jobs (four workers SIGKILLed in
+# a block, a fresh one in each one's place, every job succeeding) and its killed-worker test check it
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
 def test_killed_worker_job_is_requeued_and_finishes(stack, job_models):
     service = stack.service()
     # the first worker waits 3 s as each layer begins (LIAR_STAGE_PAUSE): it is killed inside layer 1
@@ -127,6 +130,9 @@ def test_killed_worker_job_is_requeued_and_finishes(stack, job_models):
     assert any("re-queued" in line["message"] for line in info["log"])
 
 
+# embedded only: on PostgreSQL + Redis, test_faults.py's twenty clients (4 processes × 5 threads, 100
+# jobs, two workers, each started once and succeeded in one attempt) checks the same, and more
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
 def test_concurrent_submissions(stack, job_models):
     service = stack.service()
     ids, errors = [], []
