@@ -143,13 +143,19 @@ def same(a: dict, b: dict) -> bool:
     return a["digests"] == b["digests"] and a["kept"] == b["kept"]
 
 
+def three_runs(args: argparse.Namespace, workdir: Path, spec: str, kill: float, prefix: str = "") -> tuple[dict, ...]:
+    """``workdir/{spec}.json`` uninterrupted, then killed when ``kill`` of its blocks are done, then
+    resumed from the killed run's checkpoint: the three :func:`run` results."""
+    whole = run(args, workdir, f"{prefix}whole", f"{prefix}ckpt-whole", spec=spec)
+    killed = run(args, workdir, f"{prefix}killed", f"{prefix}ckpt", kill=kill, spec=spec)
+    return whole, killed, run(args, workdir, f"{prefix}resumed", f"{prefix}ckpt", spec=spec)
+
+
 def case(args: argparse.Namespace, workdir: Path, spec: dict, name: str, share: float) -> dict:
     """One of ``CASES``: uninterrupted, then killed when ``share`` of its blocks are done and resumed."""
     over = CASES[name] | ({"depth": {"blocks": 2}} if args.model == "tiny" and "depth" in CASES[name] else {})
     (workdir / f"{name}.json").write_text(json.dumps(spec | over))
-    whole = run(args, workdir, f"{name}-whole", f"{name}-ckpt-whole", spec=name)
-    killed = run(args, workdir, f"{name}-killed", f"{name}-ckpt", kill=share, spec=name)
-    resumed = run(args, workdir, f"{name}-resumed", f"{name}-ckpt", spec=name)
+    whole, killed, resumed = three_runs(args, workdir, name, share, prefix=f"{name}-")
     return {
         "case": name,
         "recipe": over,
@@ -181,9 +187,7 @@ def measure(args: argparse.Namespace) -> dict:
         spec = recipe(args.model, workdir)
         cal = Recipe.model_validate(spec).calibration
         (workdir / "recipe.json").write_text(json.dumps(spec))
-        whole = run(args, workdir, "whole", "ckpt-whole")
-        killed = run(args, workdir, "killed", "ckpt", kill=KILL_AT)
-        resumed = run(args, workdir, "resumed", "ckpt")
+        whole, killed, resumed = three_runs(args, workdir, "recipe", KILL_AT)
         rng = random.Random(args.seed)  # the block each case is killed at
         cases = [case(args, workdir, spec, name, rng.uniform(0.1, 0.9)) for name in args.cases]
     finally:

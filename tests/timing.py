@@ -51,12 +51,11 @@ class TestTimes:
 
     def summary(self) -> dict:
         rows: dict[str, list[float]] = {}
-        for nodeid, seconds in self.seconds.items():
-            rows.setdefault(self.classes.get(nodeid, "unmarked"), []).append(seconds)
-        slowest = sorted(self.seconds.items(), key=lambda kv: -kv[1])[:SLOWEST]
         files: dict[str, list[float]] = {}
         for nodeid, seconds in self.seconds.items():
+            rows.setdefault(self.classes.get(nodeid, "unmarked"), []).append(seconds)
             files.setdefault(nodeid.split("::", 1)[0], []).append(seconds)
+        slowest = sorted(self.seconds.items(), key=lambda kv: -kv[1])[:SLOWEST]
         heaviest = sorted(files.items(), key=lambda kv: -sum(kv[1]))[:SLOWEST]
         return {
             "date": dt.date.today().isoformat(),

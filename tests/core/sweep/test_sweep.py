@@ -70,17 +70,36 @@ def write_grid(path: Path, data: dict) -> Path:
     return path
 
 
+REAL_PRUNE = pipeline.prune  # before any test patches it
+
+
+def recording(calls: list, key, interrupt_at: int | None = None):
+    """A stand-in for core.pipeline.sequential.prune (the sweep calls it through the module) that
+    appends ``key(recipe)`` to ``calls`` for each call and prunes, or at call ``interrupt_at`` raises
+    KeyboardInterrupt instead."""
+
+    def prune(recipe, **kw):
+        calls.append(key(recipe))
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        return REAL_PRUNE(recipe, **kw)
+
+    return prune
+
+
+def ratio(recipe):
+    return recipe.ratio
+
+
+def method(recipe):
+    return recipe.reconstruction.method
+
+
 @pytest.fixture
 def count_prunes(monkeypatch):
-    """Counts calls of core.pipeline.sequential.prune (the sweep calls it through the module)."""
+    """The ratio of every call of core.pipeline.sequential.prune."""
     calls: list[float] = []
-    real = pipeline.prune
-
-    def counting(recipe, **kw):
-        calls.append(recipe.ratio)
-        return real(recipe, **kw)
-
-    monkeypatch.setattr(pipeline, "prune", counting)
+    monkeypatch.setattr(pipeline, "prune", recording(calls, ratio))
     return calls
 
 
@@ -172,16 +191,8 @@ def test_changed_base_recipe_changes_cell_ids(tmp_path, llama_dir, texts):
 def test_interrupted_run_keeps_cells_finished_before(tmp_path, llama_dir, texts, monkeypatch):
     grid = write_grid(tmp_path / "grid.yaml", grid_dict(llama_dir, texts))
     out = tmp_path / "out"
-    real = pipeline.prune
     calls: list[float] = []
-
-    def interrupted(recipe, **kw):
-        calls.append(recipe.ratio)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(recipe, **kw)
-
-    monkeypatch.setattr(pipeline, "prune", interrupted)
+    monkeypatch.setattr(pipeline, "prune", recording(calls, ratio, interrupt_at=3))
     with pytest.raises(KeyboardInterrupt):
         run_sweep(grid, out, log=lambda _m: None)
     kept = lines(out / "results.jsonl")
@@ -190,7 +201,7 @@ def test_interrupted_run_keeps_cells_finished_before(tmp_path, llama_dir, texts,
     assert not (out / "results.md").exists()
 
     calls.clear()
-    monkeypatch.setattr(pipeline, "prune", lambda recipe, **kw: calls.append(recipe.ratio) or real(recipe, **kw))
+    monkeypatch.setattr(pipeline, "prune", recording(calls, ratio))
     outcome = run_sweep(grid, out, log=lambda _m: None)
     assert (outcome.skipped, outcome.ran, outcome.failed) == (3, 2, 0)
     assert calls == [0.4, 0.4]
@@ -201,12 +212,11 @@ def test_interrupted_run_keeps_cells_finished_before(tmp_path, llama_dir, texts,
 def test_failed_cell_is_recorded_and_retried(tmp_path, llama_dir, texts, monkeypatch):
     grid = write_grid(tmp_path / "grid.yaml", grid_dict(llama_dir, texts))
     out = tmp_path / "out"
-    real = pipeline.prune
 
     def flaky(recipe, **kw):
         if recipe.reconstruction.method == "liar" and recipe.ratio == 0.4:
             raise RuntimeError("solver exploded")
-        return real(recipe, **kw)
+        return REAL_PRUNE(recipe, **kw)
 
     monkeypatch.setattr(pipeline, "prune", flaky)
     outcome = run_sweep(grid, out, log=lambda _m: None)
@@ -219,9 +229,7 @@ def test_failed_cell_is_recorded_and_retried(tmp_path, llama_dir, texts, monkeyp
     assert "| magnitude | 40% | " in md and "failed |" in md and "solver exploded" in md
 
     calls: list[str] = []
-    monkeypatch.setattr(
-        pipeline, "prune", lambda recipe, **kw: calls.append(recipe.reconstruction.method) or real(recipe, **kw)
-    )
+    monkeypatch.setattr(pipeline, "prune", recording(calls, method))
     outcome = run_sweep(grid, out, log=lambda _m: None)
     assert (outcome.skipped, outcome.ran, outcome.failed) == (4, 1, 0)
     assert calls == ["liar"]
@@ -236,16 +244,8 @@ def test_a_grid_of_one_ratio_keeps_its_finished_cell_and_retries_its_failed_one(
     interrupt is kept; a failed cell is recorded with its error and is the only one run again."""
     grid = write_grid(tmp_path / "grid.yaml", grid_dict(llama_dir, texts, ratios=(0.4,)))
     out = tmp_path / "out"
-    real = pipeline.prune
     calls: list[str] = []
-
-    def interrupted(recipe, **kw):
-        calls.append(recipe.reconstruction.method)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(recipe, **kw)
-
-    monkeypatch.setattr(pipeline, "prune", interrupted)
+    monkeypatch.setattr(pipeline, "prune", recording(calls, method, interrupt_at=2))
     with pytest.raises(KeyboardInterrupt):
         run_sweep(grid, out, log=lambda _m: None)
     assert [(r["kind"], r["status"]) for r in lines(out / "results.jsonl")] == [("dense", "ok"), ("prune", "ok")]
@@ -264,9 +264,7 @@ def test_a_grid_of_one_ratio_keeps_its_finished_cell_and_retries_its_failed_one(
     assert "solver exploded" in failed[0]["traceback"] and "failed |" in (out / "results.md").read_text()
 
     calls.clear()
-    monkeypatch.setattr(
-        pipeline, "prune", lambda recipe, **kw: calls.append(recipe.reconstruction.method) or real(recipe, **kw)
-    )
+    monkeypatch.setattr(pipeline, "prune", recording(calls, method))
     outcome = run_sweep(grid, out, log=lambda _m: None)
     assert (outcome.skipped, outcome.ran, outcome.failed) == (2, 1, 0) and calls == ["liar"]
     assert all(r["status"] == "ok" for r in read_records(out / "results.jsonl").values())
