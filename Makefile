@@ -47,16 +47,21 @@ demo: $(STAMP)
 # (tests/conftest.py). On 2 cores, 4 processes took 23.7 min against 3's 16.4 (the servers and workers
 # the integration tests start then crowd the cores).
 # A test file stays in one process, so a module's browser, app servers and models are started once.
+# The files are handed out heaviest first, by the last measured run (docs/results/test_time.json;
+# tests/timing.py), not by xdist's default of the most tests first, which left a 3-minute one-test file
+# running alone at the end.
 TEST_PROCESSES ?= $(shell n=$$(nproc); echo $$(( n < 3 ? n + 1 : 4 )))
 test: $(STAMP) $(ENGINES) $(FIRSTRUN)
 	$(BIN)/ruff check core jobs app tests bench
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile --durations=25 $(if $(TEST_TIME),--test-time=$(TEST_TIME))
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder --durations=25 $(if $(TEST_TIME),--test-time=$(TEST_TIME))
 
 # the engine's logic in under two minutes: tests/core, the CLI's, the Model page's attempts and the cross-cutting tests, without
 # the slow matrices (every family, criterion or reconstruction; streamed twins), servers or a browser
+# In one process per core, test by test (--dist load: 98 s here against 164 s in one process).
+FAST_PROCESSES ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 test-fast: $(STAMP) $(ENGINES)
-	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser" tests/core tests/app/test_cli.py tests/app/test_model_attempts.py $(wildcard tests/test_*.py)
+	$(BIN)/python -m pytest -q -n $(FAST_PROCESSES) --dist load -m "not slow and not integration and not browser" tests/core tests/app/test_cli.py tests/app/test_model_attempts.py $(wildcard tests/test_*.py)
 
 # the multi-machine deployment alone (part of `test`): a web process and two workers with private data
 # folders, an S3 store (moto's server), PostgreSQL and Redis, 20 routed jobs (docs/deploy-cluster.md)

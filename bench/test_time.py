@@ -15,6 +15,9 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 TARGETS = "`make test` ≤ 15 min on a quiet 2-core machine; `.ci/run` from nothing ≤ 35 min, engines included"
 
 
+HEAVIEST = 25  # files on the page (the JSON lists every file: the next run's order)
+
+
 def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
@@ -31,6 +34,15 @@ def render(r: dict) -> str:
         f"`make test`'s tests: {minutes(r['wall_seconds'])} wall in {r.get('processes', 1)} processes{ci}. "
         f"Targets: {TARGETS}.",
         *([f"Conditions: {r['conditions']}.", ""] if r.get("conditions") else []),
+        *(
+            [
+                "Each process ran out of files at " + ", ".join(f"{s:.0f}" for s in r["processes_done"]) + " s: "
+                "the files are handed out heaviest first, by the times of the run before.",
+                "",
+            ]
+            if len(r.get("processes_done", [])) > 1
+            else []
+        ),
         "A test counts once, under the first of deploy, browser, integration, slow it carries; the seconds are "
         "each test's own, so with several processes they add up to more than the wall time.",
         "",
@@ -45,10 +57,11 @@ def render(r: dict) -> str:
     lines += ["", f"## The {len(r['slowest'])} slowest tests", "", "| test | marker | seconds |", "|---|---|---:|"]
     lines += [f"| `{t['test']}` | {t['marker']} | {t['seconds']:.1f} |" for t in r["slowest"]]
     if r.get("files"):  # a file runs in one process (`--dist loadfile`): the longest one bounds the wall
-        lines += ["", f"## The {len(r['files'])} heaviest files", "", "A file's tests run in one process, one after "
+        files = r["files"][:HEAVIEST]
+        lines += ["", f"## The {len(files)} heaviest files", "", "A file's tests run in one process, one after "
                   "another, so no run is shorter than its heaviest file.", "", "| file | tests | seconds |",
                   "|---|---:|---:|"]  # fmt: skip
-        lines += [f"| `{f['file']}` | {f['tests']} | {f['seconds']:.1f} |" for f in r["files"]]
+        lines += [f"| `{f['file']}` | {f['tests']} | {f['seconds']:.1f} |" for f in files]
     return "\n".join(lines) + "\n"
 
 

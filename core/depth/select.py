@@ -15,9 +15,12 @@ chosen by one of:
 A local score misleads where a span changes the residual stream wholesale: on SmolLM2 the weighted fit's
 own error picks the span 1–8, whose held-out perplexity is 1.7× that of 12–19 (docs/results/depth.md).
 
-:func:`choose_span` runs whole-model passes; ``core/depth/blockwise.py`` computes the same numbers one
-block at a time (a streamed model). Both go through :func:`check_request`, :func:`solved_row`,
-:func:`local_scores`, :func:`loss_stand_ins`, :func:`record_losses` and :func:`pick`.
+:func:`choose_span` works on a model in memory: the fit pass is one whole-model pass, and the losses come
+from one walk along the blocks (:func:`held_losses`: each candidate starts from the dense hidden states
+entering its span's block before, so the blocks before that are not run again for it);
+``core/depth/blockwise.py`` computes the same numbers one block at a time (a streamed model). Both go
+through :func:`check_request`, :func:`solved_row`, :func:`local_scores`, :func:`loss_stand_ins`,
+:func:`record_losses` and :func:`pick`.
 """
 
 from __future__ import annotations
@@ -38,11 +41,11 @@ from core.depth.replace import (
     fold,
     fold_linear,
     model_inputs,
-    per_layer_lists,
     remove_blocks,
-    set_layers,
 )
+from core.evaluation.streamed import head_logits
 from core.models.adapter import Adapter
+from core.models.streaming import block_inputs
 from core.spec.depth import DepthConfig
 
 SELECTIONS = get_args(DepthConfig.model_fields["select"].annotation)  # loss | fit | angular
@@ -110,30 +113,6 @@ def folded(down: nn.Linear, t: torch.Tensor | None) -> Iterator[None]:
             down.weight.copy_(saved[0])
             if saved[1] is not None:
                 down.bias.copy_(saved[1])
-
-
-@contextmanager
-def span_removed(model: nn.Module, adapter: Adapter, start: int, end: int, t: torch.Tensor | None) -> Iterator[None]:
-    """The model with blocks ``[start, end)`` left out of its forward pass (and ``t`` folded into block
-    ``start - 1``), restored on exit: for scoring a candidate without copying the model. The config's
-    per-layer lists (``layer_types``) leave the span out meanwhile too, so that every block keeps its
-    own mask and rotary embeddings, as in the model cut for good."""
-    layers = adapter.layers(model)
-    if t is not None:
-        check_foldable(adapter, start)
-    cfg = model.config
-    lists = per_layer_lists(cfg, len(layers))
-    down = layers[start - 1].get_submodule(adapter.family.ffn_out)
-    with folded(down, t):
-        set_layers(model, adapter, nn.ModuleList([layer for i, layer in enumerate(layers) if not start <= i < end]))
-        for key, values in lists.items():
-            setattr(cfg, key, [v for i, v in enumerate(values) if not start <= i < end])
-        try:
-            yield
-        finally:
-            set_layers(model, adapter, layers)
-            for key, values in lists.items():
-                setattr(cfg, key, values)
 
 
 def check_request(adapter: Adapter, n: int, blocks: int, select: str, reconstruction: str) -> bool:
@@ -206,17 +185,58 @@ def choose_span(
     stand_in = check_request(adapter, n, blocks, select, reconstruction)
     spans = [(s, s + blocks) for s in range(1, n - blocks + 1)]
     rows = _fit_both(model, adapter, fit_batches, spans, damp, stand_in)
-    candidates: dict[int, dict[str, float]] = {}
-    for s, row in rows.items():
-        cand = local_scores(row, stand_in)
-        if select == "loss":
-            losses = {}
-            for key, t in loss_stand_ins(row, reconstruction).items():
-                with span_removed(model, adapter, s, s + blocks, t):
-                    losses[key] = held_loss(model, adapter, held_batches)
-            record_losses(cand, losses)
-        candidates[s] = cand
+    candidates = {s: local_scores(row, stand_in) for s, row in rows.items()}
+    if select == "loss":
+        stand_ins = {s: loss_stand_ins(row, reconstruction) for s, row in rows.items()}
+        losses = held_losses(model, adapter, held_batches, blocks, stand_ins)
+        for s, cand in candidates.items():
+            record_losses(cand, losses[s])
     return pick(candidates, rows, blocks, select, reconstruction)
+
+
+def _apply(layer: nn.Module, x: torch.Tensor, arguments: tuple[tuple, dict]) -> torch.Tensor:
+    args, kwargs = arguments
+    out = layer(x, *args, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+@torch.no_grad()
+def held_losses(
+    model: nn.Module, adapter: Adapter, batches, blocks: int, stand_ins: dict[int, dict[str, torch.Tensor | None]]
+) -> dict[int, dict[str, float]]:
+    """Every candidate's held-aside loss, ``{s: {score: loss}}`` for ``stand_ins`` (``{s: {score: T, or
+    None for the span removed}}``, :func:`loss_stand_ins`): the loss :func:`held_loss` gives for the model
+    with blocks ``[s, s + blocks)`` left out and ``T`` folded into block ``s − 1``, from one walk along
+    the blocks. The windows' dense hidden states advance a block at a time; a candidate starts from those
+    entering block ``s − 1`` and runs that block (folded), the blocks after its span, and the head. On
+    SmolLM2 (30 blocks, 4 removed) that is half the block passes of whole-model passes per candidate;
+    memory: two hidden states of the windows. Each block gets the mask and rotary embeddings of its own
+    type, as in the model cut for good (:func:`~core.depth.replace.remove_blocks`)."""
+    layers = adapter.layers(model)
+    n, out_path = len(layers), adapter.family.ffn_out
+    device = next(model.parameters()).device
+    inputs = [{**model_inputs(b, adapter, device), "use_cache": False} for b in batches]
+    dense, extra = block_inputs(model, adapter, iter(inputs))
+    head = head_logits(model, adapter)
+    losses: dict[int, dict[str, float]] = {}
+    at = 0  # ``dense``: the states entering block ``at``
+    for s in sorted(stand_ins):
+        for j in range(at, s - 1):
+            dense = [_apply(layers[j], x, extra[b][j]) for b, x in enumerate(dense)]
+        at = s - 1
+        for key, t in stand_ins[s].items():
+            if t is not None:
+                check_foldable(adapter, s)
+            with folded(layers[s - 1].get_submodule(out_path), t):
+                state = [_apply(layers[s - 1], x, extra[b][s - 1]) for b, x in enumerate(dense)]
+            for j in range(s + blocks, n):
+                state = [_apply(layers[j], x, extra[b][j]) for b, x in enumerate(state)]
+            total, count = 0.0, 0
+            for b, x in enumerate(state):
+                loss, tokens = next_token_loss(head(x), inputs[b]["input_ids"], inputs[b]["attention_mask"])
+                total, count = total + loss, count + tokens
+            losses.setdefault(s, {})[key] = mean_loss(total, count)
+    return losses
 
 
 SCORE_OF = {"loss": "loss", "fit": "fit_error", "angular": "angular_distance"}  # the score each selection reads

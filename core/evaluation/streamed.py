@@ -61,10 +61,15 @@ def final_states(
 
 
 def output_logits(sm: StreamedModel) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Hidden states after the last block → logits (:func:`head_logits` of the streamed model)."""
+    return head_logits(sm.model, sm.adapter)
+
+
+def head_logits(model: torch.nn.Module, adapter) -> Callable[[torch.Tensor], torch.Tensor]:
     """Hidden states after the last block → logits: the final norm, the head, and the soft cap of the
     families that have one (Gemma 2)."""
-    norm, head = sm.model.base_model.get_submodule(sm.adapter.family.final_norm), sm.model.get_output_embeddings()
-    cap = getattr(sm.model.config, "final_logit_softcapping", None)
+    norm, head = model.base_model.get_submodule(adapter.family.final_norm), model.get_output_embeddings()
+    cap = getattr(model.config, "final_logit_softcapping", None)
 
     def logits(h: torch.Tensor) -> torch.Tensor:
         out = head(norm(h))

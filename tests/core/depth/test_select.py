@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from core import prune
 from core.depth.replace import DepthError, fit_spans
-from core.depth.select import apply_span, choose_span, held_loss, span_removed
+from core.depth.select import apply_span, choose_span, held_loss, held_losses
 from core.models.adapter import adapter_for, block_parameters
 from core.models.tiny import tiny_decoder
 from core.pipeline.preflight import check_model_fit, width_ratio
@@ -57,28 +57,34 @@ def test_held_loss_equals_float64_reference(deep_dir):
     assert held_loss(model, adapter_for(model), batches) == pytest.approx(_reference_loss(model, batches), rel=1e-5)
 
 
-def test_span_removed_is_the_surgery_and_is_undone(deep_dir):
-    """Scoring a span inside the context gives the loss of the model cut for good; on exit the model
-    is the dense one again, bit for bit."""
+def test_held_losses_are_those_of_the_models_cut_for_good_and_leave_the_model_as_it_was(deep_dir):
+    """One walk along the blocks gives, for every candidate and stand-in (folded, or the span just left
+    out), the float64 loss of a copy cut for good; the model is the dense one afterwards, bit for bit."""
+    from core.depth.replace import fold, remove_blocks
+
     model = _load(deep_dir)
     adapter = adapter_for(model)
     fit, held = _batches(model.config.vocab_size, 3, seed=2), _batches(model.config.vocab_size, 2, seed=3)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    t = fit_spans(model, adapter, fit, [(2, 4)])[(2, 4)][0].solve(0.01).float()
-    with span_removed(model, adapter, 2, 4, t):
-        inside = held_loss(model, adapter, held)
+    stand_ins = {
+        s: {"folded": fit_spans(model, adapter, fit, [(s, s + 2)])[(s, s + 2)][0].solve(0.01).float(), "none": None}
+        for s in (1, 2, 4)  # a gap in the starts: the dense states advance past block 2 untouched
+    }
+    losses = held_losses(model, adapter, held, 2, stand_ins)
     for k, v in model.state_dict().items():
         assert torch.equal(v, state[k]), k
     assert len(adapter.layers(model)) == 6
-    cut = copy.deepcopy(model)
-    from core.depth.replace import fold, remove_blocks
+    assert losses.keys() == stand_ins.keys()
+    for s, variants in stand_ins.items():
+        for key, t in variants.items():
+            cut = copy.deepcopy(model)
+            if t is not None:
+                fold(cut, adapter, s, t)
+            remove_blocks(cut, adapter, [s, s + 1])
+            assert losses[s][key] == pytest.approx(_reference_loss(cut, held), rel=1e-5), (s, key)
 
-    fold(cut, adapter, 2, t)
-    remove_blocks(cut, adapter, [2, 3])
-    assert inside == pytest.approx(_reference_loss(cut, held), rel=1e-5)
 
-
-def test_span_removed_keeps_each_blocks_own_layer_type(tmp_path):
+def test_held_losses_keep_each_blocks_own_layer_type(tmp_path):
     """Qwen2 with sliding-window and full-attention blocks alternating: with one block left out, the
     blocks after it sit at positions of the other type, yet each keeps its own mask, as in the model
     cut for good (whose config's layer types are trimmed)."""
@@ -90,8 +96,7 @@ def test_span_removed_keeps_each_blocks_own_layer_type(tmp_path):
     model = _load(path)
     adapter = adapter_for(model)
     held = _batches(model.config.vocab_size, 2, seed=8)
-    with span_removed(model, adapter, 2, 3, None):
-        inside = held_loss(model, adapter, held)
+    inside = held_losses(model, adapter, held, 1, {2: {"loss": None}})[2]["loss"]
     assert model.config.layer_types == types
     cut = copy.deepcopy(model)
     from core.depth.replace import remove_blocks
