@@ -47,14 +47,14 @@ demo: $(STAMP)
 # (tests/conftest.py). On 2 cores, 4 processes took 23.7 min against 3's 16.4 (the servers and workers
 # the integration tests start then crowd the cores).
 # A test file stays in one process, so a module's browser, app servers and models are started once.
-# The files are handed out heaviest first, by the last measured run (docs/results/test_time.json;
-# tests/timing.py), not by xdist's default of the most tests first, which left a 3-minute one-test file
-# running alone at the end.
+# Files go out in xdist's default order (most tests first). Heaviest first (by the last run's times) was
+# tried: 26.1 min against 18.1, every process busy to the end but the timing-sensitive real-model tests
+# (the SmolLM2 speed target: 614 s against 197 s) then ran beside the integration tests' servers.
 TEST_PROCESSES ?= $(shell n=$$(nproc); echo $$(( n < 3 ? n + 1 : 4 )))
 test: $(STAMP) $(ENGINES) $(FIRSTRUN)
 	$(BIN)/ruff check core jobs app tests bench
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder --durations=25 $(if $(TEST_TIME),--test-time=$(TEST_TIME))
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile --durations=25 $(if $(TEST_TIME),--test-time=$(TEST_TIME))
 
 # the engine's logic in under two minutes: tests/core, the CLI's, the Model page's attempts and the cross-cutting tests, without
 # the slow matrices (every family, criterion or reconstruction; streamed twins), servers or a browser

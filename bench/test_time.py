@@ -36,8 +36,7 @@ def render(r: dict) -> str:
         *([f"Conditions: {r['conditions']}.", ""] if r.get("conditions") else []),
         *(
             [
-                "Each process ran out of files at " + ", ".join(f"{s:.0f}" for s in r["processes_done"]) + " s: "
-                "the files are handed out heaviest first, by the times of the run before.",
+                "Each process ran out of files at " + ", ".join(f"{s:.0f}" for s in r["processes_done"]) + " s.",
                 "",
             ]
             if len(r.get("processes_done", [])) > 1

@@ -26,10 +26,7 @@ import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from core.models.tiny import tiny_bert, tiny_corpus, tiny_decoder  # noqa: E402
-from tests.timing import TestTimes, heaviest_files_first  # noqa: E402
-
-# the last measured run's time per file (`make test TEST_TIME=…`): the order the files are handed out in
-RECORDED_TIMES = Path(__file__).resolve().parents[1] / "docs" / "results" / "test_time.json"
+from tests.timing import TestTimes  # noqa: E402
 
 hf_logging.disable_progress_bar()
 hf_logging.set_verbosity_error()
@@ -55,7 +52,6 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    heaviest_files_first(items, RECORDED_TIMES)
     for item in items:
         if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)

@@ -50,26 +50,6 @@ def test_a_bad_json_is_refused_in_one_sentence(tmp_path, capsys):
     assert err.count("\n") == 0 and "not a test-time JSON" in err and not bad.with_suffix(".md").exists()
 
 
-class _Item:
-    def __init__(self, nodeid):
-        self.nodeid = nodeid
-
-
-def test_files_are_ordered_heaviest_first_by_the_recorded_run_and_stay_whole(tmp_path):
-    from tests.timing import heaviest_files_first
-
-    ids = ["a.py::t1", "a.py::t2", "b.py::t1", "c.py::t1", "c.py::t2", "c.py::t3", "d.py::t1"]
-    recorded = tmp_path / "t.json"
-    recorded.write_text(json.dumps({"files": [{"file": "c.py", "seconds": 9.0}, {"file": "b.py", "seconds": 30.0}]}))
-    items = [_Item(i) for i in ids]
-    heaviest_files_first(items, recorded)
-    # b (30 s), c (9 s), then the files the run did not list in their own order; tests keep theirs
-    assert [i.nodeid for i in items] == ["b.py::t1", "c.py::t1", "c.py::t2", "c.py::t3", "a.py::t1", "a.py::t2", "d.py::t1"]
-    items = [_Item(i) for i in ids]
-    heaviest_files_first(items, tmp_path / "missing.json")
-    assert [i.nodeid for i in items] == ids  # no record: the collection's order
-
-
 def test_the_page_says_when_each_process_ran_out_of_files():
     r = json.loads((ROOT / "docs" / "results" / "test_time.json").read_text())
     page = test_time.render({**r, "processes": 3, "processes_done": [870.4, 881.0, 902.6]})

@@ -32,28 +32,6 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
 
 
-def heaviest_files_first(items: list, recorded: Path) -> None:
-    """Order ``items`` file by file, the files heaviest first by their seconds in ``recorded`` (a JSON
-    that ``--test-time`` wrote; files it does not list keep their place after those it does). With
-    `--dist loadfile --no-loadscope-reorder` the processes take files in this order, so a long file
-    starts early instead of running alone at the end (xdist's own reorder puts the files with most
-    tests first: the heaviest file, one 3-minute test, came last). Nothing changes without the JSON."""
-    try:
-        weights = {f["file"]: float(f["seconds"]) for f in json.loads(recorded.read_text())["files"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        return
-    first: dict[str, int] = {}
-    for i, item in enumerate(items):
-        first.setdefault(item.nodeid.split("::", 1)[0], i)
-    position = {id(item): i for i, item in enumerate(items)}
-
-    def key(item) -> tuple[float, int, int]:
-        file = item.nodeid.split("::", 1)[0]
-        return (-weights.get(file, 0.0), first[file], position[id(item)])
-
-    items.sort(key=key)
-
-
 class TestTimes:
     """Collects per-test seconds while the session runs."""
 
@@ -97,10 +75,10 @@ class TestTimes:
             "slowest": [
                 {"test": n, "marker": self.classes.get(n, "unmarked"), "seconds": round(s, 2)} for n, s in slowest
             ],
-            # when each process ran out of files: a late one is the tail the ordering below should avoid
+            # when each process ran out of files (a late one: a long file left for the end)
             "processes_done": sorted(round(s, 1) for s in self.done.values()),
             # `--dist loadfile` gives each file to one process: the longest file bounds the wall time;
-            # every file, heaviest first (the next run's order: :func:`heaviest_files_first`)
+            # every file, heaviest first
             "files": [{"file": f, "tests": len(s), "seconds": round(sum(s), 1)} for f, s in heaviest],
         }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+from bench.family_page import claim as family_claim
 from bench.pages import quality, speed, systems
 from bench.pages.first_run import first_run_ratio
 from bench.pages.page import Page, _c, renderer, with_data
@@ -43,6 +44,25 @@ OPTIONAL_PAGES = {
             _c(
                 "SmolLM2 at 50%, 8 blocks + width: the same",
                 lambda: q4_over_f16(data("quantize.json"), "0.5-depth8"),
+            ),
+        ),
+    ),
+    "family.md": Page(
+        "python bench/family.py",
+        "cpu",
+        (
+            _c(
+                "Qwen2.5-Coder-1.5B with 50% of its block parameters removed (default recipe, a streamed job): "
+                "held-out perplexity / the dense 0.5B's",
+                lambda: family_claim(data("family.json"), "1.5B 0.5", "perplexity"),
+            ),
+            _c(
+                "the same in llama.cpp q4_k_m: decode tokens/s over the dense 0.5B's",
+                lambda: family_claim(data("family.json"), "1.5B 0.5", "speed"),
+            ),
+            _c(
+                "the streamed 1.5B job's peak RSS on a CPU worker, float32 (target ≤ 2.5 GB)",
+                lambda: family_claim(data("family.json"), "1.5B 0.5", "rss"),
             ),
         ),
     ),

@@ -43,9 +43,8 @@ from core.depth.replace import (
     model_inputs,
     remove_blocks,
 )
-from core.evaluation.streamed import head_logits
 from core.models.adapter import Adapter
-from core.models.streaming import block_inputs
+from core.models.streaming import block_inputs, head_logits
 from core.spec.depth import DepthConfig
 
 SELECTIONS = get_args(DepthConfig.model_fields["select"].annotation)  # loss | fit | angular

@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from core.models.offload import Offload, block_working_bytes, choose_offload
-from core.models.streaming import StreamedModel, block_inputs
+from core.models.streaming import StreamedModel, block_inputs, head_logits
 
 
 def open_decoder(directory: str | Path, dtype: str = "auto", device: str = "auto", what: str = "perplexity"):
@@ -63,19 +63,6 @@ def final_states(
 def output_logits(sm: StreamedModel) -> Callable[[torch.Tensor], torch.Tensor]:
     """Hidden states after the last block → logits (:func:`head_logits` of the streamed model)."""
     return head_logits(sm.model, sm.adapter)
-
-
-def head_logits(model: torch.nn.Module, adapter) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Hidden states after the last block → logits: the final norm, the head, and the soft cap of the
-    families that have one (Gemma 2)."""
-    norm, head = model.base_model.get_submodule(adapter.family.final_norm), model.get_output_embeddings()
-    cap = getattr(model.config, "final_logit_softcapping", None)
-
-    def logits(h: torch.Tensor) -> torch.Tensor:
-        out = head(norm(h))
-        return out if not cap else torch.tanh(out / cap) * cap
-
-    return logits
 
 
 def available_host_bytes() -> int:

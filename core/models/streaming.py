@@ -334,6 +334,19 @@ class Stop(Exception):
     """Raised from a hook to skip the rest of a forward pass."""
 
 
+def head_logits(model: nn.Module, adapter: Adapter) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Hidden states after the last block → logits: the final norm, the head, and the soft cap of the
+    families that have one (Gemma 2)."""
+    norm, head = model.base_model.get_submodule(adapter.family.final_norm), model.get_output_embeddings()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+
+    def logits(h: torch.Tensor) -> torch.Tensor:
+        out = head(norm(h))
+        return out if not cap else torch.tanh(out / cap) * cap
+
+    return logits
+
+
 def block_inputs(
     model: nn.Module,
     adapter: Adapter,
