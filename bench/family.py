@@ -129,8 +129,9 @@ class Worker:
         self.proc.wait(timeout=120)
 
 
-def pruned_cell(worker: Worker, ratio: float, threads: int) -> dict:
-    """The 1.5B pruned by the default recipe at ``ratio``, streamed, exported and served."""
+def pruned_cell(worker: Worker, ratio: float, threads: int, jobs: tuple[int, int] | None = None) -> dict:
+    """The 1.5B pruned by the default recipe at ``ratio``, streamed, exported and served (``jobs``: the
+    prune and export jobs of an earlier run of this script on the same data folder, measured again)."""
     from bench.serving import default_recipe
     from core.pipeline.estimate import estimate, worker_class
     from jobs import export_jobs
@@ -140,11 +141,13 @@ def pruned_cell(worker: Worker, ratio: float, threads: int) -> dict:
     guess = estimate(recipe, worker_class("cpu", rate))
     if guess.error:
         raise SystemExit(f"the estimate failed: {guess.error}")
-    job = worker.run(worker.service.submit(recipe, submitted_by="bench"))
+    job = worker.run(jobs[0] if jobs else worker.service.submit(recipe, submitted_by="bench"))
     m = job["metrics"]
     checkpoint = Path(next(a["path"] for a in job["artifacts"] if a["kind"] == "checkpoint"))
-    export = worker.run(export_jobs.submit(worker.service, job["id"], [f"gguf-{q}" for q in QUANTS]))
-    files = {q: Path(next(a["path"] for a in export["artifacts"] if a["name"].endswith(f"-{q}.gguf"))) for q in QUANTS}
+    forms = [f"gguf-{q}" for q in QUANTS]
+    export = worker.run(jobs[1] if jobs else export_jobs.submit(worker.service, job["id"], forms))
+    named = {a["name"]: a["path"] for a in export["artifacts"] if a["kind"] == "file"}
+    files = {q: Path(next(p for n, p in named.items() if n.endswith(f"-{q}.gguf"))) for q in QUANTS}
     ppl, windows, params = ours(checkpoint, pruned=True)
     return {
         "model": "1.5B", "ratio": ratio, "params": params, "perplexity": round(ppl, 4),
@@ -160,6 +163,7 @@ def main() -> None:
     p.add_argument("--ratios", type=float, nargs="*", default=[0.5], help="the 1.5B's block fractions to prune")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--jobs", type=int, nargs=2, metavar=("PRUNE", "EXPORT"), help="measure these finished jobs again")
     args = p.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from bench.common import machine
@@ -179,7 +183,7 @@ def main() -> None:
             worker = Worker(WORK / "data")
             try:
                 for r in todo:
-                    data["cells"][f"1.5B {r:g}"] = pruned_cell(worker, r, args.threads) | {"date": today()}
+                    data["cells"][f"1.5B {r:g}"] = pruned_cell(worker, r, args.threads, args.jobs) | {"date": today()}
                     save_json(JSON, data)
             finally:
                 worker.stop()
