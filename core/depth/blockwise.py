@@ -38,15 +38,15 @@ from core.depth.replace import SpanFit, SpanTotals, model_inputs
 from core.depth.select import (
     SCORE_OF,
     SpanChoice,
+    apply_block,
     check_request,
     folded,
     local_scores,
     loss_stand_ins,
-    mean_loss,
-    next_token_loss,
     pick,
     record_losses,
     solved_row,
+    windows_loss,
 )
 from core.models.adapter import Adapter
 from core.models.offload import Offload
@@ -86,12 +86,6 @@ def enter(model: nn.Module, adapter: Adapter, batches, device, offload: Offload)
     return Windows(hidden, extra, [i["attention_mask"].bool() for i in inputs], [i["input_ids"] for i in inputs])
 
 
-def _apply(layer: nn.Module, x: torch.Tensor, arguments: tuple[tuple, dict]) -> torch.Tensor:
-    args, kwargs = arguments
-    out = layer(x, *args, **kwargs)
-    return out[0] if isinstance(out, tuple) else out
-
-
 @torch.no_grad()
 def fit_spans_by_blocks(
     walk: Walk,
@@ -120,7 +114,7 @@ def fit_spans_by_blocks(
         kept = []
         try:
             for b, mask in enumerate(fit.masks):
-                y = _apply(layer, fetch(fit.hidden[b]), fit.extra[b][j])
+                y = apply_block(layer, fetch(fit.hidden[b]), fit.extra[b][j])
                 fit.hidden[b] = store(y)
                 if ends:
                     h, m = waiting[j - k][b]
@@ -163,14 +157,14 @@ def span_losses_by_blocks(
             if t is not None:
                 with folded(layer.get_submodule(adapter.family.ffn_out), t):
                     states[(j + 1, key)] = [
-                        store(_apply(layer, fetch(x), held.extra[b][j])) for b, x in enumerate(dense)
+                        store(apply_block(layer, fetch(x), held.extra[b][j])) for b, x in enumerate(dense)
                     ]
         for (s, _), state in states.items():
             if j >= s + k:  # past the candidate's span
                 for b, x in enumerate(state):
-                    state[b] = store(_apply(layer, fetch(x), held.extra[b][j]))
+                    state[b] = store(apply_block(layer, fetch(x), held.extra[b][j]))
         if j < n - k:  # a later candidate still joins from the dense states
-            dense = [store(_apply(layer, fetch(x), held.extra[b][j])) for b, x in enumerate(dense)]
+            dense = [store(apply_block(layer, fetch(x), held.extra[b][j])) for b, x in enumerate(dense)]
         for key, t in joining.items():
             if t is None:  # the span removed: the candidate goes on from block j's dense output
                 states[(j + 1, key)] = list(dense)
@@ -181,11 +175,8 @@ def span_losses_by_blocks(
     head = logits()
     losses: dict[int, dict[str, float]] = {}
     for s, key in list(states):
-        total, count = 0.0, 0
-        for b, x in enumerate(states.pop((s, key))):
-            loss, tokens = next_token_loss(head(fetch(x)), held.ids[b], held.masks[b])
-            total, count = total + loss, count + tokens
-        losses.setdefault(s, {})[key] = mean_loss(total, count)
+        scored = zip((head(fetch(x)) for x in states.pop((s, key))), held.ids, held.masks, strict=True)
+        losses.setdefault(s, {})[key] = windows_loss(scored)
     return losses
 
 

@@ -72,12 +72,8 @@ def held_loss(model: nn.Module, adapter: Adapter, batches) -> float:
     """Mean next-token cross-entropy over the real tokens of ``batches`` (each token predicted from the
     ones before it in its window)."""
     device = next(model.parameters()).device
-    total, count = 0.0, 0
-    for batch in batches:
-        inputs = model_inputs(batch, adapter, device)
-        loss, n = next_token_loss(model(**inputs).logits, inputs["input_ids"], inputs["attention_mask"])
-        total, count = total + loss, count + n
-    return mean_loss(total, count)
+    inputs = (model_inputs(batch, adapter, device) for batch in batches)
+    return windows_loss((model(**i).logits, i["input_ids"], i["attention_mask"]) for i in inputs)
 
 
 def next_token_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
@@ -88,6 +84,15 @@ def next_token_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor)
     real = mask[:, 1:].bool() & mask[:, :-1].bool()
     loss = nn.functional.cross_entropy(logits[real], target[real], reduction="sum")
     return float(loss), int(real.sum())
+
+
+def windows_loss(scored) -> float:
+    """Mean next-token loss over ``scored``: ``(logits, ids, mask)`` per batch (:func:`next_token_loss`)."""
+    total, count = 0.0, 0
+    for logits, ids, mask in scored:
+        loss, tokens = next_token_loss(logits, ids, mask)
+        total, count = total + loss, count + tokens
+    return mean_loss(total, count)
 
 
 def mean_loss(total: float, count: int) -> float:
@@ -193,7 +198,8 @@ def choose_span(
     return pick(candidates, rows, blocks, select, reconstruction)
 
 
-def _apply(layer: nn.Module, x: torch.Tensor, arguments: tuple[tuple, dict]) -> torch.Tensor:
+def apply_block(layer: nn.Module, x: torch.Tensor, arguments: tuple[tuple, dict]) -> torch.Tensor:
+    """Block ``layer`` on hidden states ``x`` with its other arguments (``block_inputs``' ``extra``)."""
     args, kwargs = arguments
     out = layer(x, *args, **kwargs)
     return out[0] if isinstance(out, tuple) else out
@@ -221,20 +227,17 @@ def held_losses(
     at = 0  # ``dense``: the states entering block ``at``
     for s in sorted(stand_ins):
         for j in range(at, s - 1):
-            dense = [_apply(layers[j], x, extra[b][j]) for b, x in enumerate(dense)]
+            dense = [apply_block(layers[j], x, extra[b][j]) for b, x in enumerate(dense)]
         at = s - 1
         for key, t in stand_ins[s].items():
             if t is not None:
                 check_foldable(adapter, s)
             with folded(layers[s - 1].get_submodule(out_path), t):
-                state = [_apply(layers[s - 1], x, extra[b][s - 1]) for b, x in enumerate(dense)]
+                state = [apply_block(layers[s - 1], x, extra[b][s - 1]) for b, x in enumerate(dense)]
             for j in range(s + blocks, n):
-                state = [_apply(layers[j], x, extra[b][j]) for b, x in enumerate(state)]
-            total, count = 0.0, 0
-            for b, x in enumerate(state):
-                loss, tokens = next_token_loss(head(x), inputs[b]["input_ids"], inputs[b]["attention_mask"])
-                total, count = total + loss, count + tokens
-            losses.setdefault(s, {})[key] = mean_loss(total, count)
+                state = [apply_block(layers[j], x, extra[b][j]) for b, x in enumerate(state)]
+            scored = ((head(x), i["input_ids"], i["attention_mask"]) for x, i in zip(state, inputs, strict=True))
+            losses.setdefault(s, {})[key] = windows_loss(scored)
     return losses
 
 
