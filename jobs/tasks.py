@@ -342,6 +342,21 @@ def _fresh_dir(out_dir: Path) -> None:
     out_dir.mkdir(parents=True)
 
 
+def import_engine() -> None:
+    """Import what a job runs on (torch, transformers' model code, the pruning and evaluation engine,
+    the prompt box's generation) ahead of the job: a fresh pool process does it as it starts
+    (``jobs.worker``), so a job that finds its worker idle starts at once. Imports only, no torch
+    operation: the parent never calls this (see ``jobs.celery_app``)."""
+    import transformers.modeling_utils  # noqa: F401  (the model classes' base; the families load on demand)
+
+    import core.evaluation.generate  # noqa: F401
+    import core.evaluation.run  # noqa: F401
+    import core.evaluation.speed  # noqa: F401
+    import core.models.loading  # noqa: F401
+    import core.pipeline.sequential  # noqa: F401
+    import core.process  # noqa: F401
+
+
 def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None], checkpoint: Path, saves=None):
     """Run ``core.pipeline.sequential.prune`` on the recipe, reporting through ``progress``.
 

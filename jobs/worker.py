@@ -1,22 +1,26 @@
 """Starting a correctly configured worker, and its maintenance thread.
 
 The worker's parent process only talks to the broker and the database; each job runs in a fresh
-child process that imports torch (see ``jobs.celery_app``). A maintenance thread in the parent
+child process that imports torch (see ``jobs.celery_app``), as soon as it is started, before a job
+arrives. A maintenance thread in the parent
 re-queues jobs of dead workers (heartbeat lease) and re-sends jobs whose broker message was lost.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
 import time
 
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 from jobs.settings import Settings
 
 EXPIRE_EVERY = 600.0  # seconds between two looks for files past the retention period
+
+logger = logging.getLogger(__name__)
 
 
 def _maintain(settings: Settings, stop: threading.Event) -> None:
@@ -43,6 +47,24 @@ _stop = threading.Event()
 def _start_maintenance(sender=None, **_kwargs) -> None:
     settings = Settings.from_env()
     threading.Thread(target=_maintain, args=(settings, _stop), daemon=True, name="liar-maintenance").start()
+
+
+@worker_process_init.connect
+def _import_the_engine(**_kwargs) -> None:
+    """In each fresh pool process, before it says it is up (``worker_proc_alive_timeout`` in
+    ``jobs.celery_app`` allows for it): import the engine (``jobs.tasks.import_engine``), seconds of
+    work that a job arriving at an idle worker no longer waits for. A failure here is only logged:
+    the job imports again, and reports what fails, in its own log."""
+    from jobs.tasks import import_engine
+
+    start = time.monotonic()
+    try:
+        import_engine()
+    except Exception:
+        logger.exception("importing the engine ahead of the next job failed; the job will try again")
+    else:
+        took = time.monotonic() - start
+        logger.info("pool process %d: engine imported in %.1f s, ready for a job", os.getpid(), took)
 
 
 @worker_shutting_down.connect
