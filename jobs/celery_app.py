@@ -3,8 +3,8 @@
 Long GPU jobs: late acks, prefetch 1, one process per GPU (concurrency 1), a fresh child process
 per job (``worker_max_tasks_per_child=1``) so every job starts with clean GPU memory. The parent
 process never imports torch: a prefork parent that ran a torch operation hangs its children. Each
-pool process imports it, and the rest of the engine, as it starts (``jobs.worker``), so that a job
-arriving at an idle worker does not wait for the imports.
+pool process starts importing it, and the rest of the engine, as it starts (``jobs.engine``), so that
+a job arriving at an idle worker does not wait for the imports.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from jobs.settings import Settings
 from jobs.watchdog import hard_time_limit
 
 QUEUE = "liar"
-PROC_ALIVE_SECONDS = 300.0  # how long a new pool process may take to start (see make_celery)
 
 
 def result_backend(settings: Settings) -> str:
@@ -61,9 +60,6 @@ def make_celery(settings: Settings | None = None) -> Celery:
         # a fresh process per job frees all GPU memory; CPU-only workers may reuse processes
         worker_max_tasks_per_child=int(os.environ.get("LIAR_WORKER_MAX_TASKS_PER_CHILD", 1)),
         worker_concurrency=1,
-        # a fresh pool process imports the engine before it reports up (jobs.worker): seconds on a
-        # loaded host, where Celery's default of 4 s would have it killed and started again
-        worker_proc_alive_timeout=PROC_ALIVE_SECONDS,
         task_serializer="json",
         accept_content=["json"],
         # jobs store nothing there (SQL is their record); the prompt box's answers travel back this way

@@ -37,6 +37,7 @@ from jobs.celery_app import app
 from jobs.checkpoints import RESUME
 from jobs.db import Artifact, Job, JobLog, Status, connect, retry_on_disconnect, server_utcnow
 from jobs.disk import DiskFull, no_space_message, short_of_disk
+from jobs.engine import wait_for_engine
 from jobs.exporting import ExportRefused, check_export, export
 from jobs.fencing import (
     Heartbeat,
@@ -93,6 +94,7 @@ def execute(job_id: int, settings: Settings | None = None) -> str:
     beat = Heartbeat(sf, job_id, token, max(settings.lease_seconds / 6, 0.5))
     beat.start()
     try:
+        wait_for_engine()  # claimed and beating first: the row is RUNNING while a slow import ends
         return _attempt(sf, job_id, token, worker, settings, beat.refused)
     except Superseded as exc:  # raised by a fenced write, or by the progress callback for the heartbeat
         _stand_down(sf, job_id, token, settings, exc)
@@ -342,21 +344,6 @@ def _fresh_dir(out_dir: Path) -> None:
     out_dir.mkdir(parents=True)
 
 
-def import_engine() -> None:
-    """Import what a job runs on (torch, transformers' model code, the pruning and evaluation engine,
-    the prompt box's generation) ahead of the job: a fresh pool process does it as it starts
-    (``jobs.worker``), so a job that finds its worker idle starts at once. Imports only, no torch
-    operation: the parent never calls this (see ``jobs.celery_app``)."""
-    import transformers.modeling_utils  # noqa: F401  (the model classes' base; the families load on demand)
-
-    import core.evaluation.generate  # noqa: F401
-    import core.evaluation.run  # noqa: F401
-    import core.evaluation.speed  # noqa: F401
-    import core.models.loading  # noqa: F401
-    import core.pipeline.sequential  # noqa: F401
-    import core.process  # noqa: F401
-
-
 def _prune(recipe: dict[str, Any], progress: Callable[[str, int, int], None], checkpoint: Path, saves=None):
     """Run ``core.pipeline.sequential.prune`` on the recipe, reporting through ``progress``.
 
@@ -503,6 +490,7 @@ def run_job(self, job_id: int) -> str:
 @app.task(name="liar.generate", ignore_result=False)
 def generate(job_id: int, prompt: str, max_new_tokens: int) -> dict:
     """The Model page's prompt box, on this worker (``jobs.generation``)."""
+    wait_for_engine()
     from jobs import generation
 
     return generation.answer(_settings(), job_id, prompt, max_new_tokens)

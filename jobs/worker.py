@@ -2,13 +2,12 @@
 
 The worker's parent process only talks to the broker and the database; each job runs in a fresh
 child process that imports torch (see ``jobs.celery_app``), as soon as it is started, before a job
-arrives. A maintenance thread in the parent
+arrives (``jobs.engine``). A maintenance thread in the parent
 re-queues jobs of dead workers (heartbeat lease) and re-sends jobs whose broker message was lost.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -16,11 +15,10 @@ import time
 
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
+from jobs.engine import start_import
 from jobs.settings import Settings
 
 EXPIRE_EVERY = 600.0  # seconds between two looks for files past the retention period
-
-logger = logging.getLogger(__name__)
 
 
 def _maintain(settings: Settings, stop: threading.Event) -> None:
@@ -49,22 +47,8 @@ def _start_maintenance(sender=None, **_kwargs) -> None:
     threading.Thread(target=_maintain, args=(settings, _stop), daemon=True, name="liar-maintenance").start()
 
 
-@worker_process_init.connect
-def _import_the_engine(**_kwargs) -> None:
-    """In each fresh pool process, before it says it is up (``worker_proc_alive_timeout`` in
-    ``jobs.celery_app`` allows for it): import the engine (``jobs.tasks.import_engine``), seconds of
-    work that a job arriving at an idle worker no longer waits for. A failure here is only logged:
-    the job imports again, and reports what fails, in its own log."""
-    from jobs.tasks import import_engine
-
-    start = time.monotonic()
-    try:
-        import_engine()
-    except Exception:
-        logger.exception("importing the engine ahead of the next job failed; the job will try again")
-    else:
-        took = time.monotonic() - start
-        logger.info("pool process %d: engine imported in %.1f s, ready for a job", os.getpid(), took)
+# a fresh pool process starts importing the engine at once, before a job comes (jobs.engine)
+worker_process_init.connect(start_import, weak=False)
 
 
 @worker_shutting_down.connect

@@ -14,6 +14,7 @@ so its web process never loads torch).
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -88,7 +89,8 @@ def load_gguf(path: Path):
 
 def convert_gguf(out: Path, gguf: Path, family: str) -> Path:
     """Dequantise ``gguf`` to float32 and save it as a Hugging Face folder at ``out`` (written beside it
-    as ``OUT.tmp`` and renamed when complete). ``save_pretrained`` refuses a GGUF-loaded model, so a
+    as ``OUT.tmp-PID`` and renamed when complete; where another process finished first, its copy
+    stands and this one is dropped). ``save_pretrained`` refuses a GGUF-loaded model, so a
     clean one of the same family is rebuilt from its config and weights."""
     import transformers
 
@@ -102,14 +104,18 @@ def convert_gguf(out: Path, gguf: Path, family: str) -> Path:
     clean = getattr(transformers, fam.model_classes["AutoModelForCausalLM"])(cfg)
     clean.load_state_dict(model.state_dict(), strict=False)  # a tied head has no tensor of its own
     clean.tie_weights()
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")  # a folder of its own: two processes may convert at once
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         clean.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        tmp.rename(out)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not is_prepared(out):  # not another process's finished copy: a real failure
+                raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind (nor a second copy)
     return out
 
 

@@ -4,7 +4,9 @@ replaced by the tiny random Llama; everything after it (the clean rebuild, the s
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,6 +67,38 @@ def test_prepared_once_as_a_loadable_folder(tmp_path, fake_wheel, read_as_tiny, 
         assert torch.equal(a, b), name
     assert bundled.prepare(out) == out and len(read_as_tiny) == 1  # never converted twice
     assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary folder left
+
+
+def test_two_processes_converting_at_once_keep_the_first_copy(tmp_path, fake_wheel, read_as_tiny, monkeypatch):
+    """Two processes prepare the model at the same time (an app and a test, two test processes): each
+    writes a temporary folder of its own; the one that finishes second finds the folder in place,
+    drops its copy and returns the same folder. Where the folder in the way is not a prepared one,
+    the failure stands."""
+    out = tmp_path / "models" / "SmolLM2-135M-Instruct"
+    original = bundled.shutil.rmtree
+    first = {}
+
+    def the_other_finishes_first(path, *args, **kwargs):  # called first on our own temporary folder
+        if not first:
+            first["tmp"] = Path(path)
+            out.mkdir(parents=True)
+            (out / "config.json").write_text("{}")  # the other process's finished copy
+            (out / "model.safetensors").write_bytes(b"theirs")
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(bundled.shutil, "rmtree", the_other_finishes_first)
+    assert bundled.convert_gguf(out, fake_wheel, "llama") == out
+    assert first["tmp"].name == f"{out.name}.tmp-{os.getpid()}"
+    assert (out / "model.safetensors").read_bytes() == b"theirs"  # theirs stands, untouched
+    assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # ours is gone
+
+    monkeypatch.setattr(bundled.shutil, "rmtree", original)
+    blocked = tmp_path / "other" / "SmolLM2-135M-Instruct"
+    blocked.mkdir(parents=True)
+    (blocked / "partial.bin").write_bytes(b"?")  # not a prepared folder
+    with pytest.raises(OSError):
+        bundled.convert_gguf(blocked, fake_wheel, "llama")
+    assert sorted(p.name for p in blocked.parent.iterdir()) == [blocked.name]
 
 
 def test_a_failed_save_leaves_nothing_half_written(tmp_path, fake_wheel, read_as_tiny, monkeypatch):
