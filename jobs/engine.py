@@ -6,7 +6,8 @@ starts these imports in a background thread as it starts (``jobs.worker`` connec
 :func:`start_import` to Celery's ``worker_process_init``), so a job that finds its worker idle does not
 wait for them. The process reports up at once and takes its job: the job claims its row and starts its
 heartbeat at once too (nothing heavy needed), then waits for the imports (:func:`wait_for_engine`)
-before anything else imports, so no two threads import at the same time. Claiming first keeps the
+before anything else imports, so no two threads import at the same time. The imports wait for the
+worker's device probe, which times GEMMs, to end first (:func:`hold_until_probed`). Claiming first keeps the
 job's row from looking lost to the maintenance thread (QUEUED, with its message already taken from the
 broker) while a slow import runs. The worker's parent never calls any of this (``jobs.celery_app``).
 """
@@ -21,6 +22,25 @@ import time
 logger = logging.getLogger(__name__)
 
 _importing: threading.Thread | None = None
+_probed = None  # a multiprocessing Event the worker's parent makes before its pool forks (hold_until_probed)
+PROBE_WAIT_S = 120.0  # the longest a pool process waits for the device probe before importing anyway
+
+
+def hold_until_probed() -> None:
+    """In the worker's parent, before its pool forks: pool processes start their imports only once the
+    device probe has ended (:func:`probed`). The probe times float32 GEMMs for the estimate before
+    Submit (``jobs.workerinfo``); an import beside it on the same cores slowed them (115 against 173
+    GFLOP/s on two cores), and the estimates read the worker as that much slower than it is."""
+    global _probed
+    import multiprocessing
+
+    _probed = multiprocessing.get_context("fork").Event()
+
+
+def probed() -> None:
+    """The device probe has ended (or failed): waiting pool processes may import."""
+    if _probed is not None:
+        _probed.set()
 
 
 def import_engine() -> None:
@@ -36,6 +56,8 @@ def import_engine() -> None:
 
 
 def _import_and_log() -> None:
+    if _probed is not None:
+        _probed.wait(PROBE_WAIT_S)
     start = time.monotonic()
     try:
         import_engine()

@@ -15,7 +15,7 @@ import time
 
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
-from jobs.engine import start_import
+from jobs.engine import hold_until_probed, start_import
 from jobs.settings import Settings
 
 EXPIRE_EVERY = 600.0  # seconds between two looks for files past the retention period
@@ -86,6 +86,7 @@ def run_worker(
     from jobs.celery_app import app
 
     serve = worker_queues(queues, app.conf.liar_settings)
+    hold_until_probed()  # before the pool forks: its processes import once the GEMM probe is done
 
     suffix = f"gpu{gpu}" if gpu is not None else "cpu"
     app.worker_main(

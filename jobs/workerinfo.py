@@ -28,6 +28,8 @@ from typing import Any
 from celery.signals import worker_ready
 from celery.worker.control import control_command
 
+from jobs.engine import probed
+
 COMMAND = "liar_worker_info"
 TASK = "liar.run_job"
 PROBING = {"kind": "probing", "name": "probing", "memory_bytes": None}
@@ -94,6 +96,8 @@ def _probe_in_background() -> None:
         found = probe_device()
     except Exception:  # never leave the answer at "probing"
         found = {"kind": "cpu", "name": "CPU", "memory_bytes": host_memory_bytes(), "gemm_flops": None}
+    finally:
+        probed()  # the pool process may import the engine now, off the probe's cores (jobs.engine)
     _device.update(found)
 
 

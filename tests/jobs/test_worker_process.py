@@ -62,3 +62,21 @@ def test_a_failed_import_is_logged_and_the_job_goes_on(monkeypatch, caplog):
 def test_without_a_background_import_a_job_does_not_wait(monkeypatch):
     monkeypatch.setattr(engine, "_importing", None)  # a direct execute(), or a worker started otherwise
     engine.wait_for_engine()
+
+
+def test_the_imports_wait_for_the_device_probe():
+    """The worker's parent holds its pool processes' imports until its GEMM probe has ended (an import
+    beside the probe on the same cores made the worker look a third slower to the estimates)."""
+    code = (
+        "import sys, time\n"
+        "import jobs.engine as e\n"
+        "e.hold_until_probed()\n"
+        "e.start_import()\n"
+        "time.sleep(1.0)\n"
+        "held = 'torch' in sys.modules\n"
+        "e.probed()\n"
+        "e.wait_for_engine()\n"
+        "print(held, 'core.pipeline.sequential' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
