@@ -35,8 +35,9 @@ wheel; the gensim wheel's Wikipedia extract, calibration and held-out articles a
 form submits it and run by a real `liar worker`, then the same with 1024 × 256 calibration samples.
 *Estimate*: the line above Submit (`core/pipeline/estimate.py`: the prune's products, the job's start,
 the checkpoint's traffic and the perplexity windows) at the float32 GEMM rate the worker reported at its
-start; *real*: the job's started-to-finished time. Perplexity: the first 64 windows of the held-out text at
-the calibration's length, dense → pruned; speed-up: the job's own measurement with its spread, or
+start (*estimated at*; "this process's own" where no worker answered in time and the web process timed
+its own CPU instead); *real*: the job's started-to-finished time. Perplexity: the first 64 windows of
+the held-out text at the calibration's length, dense → pruned; speed-up: the job's own measurement with its spread, or
 "not measurable" where the spread swamps it.
 
 <!-- results:first-run -->
@@ -76,7 +77,7 @@ def _worker_rate(service, limit: float = 120) -> float:
 
 
 def run(data: Path, runs=RUNS) -> dict:
-    from app.cli.firstrun import SMOLLM2_DIR
+    from app.cli.firstrun import SMOLLM2_DIR, bundled_assets
     from app.web import forms, preview
     from app.web.figures import SPEEDUPS, speedup_of, speedup_text
     from core.models import bundled
@@ -85,6 +86,7 @@ def run(data: Path, runs=RUNS) -> dict:
 
     os.environ["LIAR_DATA_DIR"] = str(data)
     bundled.prepare(data / "models" / SMOLLM2_DIR)  # now: the app prepares it in the background, offered when done
+    bundled_assets(data)  # the texts too, before the worker starts: nothing beside its GEMM probe or the jobs
     service = JobService()
     service.settings.ensure_dirs()
     worker = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--loglevel", "WARNING"])
@@ -95,6 +97,7 @@ def run(data: Path, runs=RUNS) -> dict:
             form = form_values(data, **changes)
             line = preview.estimate_line(service, form)
             estimated = preview.estimate_seconds(service, form)
+            heard = preview.reported_rate(service)  # the rate the estimate used (None: this process's own timing)
             said = forms.submit_form(service, form, "bench", OPEN)
             if not said.startswith("✓ submitted job "):
                 raise SystemExit(f"{label}: {said}")
@@ -106,6 +109,7 @@ def run(data: Path, runs=RUNS) -> dict:
                 dict(
                     run=label, samples=form[12], seq_len=form[13], status=job["status"], error=job.get("error"),
                     estimate_s=round(estimated, 1), real_s=round(job["elapsed_s"], 1),
+                    estimate_gflops=round(heard / 1e9, 1) if heard else None,
                     real_over_estimate=round(job["elapsed_s"] / estimated, 2), estimate_line=line,
                     perplexity_dense=m.get("perplexity_dense"), perplexity=m.get("perplexity"),
                     speedup_key=speed, speedup=median, speedup_low=low, speedup_high=high,

@@ -85,8 +85,10 @@ def _estimate(service: JobService, form):
 
 
 # how often the web process asks the workers for their GEMM rates (one broadcast, ASK_SECONDS long); a
-# worker still probing is asked again sooner
-ASK_EVERY, ASK_AGAIN, ASK_SECONDS = 60.0, 5.0, 0.5
+# worker still probing is asked again sooner. The filesystem broker (the default, no server) polls its
+# folders once a second on each side, so its answers take up to two: asked for 0.5 s, no worker was
+# ever heard there, and the estimate fell back to timing this process's own CPU
+ASK_EVERY, ASK_AGAIN, ASK_SECONDS, ASK_SECONDS_POLLED = 60.0, 5.0, 0.5, 2.5
 _asked: dict[str, tuple[float, dict[str, Any]]] = {}  # broker URL → (when, the workers' answers)
 
 
@@ -101,7 +103,8 @@ def reported_rate(service: JobService, queue: str | None = None) -> float | None
     again = ASK_AGAIN if any((a.get("device") or {}).get("kind") == "probing" for a in answers.values()) else ASK_EVERY
     if now - at > again:
         try:
-            answers = ask_workers(service.celery, COMMAND, ASK_SECONDS)
+            polled = url.startswith("filesystem://")
+            answers = ask_workers(service.celery, COMMAND, ASK_SECONDS_POLLED if polled else ASK_SECONDS)
         except BrokerDown:
             answers = {}
         _asked[url] = (now, answers)

@@ -19,12 +19,14 @@ def first_run_table() -> str:
     rows = [
         [
             r["run"], f"{r['samples']} × {r['seq_len']}", r["status"], f"{num(r['estimate_s'])} s",
+            f"{num(r['estimate_gflops'])} GFLOP/s" if r.get("estimate_gflops") else "this process's own",
             f"{num(r['real_s'])} s", times(r["real_over_estimate"]),
             f"{ppl(r['perplexity_dense'])} → {ppl(r['perplexity'])}" if r.get("perplexity") else "–",
             r["speedup_text"],
         ]
         for r in d["rows"]
     ]  # fmt: skip
-    header = ["job", "samples × tokens", "status", "estimate", "real", "real / estimate", "perplexity", "speed-up"]
+    header = ["job", "samples × tokens", "status", "estimate", "estimated at", "real", "real / estimate", "perplexity"]
+    header.append("speed-up")
     note = f"{d['date']}, {d['machine']}, worker's float32 GEMM rate {num(d['gemm_gflops'])} GFLOP/s"
     return f"{note}\n\n{table(header, rows)}\n"

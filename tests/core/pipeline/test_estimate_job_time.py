@@ -100,3 +100,22 @@ def test_the_form_estimates_at_the_rate_its_workers_reported(tmp_path, smollm2_c
     assert line.endswith(f"≈ {estimate.duration(expected.seconds)} on this server's CPU"), line
     assert len(asked) == 1  # asked once, then kept for ASK_EVERY seconds
     assert shape_of(SMOLLM2).layers == 30
+
+
+@pytest.mark.parametrize(("broker", "waits"), [("filesystem://", 2.5), ("redis://127.0.0.1:1/0", 0.5)])
+def test_the_workers_are_asked_long_enough_for_their_broker_to_answer(tmp_path, monkeypatch, broker, waits):
+    """The filesystem broker (the default, no server) polls its folders once a second on each side: a
+    worker's answer takes up to two seconds, so the rate is asked for longer there (asked for 0.5 s, no
+    worker was ever heard, and the estimate timed the web process's own CPU instead)."""
+    from app.web import preview
+    from jobs import health
+    from jobs.service import JobService
+    from jobs.settings import Settings
+
+    settings = Settings(data_dir=tmp_path / "d", database_url=f"sqlite:///{tmp_path / 'l.db'}", broker_url=broker)
+    answers = {"w@h": {"queues": ["liar"], "device": {"kind": "cpu", "name": "CPU", "gemm_flops": 2e11}}}
+    timeouts = []
+    monkeypatch.setattr(health, "ask_workers", lambda celery, command, timeout: timeouts.append(timeout) or answers)
+    monkeypatch.setattr(preview, "_asked", {})
+    assert preview.reported_rate(JobService(settings)) == 2e11
+    assert timeouts == [waits]
