@@ -6,10 +6,11 @@ starts these imports in a background thread as it starts (``jobs.worker`` connec
 :func:`start_import` to Celery's ``worker_process_init``), so a job that finds its worker idle does not
 wait for them. The process reports up at once and takes its job: the job claims its row and starts its
 heartbeat at once too (nothing heavy needed), then waits for the imports (:func:`wait_for_engine`)
-before anything else imports, so no two threads import at the same time. The imports wait for the
-worker's device probe, which times GEMMs, to end first (:func:`hold_until_probed`). Claiming first keeps the
+before anything else imports, so no two threads import at the same time. Claiming first keeps the
 job's row from looking lost to the maintenance thread (QUEUED, with its message already taken from the
-broker) while a slow import runs. The worker's parent never calls any of this (``jobs.celery_app``).
+broker) while a slow import runs. The imports wait for the worker's device probe, which times GEMMs, to
+end first: the parent makes the event before its pool forks (:func:`hold_until_probed`) and sets it
+when the probe ends (:func:`probed`); it never imports the engine itself (``jobs.celery_app``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ def first_run_table() -> str:
         ]
         for r in d["rows"]
     ]  # fmt: skip
-    header = ["job", "samples × tokens", "status", "estimate", "estimated at", "real", "real / estimate", "perplexity"]
-    header.append("speed-up")
+    header = [
+        "job", "samples × tokens", "status", "estimate", "estimated at", "real", "real / estimate", "perplexity",
+        "speed-up",
+    ]  # fmt: skip
     note = f"{d['date']}, {d['machine']}, worker's float32 GEMM rate {num(d['gemm_gflops'])} GFLOP/s"
     return f"{note}\n\n{table(header, rows)}\n"
